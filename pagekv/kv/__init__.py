@@ -1,0 +1,61 @@
+"""The actor KV store: contract, limits, errors, backends and wrappers."""
+
+from pagekv.kv.api import ActorKv, KvNamespace, KvStore, prefix_end
+from pagekv.kv.errors import (
+    BatchTooLarge,
+    FenceMismatch,
+    InvalidKey,
+    KeyTooLarge,
+    KvError,
+    KvIndeterminate,
+    KvUnavailable,
+    LimitError,
+    StorageQuotaExceeded,
+    TooManyEntries,
+    ValueTooLarge,
+)
+from pagekv.kv.file import FileStore
+from pagekv.kv.limits import KvLimits
+from pagekv.kv.memory import MemoryStore
+from pagekv.kv.url import DEFAULT_URL, open_kv
+from pagekv.kv.wrappers import (
+    CountingKv,
+    Fault,
+    FaultKind,
+    FaultyKv,
+    FiredFault,
+    InjectedIndeterminate,
+    InjectedUnavailable,
+    KvStats,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "ActorKv",
+    "BatchTooLarge",
+    "CountingKv",
+    "Fault",
+    "FaultKind",
+    "FaultyKv",
+    "FenceMismatch",
+    "FileStore",
+    "FiredFault",
+    "InjectedIndeterminate",
+    "InjectedUnavailable",
+    "InvalidKey",
+    "KeyTooLarge",
+    "KvError",
+    "KvIndeterminate",
+    "KvLimits",
+    "KvNamespace",
+    "KvStats",
+    "KvStore",
+    "KvUnavailable",
+    "LimitError",
+    "MemoryStore",
+    "StorageQuotaExceeded",
+    "TooManyEntries",
+    "ValueTooLarge",
+    "open_kv",
+    "prefix_end",
+]

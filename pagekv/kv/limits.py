@@ -1,0 +1,134 @@
+"""The KV limits and the one place where requests are checked against them.
+
+Every backend calls these checks before it writes anything, so a request that breaks a limit is
+rejected whole on every backend alike. The quota check needs the stored sizes of the keys a write
+replaces, which only the backend knows inside its transaction; it therefore passes them to
+`check_quota`, which is still the single rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pagekv.kv.errors import (
+    BatchTooLarge,
+    InvalidKey,
+    KeyTooLarge,
+    StorageQuotaExceeded,
+    TooManyEntries,
+    ValueTooLarge,
+)
+
+Entries = Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class KvLimits:
+    """Per-actor limits; the defaults are the documented ones."""
+
+    max_key_bytes: int = 2048
+    max_value_bytes: int = 128 * 1024
+    max_batch_entries: int = 128
+    max_batch_bytes: int = 976 * 1024
+    max_storage_bytes: int = 10 * 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBatch:
+    """A validated write: puts (the last put of a key wins) and deletes of other keys."""
+
+    puts: dict[bytes, bytes]
+    deletes: tuple[bytes, ...]
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(len(k) + len(v) for k, v in self.puts.items()) + sum(map(len, self.deletes))
+
+
+def entry_size(key: bytes, value: bytes) -> int:
+    """Bytes an entry is charged against the storage quota."""
+    return len(key) + len(value)
+
+
+def _check_key(limits: KvLimits, key: object, what: str = "key") -> bytes:
+    if not isinstance(key, bytes | bytearray | memoryview):
+        raise InvalidKey(f"{what} must be bytes, not {type(key).__name__}")
+    key = bytes(key)
+    if not key:
+        raise InvalidKey(f"{what} must not be empty")
+    if len(key) > limits.max_key_bytes:
+        raise KeyTooLarge(f"{what} of {len(key)} bytes", len(key), limits.max_key_bytes)
+    return key
+
+
+def check_keys(limits: KvLimits, keys: Iterable[bytes]) -> list[bytes]:
+    """Validate the keys of a `get`: each key and their number."""
+    checked = [_check_key(limits, k) for k in keys]
+    if len(checked) > limits.max_batch_entries:
+        raise TooManyEntries(
+            f"request of {len(checked)} keys", len(checked), limits.max_batch_entries
+        )
+    return checked
+
+
+def check_bound(limits: KvLimits, key: bytes | None, what: str) -> bytes | None:
+    """Validate an optional range bound or prefix."""
+    return None if key is None else _check_key(limits, key, what)
+
+
+def check_write(limits: KvLimits, put: Entries, delete: Sequence[bytes]) -> WriteBatch:
+    """Validate one write batch against every per-batch limit."""
+    items = put.items() if isinstance(put, Mapping) else put
+    puts: dict[bytes, bytes] = {}
+    n_entries = 0
+    for key, value in items:
+        key = _check_key(limits, key)
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidKey(f"value of key {key[:32]!r} must be bytes, not {type(value).__name__}")
+        value = bytes(value)
+        if len(value) > limits.max_value_bytes:
+            raise ValueTooLarge(
+                f"value of {len(value)} bytes for key {key[:32]!r}",
+                len(value),
+                limits.max_value_bytes,
+            )
+        puts.pop(key, None)
+        puts[key] = value
+        n_entries += 1
+    deletes = tuple(dict.fromkeys(_check_key(limits, k) for k in delete))
+    both = puts.keys() & set(deletes)
+    if both:
+        raise InvalidKey(f"key {min(both)[:32]!r} is both put and deleted in one batch")
+    n_entries += len(deletes)
+    if n_entries > limits.max_batch_entries:
+        raise TooManyEntries(f"batch of {n_entries} entries", n_entries, limits.max_batch_entries)
+    batch = WriteBatch(puts, deletes)
+    if batch.payload_bytes > limits.max_batch_bytes:
+        raise BatchTooLarge(
+            f"batch of {batch.payload_bytes} bytes", batch.payload_bytes, limits.max_batch_bytes
+        )
+    return batch
+
+
+def check_quota(limits: KvLimits, used: int, delta: int) -> int:
+    """Return the namespace's usage after a write that changes it by `delta` bytes."""
+    after = used + delta
+    if delta > 0 and after > limits.max_storage_bytes:
+        raise StorageQuotaExceeded(
+            f"storage after write of {after} bytes", after, limits.max_storage_bytes
+        )
+    return after
+
+
+def quota_delta(batch: WriteBatch, old_sizes: Mapping[bytes, int]) -> int:
+    """Exact change in stored bytes: overwrites are charged their difference, deletes refunded.
+
+    `old_sizes` maps every key of the batch that currently exists to its charged size.
+    """
+    delta = 0
+    for key, value in batch.puts.items():
+        delta += entry_size(key, value) - old_sizes.get(key, 0)
+    for key in batch.deletes:
+        delta -= old_sizes.get(key, 0)
+    return delta

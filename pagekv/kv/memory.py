@@ -1,0 +1,136 @@
+"""In-process backend: a sorted map per namespace, optionally with simulated round-trip latency.
+
+Used by tests and benchmarks, and as the model of "a remote KV" when `latency_ms` is set: every
+call sleeps that long once, as one round trip would.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+
+from pagekv.kv.api import KvNamespace
+from pagekv.kv.fence import check_fence
+from pagekv.kv.limits import KvLimits, WriteBatch, check_quota, entry_size, quota_delta
+
+
+class _MemoryData:
+    """One namespace's contents; survives `MemoryNamespace` objects so reopening sees it."""
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+        self.values: dict[bytes, bytes] = {}
+        self.generation = 0
+        self.used = 0
+        self.lock = threading.Lock()
+
+
+class MemoryNamespace(KvNamespace):
+    def __init__(
+        self, actor_id: str, data: _MemoryData, limits: KvLimits, latency_s: float
+    ) -> None:
+        super().__init__(actor_id, limits)
+        self._d = data
+        self._latency_s = latency_s
+
+    def _round_trip(self) -> None:
+        if self._latency_s:
+            time.sleep(self._latency_s)
+
+    def _get(self, keys: list[bytes]) -> list[bytes | None]:
+        self._round_trip()
+        with self._d.lock:
+            return [self._d.values.get(k) for k in keys]
+
+    def _list(
+        self, start: bytes | None, end: bytes | None, limit: int | None, reverse: bool
+    ) -> list[tuple[bytes, bytes]]:
+        self._round_trip()
+        d = self._d
+        with d.lock:
+            lo = 0 if start is None else bisect.bisect_left(d.keys, start)
+            hi = len(d.keys) if end is None else bisect.bisect_left(d.keys, end)
+            if reverse:
+                stop = lo if limit is None else max(lo, hi - limit)
+                return [(k, d.values[k]) for k in reversed(d.keys[stop:hi])]
+            stop = hi if limit is None else min(hi, lo + limit)
+            return [(k, d.values[k]) for k in d.keys[lo:stop]]
+
+    def _write(self, batch: WriteBatch, fence: int | None) -> None:
+        self._round_trip()
+        d = self._d
+        with d.lock:
+            check_fence(fence, d.generation)
+            old = {
+                k: entry_size(k, d.values[k])
+                for k in (*batch.puts, *batch.deletes)
+                if k in d.values
+            }
+            d.used = check_quota(self._limits, d.used, quota_delta(batch, old))
+            for key in batch.deletes:
+                if key in d.values:
+                    del d.values[key]
+                    del d.keys[bisect.bisect_left(d.keys, key)]
+            for key, value in batch.puts.items():
+                if key not in d.values:
+                    bisect.insort(d.keys, key)
+                d.values[key] = value
+
+    def _delete_range(self, start: bytes, end: bytes, fence: int | None) -> None:
+        self._round_trip()
+        d = self._d
+        with d.lock:
+            check_fence(fence, d.generation)
+            if start >= end:
+                return
+            lo = bisect.bisect_left(d.keys, start)
+            hi = bisect.bisect_left(d.keys, end)
+            for key in d.keys[lo:hi]:
+                d.used -= entry_size(key, d.values.pop(key))
+            del d.keys[lo:hi]
+
+    def takeover(self) -> int:
+        self._round_trip()
+        with self._d.lock:
+            self._d.generation += 1
+            return self._d.generation
+
+    def generation(self) -> int:
+        with self._d.lock:
+            return self._d.generation
+
+    def used_bytes(self) -> int:
+        with self._d.lock:
+            return self._d.used
+
+    def drop(self, *, fence: int | None = None) -> None:
+        self._round_trip()
+        d = self._d
+        with d.lock:
+            check_fence(fence, d.generation)
+            d.keys.clear()
+            d.values.clear()
+            d.used = 0
+
+
+class MemoryStore:
+    """Namespaces held in this process; `latency_ms` is slept once per round trip."""
+
+    def __init__(self, *, limits: KvLimits | None = None, latency_ms: float = 0.0) -> None:
+        self.limits = limits or KvLimits()
+        self.latency_ms = latency_ms
+        self._data: dict[str, _MemoryData] = {}
+        self._lock = threading.Lock()
+
+    def namespace(self, actor_id: str) -> MemoryNamespace:
+        with self._lock:
+            data = self._data.setdefault(actor_id, _MemoryData())
+        return MemoryNamespace(actor_id, data, self.limits, self.latency_ms / 1000)
+
+    def actor_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._data)
+
+    def close(self) -> None:
+        """Nothing to release; the data lives as long as the store object."""

@@ -1,0 +1,38 @@
+"""`open_kv(url)`: the one way to name a store, shared by the library, the CLI and the server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from pagekv.kv.api import KvStore
+from pagekv.kv.file import FileStore
+from pagekv.kv.limits import KvLimits
+from pagekv.kv.memory import MemoryStore
+
+DEFAULT_URL = "file:./.pagekv"
+
+
+def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStore:
+    """Open a store by URL: `memory://[?latency_ms=N]` or `file:///abs/dir` / `file:./rel/dir`."""
+    parts = urlsplit(url)
+    match parts.scheme:
+        case "memory":
+            query = parse_qs(parts.query)
+            unknown = set(query) - {"latency_ms"}
+            if unknown:
+                raise ValueError(f"unknown option(s) {sorted(unknown)} in {url!r}; known: latency_ms")
+            latency = float(query.get("latency_ms", ["0"])[-1])
+            if latency < 0:
+                raise ValueError(f"latency_ms must be >= 0 in {url!r}")
+            return MemoryStore(limits=limits, latency_ms=latency)
+        case "file":
+            path = parts.netloc + parts.path if parts.netloc not in ("", "localhost") else parts.path
+            if not path:
+                raise ValueError(f"file URL {url!r} names no directory")
+            return FileStore(Path(path), limits=limits)
+        case _:
+            raise ValueError(
+                f"unknown KV URL scheme {parts.scheme!r} in {url!r}; "
+                "use memory:// or file:///path (postgresql:// is not supported yet)"
+            )

@@ -1,0 +1,249 @@
+"""Wrappers that sit between a caller and any `ActorKv`: op counting and fault injection.
+
+Both implement the `ActorKv` interface by delegation, so the VFS cannot tell them from a backend.
+`CountingKv` is how tests and `pagekv bench` count round trips and bytes instead of timing;
+`FaultyKv` is how the fault matrix and `pagekv fuzz` break a chosen operation on purpose.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, assert_never
+
+from pagekv.kv.api import ActorKv, Shorthands
+from pagekv.kv.errors import KvIndeterminate, KvUnavailable
+from pagekv.kv.limits import Entries, KvLimits
+
+T = TypeVar("T")
+
+WRITE_OPS = frozenset({"write", "delete_range", "takeover", "drop"})
+READ_OPS = frozenset({"get", "list", "generation", "used_bytes"})
+
+
+class _Delegate(Shorthands):
+    """Forwards every `ActorKv` call to `inner` through one hook, `_call`."""
+
+    def __init__(self, inner: ActorKv) -> None:
+        self.inner = inner
+
+    @property
+    def limits(self) -> KvLimits:
+        return self.inner.limits
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return fn(*args, **kwargs)
+
+    def get(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        keys = list(keys)
+        return self._call("get", self.inner.get, keys)
+
+    def list(
+        self,
+        *,
+        prefix: bytes | None = None,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        limit: int | None = None,
+        reverse: bool = False,
+    ) -> list[tuple[bytes, bytes]]:
+        return self._call(
+            "list",
+            self.inner.list,
+            prefix=prefix,
+            start=start,
+            end=end,
+            limit=limit,
+            reverse=reverse,
+        )
+
+    def write(
+        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
+    ) -> None:
+        put = dict(put.items()) if isinstance(put, Mapping) else list(put)
+        self._call("write", self.inner.write, put=put, delete=list(delete), fence=fence)
+
+    def delete_range(self, start: bytes, end: bytes, *, fence: int | None = None) -> None:
+        self._call("delete_range", self.inner.delete_range, start, end, fence=fence)
+
+    def takeover(self) -> int:
+        return self._call("takeover", self.inner.takeover)
+
+    def generation(self) -> int:
+        return self._call("generation", self.inner.generation)
+
+    def used_bytes(self) -> int:
+        return self._call("used_bytes", self.inner.used_bytes)
+
+    def drop(self, *, fence: int | None = None) -> None:
+        self._call("drop", self.inner.drop, fence=fence)
+
+
+@dataclass
+class KvStats:
+    """Round trips by op, entries and bytes moved (keys + values)."""
+
+    round_trips: Counter[str] = field(default_factory=Counter)
+    entries_written: int = 0
+    bytes_written: int = 0
+    entries_read: int = 0
+    bytes_read: int = 0
+
+    @property
+    def writes(self) -> int:
+        return sum(self.round_trips[op] for op in WRITE_OPS)
+
+    @property
+    def reads(self) -> int:
+        return self.round_trips["get"] + self.round_trips["list"]
+
+    @property
+    def total(self) -> int:
+        return sum(self.round_trips.values())
+
+
+class CountingKv(_Delegate):
+    """Counts every call that reaches the inner store, including calls that fail."""
+
+    def __init__(self, inner: ActorKv) -> None:
+        super().__init__(inner)
+        self._lock = threading.Lock()
+        self.stats = KvStats()
+
+    def reset(self) -> KvStats:
+        """Start counting afresh; return what was counted so far."""
+        with self._lock:
+            old, self.stats = self.stats, KvStats()
+        return old
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._lock:
+            self.stats.round_trips[op] += 1
+            if op == "write":
+                put, delete = kwargs["put"], kwargs["delete"]
+                items = put.items() if isinstance(put, dict) else put
+                for k, v in items:
+                    self.stats.entries_written += 1
+                    self.stats.bytes_written += len(k) + len(v)
+                self.stats.entries_written += len(delete)
+                self.stats.bytes_written += sum(map(len, delete))
+        result = fn(*args, **kwargs)
+        if op in ("get", "list"):
+            pairs = result if op == "list" else [(b"", v) for v in result if v is not None]
+            with self._lock:
+                self.stats.entries_read += len(pairs)
+                self.stats.bytes_read += sum(len(k) + len(v) for k, v in pairs)
+        return result
+
+
+class FaultKind(enum.Enum):
+    FAIL_BEFORE = "fail-before"
+    """Raise `KvUnavailable` without calling the inner store: nothing is applied."""
+    APPLY_THEN_RAISE = "apply-then-raise"
+    """Call the inner store, then raise `KvIndeterminate`: applied, but the caller can't know."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Inject `kind` at the `at`-th (0-based) call counted among `ops`."""
+
+    at: int
+    kind: FaultKind
+    ops: frozenset[str] = WRITE_OPS
+
+
+@dataclass(frozen=True)
+class FiredFault:
+    index: int
+    op: str
+    kind: FaultKind
+
+
+class InjectedUnavailable(KvUnavailable):
+    """A `FAIL_BEFORE` fault: the store was never called."""
+
+
+class InjectedIndeterminate(KvIndeterminate):
+    """An `APPLY_THEN_RAISE` fault: the store applied the request, then the answer was lost."""
+
+
+class FaultyKv(_Delegate):
+    """Injects faults by an explicit schedule and/or by seeded chance, plus optional latency.
+
+    `faults` fire at fixed positions; `fail_rate` and `indeterminate_rate` draw from `seed`'s
+    generator for every write op. `fired` records every injected fault, so a test can assert that
+    the fault it meant to inject really happened.
+    """
+
+    def __init__(
+        self,
+        inner: ActorKv,
+        *,
+        faults: Iterable[Fault] = (),
+        seed: int | None = None,
+        fail_rate: float = 0.0,
+        indeterminate_rate: float = 0.0,
+        latency_ms: float = 0.0,
+    ) -> None:
+        super().__init__(inner)
+        self._faults = list(faults)
+        self._rng = random.Random(seed)
+        self.fail_rate = fail_rate
+        self.indeterminate_rate = indeterminate_rate
+        self.latency_s = latency_ms / 1000
+        self._lock = threading.Lock()
+        self._counts: Counter[frozenset[str]] = Counter()
+        self.calls = 0
+        self.fired: list[FiredFault] = []
+        self.enabled = True
+
+    def add(self, fault: Fault) -> None:
+        with self._lock:
+            self._faults.append(fault)
+
+    def _choose(self, op: str) -> FaultKind | None:
+        with self._lock:
+            index = self.calls
+            self.calls += 1
+            if not self.enabled:
+                return None
+            chosen: FaultKind | None = None
+            for group in {f.ops for f in self._faults}:
+                if op in group:
+                    n = self._counts[group]
+                    self._counts[group] += 1
+                    for f in self._faults:
+                        if f.ops == group and f.at == n and chosen is None:
+                            chosen = f.kind
+            if chosen is None and op in WRITE_OPS:
+                draw = self._rng.random()
+                if draw < self.fail_rate:
+                    chosen = FaultKind.FAIL_BEFORE
+                elif draw < self.fail_rate + self.indeterminate_rate:
+                    chosen = FaultKind.APPLY_THEN_RAISE
+            if chosen is not None:
+                self.fired.append(FiredFault(index, op, chosen))
+            return chosen
+
+    def fired_count(self, kind: FaultKind | None = None) -> int:
+        return sum(1 for f in self.fired if kind is None or f.kind is kind)
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        kind = self._choose(op)
+        match kind:
+            case None:
+                return fn(*args, **kwargs)
+            case FaultKind.FAIL_BEFORE:
+                raise InjectedUnavailable(f"injected fault: {op} failed before it was applied")
+            case FaultKind.APPLY_THEN_RAISE:
+                fn(*args, **kwargs)
+                raise InjectedIndeterminate(f"injected fault: {op} applied, then its answer lost")
+            case _:
+                assert_never(kind)
