@@ -21,13 +21,17 @@ def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStor
             query = parse_qs(parts.query)
             unknown = set(query) - {"latency_ms"}
             if unknown:
-                raise ValueError(f"unknown option(s) {sorted(unknown)} in {url!r}; known: latency_ms")
+                raise ValueError(
+                    f"unknown option(s) {sorted(unknown)} in {url!r}; known: latency_ms"
+                )
             latency = float(query.get("latency_ms", ["0"])[-1])
             if latency < 0:
                 raise ValueError(f"latency_ms must be >= 0 in {url!r}")
             return MemoryStore(limits=limits, latency_ms=latency)
         case "file":
-            path = parts.netloc + parts.path if parts.netloc not in ("", "localhost") else parts.path
+            path = (
+                parts.netloc + parts.path if parts.netloc not in ("", "localhost") else parts.path
+            )
             if not path:
                 raise ValueError(f"file URL {url!r} names no directory")
             return FileStore(Path(path), limits=limits)

@@ -1,0 +1,18 @@
+"""The APSW VFS: SQLite's 4 KiB pages stored in an actor's KV namespace."""
+
+from pagekv.vfs.database import Database, open_database
+from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
+from pagekv.vfs.format import FORMAT_VERSION, PAGE_SIZE
+from pagekv.vfs.pages import Options, PageStore
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PAGE_SIZE",
+    "Database",
+    "DatabaseDead",
+    "Options",
+    "PageStore",
+    "SnapshotExpired",
+    "StorageCorrupt",
+    "open_database",
+]

@@ -1,0 +1,87 @@
+"""Folding committed deltas into base pages, in bounded, fenced, idempotent batches.
+
+A pass folds every live delta up to the head: it writes the newest version of each delta page as
+a base page (and zero pages for holes), then moves the head's `compacted` mark, then deletes the
+folded chunks and index parts and any base pages past EOF. Until the head moves, readers still
+prefer the deltas, so the base writes are invisible; after it moves the deltas are ignored, so the
+deletes are invisible. A crash at any point leaves a readable database, and a pass repeated after a
+crash writes the same bytes again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pagekv.kv import ActorKv, KvLimits
+from pagekv.vfs.errors import StorageCorrupt
+from pagekv.vfs.format import (
+    BASE_END,
+    HEAD_KEY,
+    LOCK_BYTE_PAGE,
+    ZERO_PAGE,
+    Head,
+    base_key,
+    decode_chunk,
+    delta_key,
+    encode_base,
+)
+from pagekv.vfs.page_index import DeltaLoc, PageIndex
+from pagekv.vfs.recovery import delete_txids
+
+_CHUNKS_PER_READ = 8
+
+
+class _BatchWriter:
+    """Accumulates puts and flushes each batch before it would break a limit."""
+
+    def __init__(self, kv: ActorKv, fence: int, limits: KvLimits) -> None:
+        self.kv, self.fence, self.limits = kv, fence, limits
+        self.puts: dict[bytes, bytes] = {}
+        self.bytes = 0
+        self.writes = 0
+
+    def put(self, key: bytes, value: bytes) -> None:
+        size = len(key) + len(value)
+        if len(self.puts) + 1 > self.limits.max_batch_entries or (
+            self.bytes + size > self.limits.max_batch_bytes
+        ):
+            self.flush()
+        self.puts[key] = value
+        self.bytes += size
+
+    def flush(self) -> None:
+        if self.puts:
+            self.kv.write(put=self.puts, fence=self.fence)
+            self.writes += 1
+            self.puts, self.bytes = {}, 0
+
+
+def compact(kv: ActorKv, fence: int, head: Head, index: PageIndex) -> tuple[Head, int]:
+    """Fold all live deltas; return the new head and the number of pages written."""
+    pages = head.pages
+    by_chunk: dict[DeltaLoc, list[int]] = {}
+    for pgno, loc in index.deltas.items():
+        by_chunk.setdefault(loc, []).append(pgno)
+    writer = _BatchWriter(kv, fence, kv.limits)
+    folded = 0
+    ordered = sorted(by_chunk)
+    for i in range(0, len(ordered), _CHUNKS_PER_READ):
+        locs = ordered[i : i + _CHUNKS_PER_READ]
+        raws = kv.get([delta_key(*loc) for loc in locs])
+        for (txid, chunk), raw in zip(locs, raws, strict=True):
+            if raw is None:
+                raise StorageCorrupt(f"delta chunk {chunk} of txid {txid} is missing")
+            frames = decode_chunk(txid, raw)
+            for pgno in by_chunk[(txid, chunk)]:
+                writer.put(base_key(pgno), encode_base(txid, pgno, frames[pgno]))
+                folded += 1
+    for pgno in range(index.base_limit + 1, pages + 1):
+        if pgno not in index.deltas and pgno != LOCK_BYTE_PAGE:
+            writer.put(base_key(pgno), encode_base(head.txid, pgno, ZERO_PAGE))
+            folded += 1
+    writer.flush()
+    new_head = replace(head, compacted=head.txid, base_pages=pages, shrinks=())
+    kv.write(put={HEAD_KEY: new_head.encode()}, fence=fence)
+    delete_txids(kv, fence, 0, head.txid)
+    kv.delete_range(base_key(pages + 1), BASE_END, fence=fence)
+    return new_head, folded

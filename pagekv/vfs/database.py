@@ -1,0 +1,98 @@
+"""`open_database`: an APSW connection whose pages live in an actor's KV namespace."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import apsw
+
+from pagekv.kv import ActorKv
+from pagekv.vfs.pages import Options, PageStore
+from pagekv.vfs.vfs import MAIN_FILE, PINNED_PRAGMAS, PageVfs
+
+
+class Database:
+    """One open database. Use it from one thread at a time (as any SQLite connection)."""
+
+    def __init__(self, store: PageStore, vfs: PageVfs, connection: apsw.Connection) -> None:
+        self._store = store
+        self._vfs = vfs
+        self.connection = connection
+
+    @property
+    def generation(self) -> int:
+        return self._store.generation
+
+    @property
+    def is_dead(self) -> bool:
+        return self._store.dead is not None
+
+    @property
+    def read_only(self) -> bool:
+        return self._store.read_only
+
+    def execute(self, sql: str, bindings: Any = None) -> apsw.Cursor:
+        if self.is_dead:
+            self._store._check_alive()
+        return self.connection.execute(sql, bindings)
+
+    def take_last_kv_error(self) -> BaseException | None:
+        """The original exception behind the last storage failure (cleared by reading it)."""
+        return self._store.take_last_error()
+
+    def metrics(self) -> dict[str, object]:
+        return self._store.metrics()
+
+    def compact(self) -> int:
+        """Fold all deltas into base pages now; returns the number of pages written."""
+        return self._store.compact()
+
+    def close(self) -> None:
+        """Close the connection (a pending transaction is rolled back, never committed)."""
+        try:
+            self.connection.close(True)
+        finally:
+            self._vfs.unregister()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def open_database(
+    kv: ActorKv,
+    *,
+    read_only: bool = False,
+    **options: Any,
+) -> Database:
+    """Take over `kv` (unless `read_only`), recover, preload page 1, and open SQLite on it.
+
+    `kv` may be any object with the `ActorKv` methods. A read-only database is a consistent
+    snapshot that never writes and never takes over; it is meant for inspection beside a writer.
+    `options` are the fields of `Options` (cache size, staging and compaction thresholds).
+    """
+    store = PageStore(kv, read_only=read_only, options=Options(**options))
+    vfs = PageVfs(store)
+    flags = (
+        apsw.SQLITE_OPEN_READONLY
+        if read_only
+        else (apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE)
+    )
+    try:
+        connection = apsw.Connection(MAIN_FILE, flags=flags, vfs=vfs.vfs_name)
+        for name, value in PINNED_PRAGMAS.items():
+            connection.execute(f"PRAGMA {name} = {value}")
+        connection.execute("PRAGMA synchronous = NORMAL")
+        vfs.file.configuring = False
+    except BaseException:
+        vfs.unregister()
+        raise
+    return Database(store, vfs, connection)

@@ -1,0 +1,193 @@
+"""The on-KV format of one SQLite database (documented for people in `docs/FORMAT.md`).
+
+All keys live under `PREFIX` in the actor's namespace; integers are big-endian so keys sort
+numerically. Every stored page carries a CRC32C over `(txid, pgno, data)`, so a page read from the
+wrong key, a wrong version or a torn value is detected rather than returned.
+
+    PREFIX "H"                          head record (CBOR, see `Head`)
+    PREFIX "X" txid:u64 part:u32        index part: which pages each delta chunk of `txid` holds
+    PREFIX "D" txid:u64 chunk:u32       delta chunk: framed pages written by commit `txid`
+    PREFIX "B" pgno:u32                 base page: a page folded in by compaction
+
+A commit's chunks and index parts are invisible until the head's `txid` reaches them; the head
+move is the only visibility point.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import cbor2
+from crc32c import crc32c
+
+from pagekv.vfs.errors import StorageCorrupt
+
+FORMAT_VERSION = 1
+PAGE_SIZE = 4096
+PREFIX = b"\x01"
+HEAD_KEY = PREFIX + b"H"
+_INDEX = PREFIX + b"X"
+_DELTA = PREFIX + b"D"
+_BASE = PREFIX + b"B"
+_VALUE_VERSION = b"\x01"
+_FRAME = struct.Struct(">II")
+FRAME_BYTES = _FRAME.size + PAGE_SIZE
+_BASE_HEADER = struct.Struct(">QI")
+_INDEX_ENTRY = struct.Struct(">II")
+ZERO_PAGE = bytes(PAGE_SIZE)
+LOCK_BYTE_PAGE = 0x40000000 // PAGE_SIZE + 1
+"""SQLite's lock-byte page (the page holding offset 1 GiB); it is never written."""
+MAX_TXID = 2**64 - 1
+
+
+def index_key(txid: int, part: int) -> bytes:
+    return _INDEX + struct.pack(">QI", txid, part)
+
+
+def delta_key(txid: int, chunk: int) -> bytes:
+    return _DELTA + struct.pack(">QI", txid, chunk)
+
+
+def base_key(pgno: int) -> bytes:
+    return _BASE + struct.pack(">I", pgno)
+
+
+def txid_bound(kind_key: bytes, txid: int) -> bytes:
+    """The first key of `txid` in the index or delta range (`kind_key` is either prefix)."""
+    return kind_key + struct.pack(">Q", txid)
+
+
+INDEX_PREFIX = _INDEX
+DELTA_PREFIX = _DELTA
+INDEX_END = PREFIX + b"Y"
+DELTA_END = PREFIX + b"E"
+BASE_END = PREFIX + b"C"
+VALUE_HEADER_BYTES = len(_VALUE_VERSION)
+
+
+def parse_index_key(key: bytes) -> tuple[int, int]:
+    return struct.unpack(">QI", key[len(_INDEX) :])
+
+
+def parse_base_key(key: bytes) -> int:
+    return struct.unpack(">I", key[len(_BASE) :])[0]
+
+
+def page_crc(txid: int, pgno: int, data: bytes) -> int:
+    return crc32c(data, crc32c(struct.pack(">QI", txid, pgno)))
+
+
+@dataclass(frozen=True, slots=True)
+class Shrink:
+    """The file shrank to `pages` during commit `txid`, after its first `after_part` parts."""
+
+    txid: int
+    after_part: int
+    pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The commit pointer and what readers need to find pages.
+
+    Invariants: `compacted <= txid`; deltas with `compacted < t <= txid` are live; base pages
+    `1..base_pages` hold every page as of `compacted`; `shrinks` lists the truncations of live
+    deltas in commit order (each hides older versions of the pages above it).
+    """
+
+    txid: int = 0
+    size: int = 0
+    compacted: int = 0
+    base_pages: int = 0
+    shrinks: tuple[Shrink, ...] = field(default_factory=tuple)
+
+    @property
+    def pages(self) -> int:
+        return -(-self.size // PAGE_SIZE)
+
+    def encode(self) -> bytes:
+        return cbor2.dumps(
+            {
+                "v": FORMAT_VERSION,
+                "page_size": PAGE_SIZE,
+                "txid": self.txid,
+                "size": self.size,
+                "compacted": self.compacted,
+                "base_pages": self.base_pages,
+                "shrinks": [[s.txid, s.after_part, s.pages] for s in self.shrinks],
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Head:
+        try:
+            d = cbor2.loads(raw)
+            version = d["v"]
+        except (cbor2.CBORDecodeError, KeyError, TypeError) as e:
+            raise StorageCorrupt(f"unreadable head record: {e}") from e
+        if version > FORMAT_VERSION:
+            raise StorageCorrupt(
+                f"database format version {version} is newer than this pagekv reads "
+                f"({FORMAT_VERSION}); upgrade pagekv"
+            )
+        if d["page_size"] != PAGE_SIZE:
+            raise StorageCorrupt(f"stored page size {d['page_size']} is not {PAGE_SIZE}")
+        return cls(
+            txid=d["txid"],
+            size=d["size"],
+            compacted=d["compacted"],
+            base_pages=d["base_pages"],
+            shrinks=tuple(Shrink(*s) for s in d["shrinks"]),
+        )
+
+
+def encode_chunk(txid: int, pages: list[tuple[int, bytes]]) -> bytes:
+    out = [_VALUE_VERSION]
+    for pgno, data in pages:
+        out.append(_FRAME.pack(pgno, page_crc(txid, pgno, data)))
+        out.append(data)
+    return b"".join(out)
+
+
+def decode_chunk(txid: int, raw: bytes) -> dict[int, bytes]:
+    if raw[:1] != _VALUE_VERSION or (len(raw) - 1) % FRAME_BYTES:
+        raise StorageCorrupt(f"malformed delta chunk of txid {txid} ({len(raw)} bytes)")
+    pages: dict[int, bytes] = {}
+    for off in range(1, len(raw), FRAME_BYTES):
+        pgno, crc = _FRAME.unpack_from(raw, off)
+        data = raw[off + _FRAME.size : off + FRAME_BYTES]
+        if page_crc(txid, pgno, data) != crc:
+            raise StorageCorrupt(f"CRC mismatch in page {pgno} of txid {txid}")
+        pages[pgno] = data
+    return pages
+
+
+def encode_base(txid: int, pgno: int, data: bytes) -> bytes:
+    return _VALUE_VERSION + _BASE_HEADER.pack(txid, page_crc(txid, pgno, data)) + data
+
+
+def decode_base(pgno: int, raw: bytes) -> tuple[int, bytes]:
+    """Return `(txid the version came from, page data)`."""
+    if raw[:1] != _VALUE_VERSION or len(raw) != 1 + _BASE_HEADER.size + PAGE_SIZE:
+        raise StorageCorrupt(f"malformed base page {pgno} ({len(raw)} bytes)")
+    txid, crc = _BASE_HEADER.unpack_from(raw, 1)
+    data = raw[1 + _BASE_HEADER.size :]
+    if page_crc(txid, pgno, data) != crc:
+        raise StorageCorrupt(f"CRC mismatch in base page {pgno}")
+    return txid, data
+
+
+def encode_index(entries: list[tuple[int, int]]) -> bytes:
+    return _VALUE_VERSION + b"".join(_INDEX_ENTRY.pack(p, c) for p, c in entries)
+
+
+def decode_index(raw: bytes) -> list[tuple[int, int]]:
+    if raw[:1] != _VALUE_VERSION or (len(raw) - 1) % _INDEX_ENTRY.size:
+        raise StorageCorrupt(f"malformed index part ({len(raw)} bytes)")
+    return list(_INDEX_ENTRY.iter_unpack(raw[1:]))
+
+
+DELTA_KEY_BYTES = len(delta_key(0, 0))
+INDEX_KEY_BYTES = len(index_key(0, 0))
+INDEX_ENTRY_BYTES = _INDEX_ENTRY.size

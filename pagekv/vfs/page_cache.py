@@ -1,0 +1,46 @@
+"""A bounded LRU cache of committed pages (the layer between the dirty buffer and the KV)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class PageCache:
+    """Holds at most `capacity` committed pages. Invariant: a cached page equals the newest
+    committed version of that page; callers evict pages that a commit or truncate changes."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"cache_pages must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._pages: OrderedDict[int, bytes] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, pgno: int) -> bytes | None:
+        data = self._pages.get(pgno)
+        if data is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._pages.move_to_end(pgno)
+        return data
+
+    def __contains__(self, pgno: int) -> bool:
+        return pgno in self._pages
+
+    def put(self, pgno: int, data: bytes) -> None:
+        self._pages[pgno] = data
+        self._pages.move_to_end(pgno)
+        while len(self._pages) > self.capacity:
+            self._pages.popitem(last=False)
+
+    def drop_above(self, pages: int) -> None:
+        for pgno in [p for p in self._pages if p > pages]:
+            del self._pages[pgno]
+
+    def clear(self) -> None:
+        self._pages.clear()
+
+    def __len__(self) -> int:
+        return len(self._pages)

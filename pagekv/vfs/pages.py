@@ -1,0 +1,447 @@
+"""The page store: one database file's bytes over the actor KV.
+
+This is everything the VFS file does, without APSW: reads through dirty buffer -> page cache ->
+KV, buffered writes, truncation, the commit protocol, early staging of huge transactions, and
+fatal-on-error. `vfs.py` only adapts it to SQLite's callbacks.
+
+Invariants:
+- Reads never see uncommitted data of another instance, and never rewind `head` (only a commit, a
+  compaction or a local truncate changes it).
+- A commit is visible exactly when the batch carrying its head record is applied; everything before
+  it is written under `head.txid + 1`, which readers and recovery ignore until then.
+- After a write whose outcome is unknown (or a fence mismatch) the store is dead: it drops its
+  buffers and answers every call with `DatabaseDead`, and never resends the write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field, replace
+
+from pagekv.kv import ActorKv, CountingKv, KvError, KvUnavailable, LimitError
+from pagekv.vfs.commit import Batch, encode_batch, plan_batches
+from pagekv.vfs.compaction import compact
+from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
+from pagekv.vfs.format import (
+    HEAD_KEY,
+    LOCK_BYTE_PAGE,
+    PAGE_SIZE,
+    ZERO_PAGE,
+    Shrink,
+    base_key,
+    decode_base,
+    decode_chunk,
+    delta_key,
+    parse_base_key,
+)
+from pagekv.vfs.page_cache import PageCache
+from pagekv.vfs.recovery import recover
+
+_MAX_READ_AHEAD = 256
+_FIRST_READ_AHEAD = 8
+_CHUNK_READ_AHEAD = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Tuning knobs of one open database (all counts are 4 KiB pages)."""
+
+    cache_pages: int = 4096
+    stage_pages: int = 2048
+    """Dirty pages held in memory before a transaction is staged to KV early."""
+    compact_deltas: int = 256
+    """Auto-compact once this many commits are live as deltas ..."""
+    compact_pages: int = 4096
+    """... or their index entries exceed this many pages."""
+    auto_compact: bool = True
+
+
+@dataclass
+class _Pending:
+    """The transaction being built: dirty pages and whatever was already staged to KV."""
+
+    dirty: dict[int, bytes] = field(default_factory=dict)
+    staged: dict[int, int] = field(default_factory=dict)
+    """Staged page -> chunk number under the pending txid."""
+    parts: list[list[tuple[int, int]]] = field(default_factory=list)
+    shrinks: list[Shrink] = field(default_factory=list)
+    chunks: int = 0
+    floor: int | None = None
+    """Lowest page count the file shrank to; committed pages above it are hidden."""
+
+
+class PageStore:
+    def __init__(self, kv: ActorKv, *, read_only: bool = False, options: Options = Options()):
+        self.kv = CountingKv(kv)
+        self.limits = kv.limits
+        self.read_only = read_only
+        self.options = options
+        self._lock = threading.RLock()
+        self.cache = PageCache(options.cache_pages)
+        self.dead: BaseException | None = None
+        self.last_error: BaseException | None = None
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "commits",
+                "commits_fast",
+                "commits_staged",
+                "pages_committed",
+                "max_commit_pages",
+                "stage_batches",
+                "compactions",
+                "pages_compacted",
+                "orphan_cleanups",
+            ),
+            0,
+        )
+        recovered = recover(self.kv, read_only=read_only)
+        self.generation = recovered.generation
+        self.head = recovered.head
+        self.index = recovered.index
+        self.counters["orphan_cleanups"] += recovered.orphans_removed + recovered.leftovers_removed
+        self.size = self.head.size
+        self._pending = _Pending()
+        self._ra_next = 0
+        self._ra_window = _FIRST_READ_AHEAD
+        if self.head.pages:
+            self.read_page(1)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def read(self, amount: int, offset: int) -> bytes:
+        """Bytes `offset..offset+amount`, short if the file ends first."""
+        with self._lock:
+            self._check_alive()
+            end = min(offset + amount, self.size)
+            out = bytearray()
+            pos = offset
+            while pos < end:
+                pgno, start = divmod(pos, PAGE_SIZE)
+                take = min(PAGE_SIZE - start, end - pos)
+                out += self.read_page(pgno + 1)[start : start + take]
+                pos += take
+            return bytes(out)
+
+    def read_page(self, pgno: int) -> bytes:
+        pending = self._pending
+        if pgno > self._pages() or pgno == LOCK_BYTE_PAGE:
+            return ZERO_PAGE
+        data = pending.dirty.get(pgno)
+        if data is not None:
+            return data
+        chunk = pending.staged.get(pgno)
+        if chunk is not None:
+            return self._fetch_staged(pgno, chunk)
+        if pending.floor is not None and pgno > pending.floor:
+            return ZERO_PAGE
+        data = self.cache.get(pgno)
+        if data is not None:
+            return data
+        loc = self.index.deltas.get(pgno)
+        if loc is not None:
+            self._fetch_delta(pgno, *loc)
+        elif pgno <= self.index.base_limit:
+            self._fetch_base(pgno)
+        else:
+            return ZERO_PAGE
+        data = self.cache.get(pgno)
+        if data is None:
+            raise StorageCorrupt(f"page {pgno} is below EOF but has no stored copy")
+        return data
+
+    def _read_ahead(self, pgno: int) -> int:
+        """Pages to fetch from `pgno` on: doubles along a forward scan, resets on a jump."""
+        if self._ra_next - self._ra_window <= pgno <= self._ra_next + _FIRST_READ_AHEAD:
+            self._ra_window = min(self._ra_window * 2, _MAX_READ_AHEAD)
+        else:
+            self._ra_window = _FIRST_READ_AHEAD
+        self._ra_next = pgno + self._ra_window
+        return self._ra_window
+
+    def _fetch_base(self, pgno: int) -> None:
+        stop = min(pgno + self._read_ahead(pgno), self.index.base_limit + 1)
+        for key, raw in self.kv.list(start=base_key(pgno), end=base_key(stop)):
+            page = parse_base_key(key)
+            if page in self.index.deltas:
+                continue
+            txid, data = decode_base(page, raw)
+            if txid > self.head.compacted:
+                if page == pgno:
+                    raise SnapshotExpired(
+                        f"base page {pgno} was compacted past this snapshot; reopen the database"
+                    )
+                continue
+            self.cache.put(page, data)
+
+    def _fetch_delta(self, pgno: int, txid: int, chunk: int) -> None:
+        window = self._read_ahead(pgno)
+        extra = min(window // 32, _CHUNK_READ_AHEAD, self.index.chunks.get(txid, 0) - chunk - 1)
+        chunks = [chunk + i for i in range(max(extra, 0) + 1)]
+        raws = self.kv.get([delta_key(txid, c) for c in chunks])
+        for c, raw in zip(chunks, raws, strict=True):
+            if raw is None:
+                if c == chunk:
+                    raise self._missing(f"delta chunk {c} of txid {txid} holding page {pgno}")
+                continue
+            for page, data in decode_chunk(txid, raw).items():
+                if self.index.deltas.get(page) == (txid, c):
+                    self.cache.put(page, data)
+
+    def _fetch_staged(self, pgno: int, chunk: int) -> bytes:
+        txid = self.head.txid + 1
+        raw = self.kv.get([delta_key(txid, chunk)])[0]
+        if raw is None:
+            raise StorageCorrupt(f"staged chunk {chunk} of txid {txid} holding page {pgno} is gone")
+        return decode_chunk(txid, raw)[pgno]
+
+    def _missing(self, what: str) -> Exception:
+        if self.read_only:
+            return SnapshotExpired(f"{what} was removed by compaction; reopen the database")
+        return StorageCorrupt(f"{what} is missing")
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def write(self, data: bytes, offset: int) -> None:
+        with self._lock:
+            self._check_writable()
+            pending = self._pending
+            pos, end = offset, offset + len(data)
+            while pos < end:
+                pgno, start = divmod(pos, PAGE_SIZE)
+                take = min(PAGE_SIZE - start, end - pos)
+                chunk = data[pos - offset : pos - offset + take]
+                if take == PAGE_SIZE:
+                    page = bytes(chunk)
+                else:
+                    page = self._page_for_update(pgno + 1)
+                    page = page[:start] + bytes(chunk) + page[start + take :]
+                pending.dirty[pgno + 1] = page
+                pos += take
+            self.size = max(self.size, end)
+            if len(pending.dirty) >= self.options.stage_pages:
+                self._stage()
+
+    def _page_for_update(self, pgno: int) -> bytes:
+        """Current content of a page about to be partly overwritten (zeros past EOF)."""
+        return self.read_page(pgno) if (pgno - 1) * PAGE_SIZE < self.size else ZERO_PAGE
+
+    def truncate(self, size: int) -> None:
+        with self._lock:
+            self._check_writable()
+            if size < 0:
+                raise ValueError(f"cannot truncate to {size} bytes")
+            pending = self._pending
+            pages = -(-size // PAGE_SIZE)
+            if size < self.size:
+                if size % PAGE_SIZE and pages <= self._pages():
+                    keep = size % PAGE_SIZE
+                    pending.dirty[pages] = self.read_page(pages)[:keep] + bytes(PAGE_SIZE - keep)
+                for pgno in [p for p in pending.dirty if p > pages]:
+                    del pending.dirty[pgno]
+                dropped = [p for p in pending.staged if p > pages]
+                for pgno in dropped:
+                    del pending.staged[pgno]
+                if dropped or pages < self.head.pages:
+                    self._record_shrink(pages)
+            self.size = size
+
+    def _record_shrink(self, pages: int) -> None:
+        pending = self._pending
+        after = len(pending.parts)
+        if pending.shrinks and pending.shrinks[-1].after_part == after:
+            pages = min(pages, pending.shrinks[-1].pages)
+            pending.shrinks.pop()
+        pending.shrinks.append(Shrink(self.head.txid + 1, after, pages))
+        pending.floor = pages if pending.floor is None else min(pending.floor, pages)
+
+    def _pages(self) -> int:
+        return -(-self.size // PAGE_SIZE)
+
+    def _dirty_pages(self) -> list[tuple[int, bytes]]:
+        pages = self._pages()
+        return sorted(
+            (p, d) for p, d in self._pending.dirty.items() if p <= pages and p != LOCK_BYTE_PAGE
+        )
+
+    def _stage(self) -> None:
+        """Write the dirty pages under the pending txid now, to bound memory."""
+        txid = self.head.txid + 1
+        pending = self._pending
+        try:
+            for batch in plan_batches(self._dirty_pages(), self.limits, 0):
+                puts, entries = self._encode(txid, batch)
+                self.kv.write(put=puts, fence=self.generation)
+                self.counters["stage_batches"] += 1
+                pending.parts.append(entries)
+                pending.staged.update(entries)
+        except BaseException as e:
+            raise self._die(e) from e
+        pending.dirty.clear()
+
+    def _encode(self, txid: int, batch: Batch) -> tuple[dict[bytes, bytes], list[tuple[int, int]]]:
+        pending = self._pending
+        puts, entries = encode_batch(txid, len(pending.parts), pending.chunks, batch)
+        pending.chunks += len(batch.chunks)
+        return puts, entries
+
+    # -- commit -----------------------------------------------------------------------------
+
+    def has_pending(self) -> bool:
+        p = self._pending
+        return bool(p.dirty or p.parts or p.shrinks or self.size != self.head.size)
+
+    def sync(self) -> None:
+        """The commit point: make everything written since the last commit visible at once."""
+        with self._lock:
+            self._check_alive()
+            if self.read_only or not self.has_pending():
+                return
+            pending = self._pending
+            txid = self.head.txid + 1
+            head = replace(
+                self.head,
+                txid=txid,
+                size=self.size,
+                shrinks=self.head.shrinks + tuple(pending.shrinks),
+            )
+            head_raw = head.encode()
+            dirty = self._dirty_pages()
+            batches = plan_batches(dirty, self.limits, len(HEAD_KEY) + len(head_raw)) or [Batch([])]
+            staged_before = bool(pending.parts)
+            written = 0
+            try:
+                for number, batch in enumerate(batches):
+                    puts: dict[bytes, bytes] = {}
+                    if batch.chunks:
+                        puts, entries = self._encode(txid, batch)
+                        pending.parts.append(entries)
+                    if number == len(batches) - 1:
+                        puts[HEAD_KEY] = head_raw
+                    self.kv.write(put=puts, fence=self.generation)
+                    written += 1
+            except BaseException as e:
+                if written or staged_before or not isinstance(e, KvUnavailable | LimitError):
+                    raise self._die(e) from e
+                self.last_error = e
+                self._discard_pending()
+                raise
+            self.index.apply_commit(txid, pending.parts, pending.shrinks)
+            if pending.floor is not None:
+                self.cache.drop_above(pending.floor)
+            for pgno, data in dirty:
+                self.cache.put(pgno, data)
+            self.cache.drop_above(head.pages)
+            self.head = head
+            self._pending = _Pending()
+            staged = staged_before or len(batches) > 1
+            self.counters["commits"] += 1
+            self.counters["commits_staged" if staged else "commits_fast"] += 1
+            n_pages = sum(map(len, pending.parts))
+            self.counters["pages_committed"] += n_pages
+            self.counters["max_commit_pages"] = max(self.counters["max_commit_pages"], n_pages)
+
+    def _discard_pending(self) -> None:
+        self._pending = _Pending()
+        self.size = self.head.size
+
+    # -- compaction -------------------------------------------------------------------------
+
+    def needs_compaction(self) -> bool:
+        live = self.head.txid - self.head.compacted
+        entries = self.index.delta_entries
+        garbage = entries > self.options.compact_deltas and entries > 4 * self.head.pages
+        return (
+            live >= self.options.compact_deltas or entries >= self.options.compact_pages or garbage
+        )
+
+    def compact(self) -> int:
+        """Fold all committed deltas into base pages; return the pages written."""
+        with self._lock:
+            self._check_writable()
+            if self.has_pending():
+                raise RuntimeError("cannot compact inside a transaction; commit or roll back first")
+            head = self.head
+            if head.compacted == head.txid and self.index.base_limit >= head.pages:
+                return 0
+            try:
+                new_head, folded = compact(self.kv, self.generation, head, self.index)
+            except (KvUnavailable, LimitError, StorageCorrupt) as e:
+                self.last_error = e
+                raise
+            except BaseException as e:
+                raise self._die(e) from e
+            self.head = new_head
+            self.index.compacted(new_head.pages)
+            self.counters["compactions"] += 1
+            self.counters["pages_compacted"] += folded
+            return folded
+
+    def finish_commit(self) -> None:
+        """After SQLite's commit: flush what it wrote after the sync, then maybe compact.
+
+        SQLite truncates the file (VACUUM, shrinking commits) after `SQLITE_FCNTL_SYNC`, and it
+        ignores errors at this point, so a failed flush kills the store instead of being lost.
+        Auto-compaction failures are kept in `last_error` and retried after the next commit.
+        """
+        with self._lock:
+            if self.dead is not None:
+                return
+            if self.has_pending():
+                try:
+                    self.sync()
+                except DatabaseDead:
+                    return
+                except BaseException as e:
+                    self._die(e)
+                    return
+            if self.options.auto_compact and self.needs_compaction():
+                with contextlib.suppress(KvError, StorageCorrupt, DatabaseDead):
+                    self.compact()
+
+    # -- life and death ---------------------------------------------------------------------
+
+    def _die(self, error: BaseException) -> DatabaseDead:
+        if self.dead is None:
+            self.dead = error
+            self._discard_pending()
+            self.cache.clear()
+        self.last_error = error
+        return DatabaseDead(
+            f"database is dead after {type(error).__name__}: {error}; close and reopen it"
+        )
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise DatabaseDead(
+                f"database is dead after {type(self.dead).__name__}: {self.dead}; close and reopen it"
+            )
+
+    def _check_writable(self) -> None:
+        self._check_alive()
+        if self.read_only:
+            raise PermissionError("this database was opened read-only")
+
+    def take_last_error(self) -> BaseException | None:
+        with self._lock:
+            error, self.last_error = self.last_error, None
+            return error
+
+    def metrics(self) -> dict[str, object]:
+        with self._lock:
+            stats = self.kv.stats
+            return {
+                **self.counters,
+                "round_trips": dict(stats.round_trips),
+                "kv_bytes_written": stats.bytes_written,
+                "kv_bytes_read": stats.bytes_read,
+                "cache_hits": self.cache.hits,
+                "cache_misses": self.cache.misses,
+                "cached_pages": len(self.cache),
+                "live_deltas": self.head.txid - self.head.compacted,
+                "delta_pages": len(self.index.deltas),
+                "head_txid": self.head.txid,
+                "size_bytes": self.head.size,
+                "generation": self.generation,
+                "dead": self.dead is not None,
+            }

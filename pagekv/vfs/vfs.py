@@ -1,0 +1,154 @@
+"""The APSW VFS and file: SQLite's callbacks mapped onto a `PageStore`.
+
+One VFS object is registered per open database under a unique name, and it serves exactly one
+file, the main database. Journals and temp files never reach it: the connection is pinned to
+`journal_mode=MEMORY` and `temp_store=MEMORY`, and any other open is refused.
+
+Every callback is short: translate, delegate, and turn our errors into SQLite's. The commit point
+is `SQLITE_FCNTL_SYNC` (sent once per commit, even with `synchronous=OFF`); `xSync` commits too,
+in case anything is still pending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+
+import apsw
+
+from pagekv.kv import KvError, StorageQuotaExceeded
+from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
+from pagekv.vfs.format import PAGE_SIZE
+from pagekv.vfs.pages import PageStore
+
+MAIN_FILE = "pagekv.db"
+PINNED_PRAGMAS = {
+    "page_size": "4096",
+    "journal_mode": "memory",
+    "locking_mode": "exclusive",
+    "temp_store": "memory",
+}
+_PRAGMA_SPELLINGS = {"temp_store": {"2": "memory"}}
+
+
+@contextlib.contextmanager
+def _sqlite_errors(store: PageStore) -> Iterator[None]:
+    """Translate our exceptions into the APSW exceptions SQLite turns into error codes."""
+    try:
+        yield
+    except (apsw.Error, MemoryError):
+        raise
+    except StorageQuotaExceeded as e:
+        raise apsw.FullError(f"pagekv: {e}") from e
+    except (StorageCorrupt, SnapshotExpired) as e:
+        store.last_error = e
+        raise apsw.CorruptError(f"pagekv: {e}") from e
+    except PermissionError as e:
+        raise apsw.ReadOnlyError(f"pagekv: {e}") from e
+    except (KvError, DatabaseDead) as e:
+        if store.last_error is None:
+            store.last_error = e
+        raise apsw.IOError(f"pagekv: {e}") from e
+
+
+class PageFile:
+    """The main database file. SQLite calls it on one thread at a time."""
+
+    def __init__(self, store: PageStore) -> None:
+        self.store = store
+        self.configuring = True
+
+    def xRead(self, amount: int, offset: int) -> bytes:
+        with _sqlite_errors(self.store):
+            return self.store.read(amount, offset)
+
+    def xWrite(self, data: bytes, offset: int) -> None:
+        with _sqlite_errors(self.store):
+            self.store.write(data, offset)
+
+    def xTruncate(self, newsize: int) -> None:
+        with _sqlite_errors(self.store):
+            self.store.truncate(newsize)
+
+    def xSync(self, flags: int) -> None:
+        with _sqlite_errors(self.store):
+            self.store.sync()
+
+    def xFileSize(self) -> int:
+        with _sqlite_errors(self.store):
+            self.store._check_alive()
+            return self.store.size
+
+    def xLock(self, level: int) -> None:
+        with _sqlite_errors(self.store):
+            self.store._check_alive()
+
+    def xUnlock(self, level: int) -> None:
+        pass
+
+    def xCheckReservedLock(self) -> bool:
+        return False
+
+    def xFileControl(self, op: int, ptr: int) -> bool:
+        with _sqlite_errors(self.store):
+            if op == apsw.SQLITE_FCNTL_SYNC:
+                self.store.sync()
+                return True
+            if op == apsw.SQLITE_FCNTL_COMMIT_PHASETWO:
+                self.store.finish_commit()
+                return True
+            if op == apsw.SQLITE_FCNTL_PRAGMA:
+                return self._pragma(apsw.VFSFcntlPragma(ptr))
+            return False
+
+    def _pragma(self, pragma: apsw.VFSFcntlPragma) -> bool:
+        pinned = PINNED_PRAGMAS.get(pragma.name.lower())
+        if pinned is None or pragma.value is None or self.configuring:
+            return False
+        value = pragma.value.strip().strip("'\"").lower()
+        value = _PRAGMA_SPELLINGS.get(pragma.name.lower(), {}).get(value, value)
+        if value != pinned:
+            raise apsw.SQLError(
+                f"pagekv pins PRAGMA {pragma.name.lower()} = {pinned.upper()}: the database lives "
+                f"in a KV store, so {pragma.name} = {pragma.value} is not supported"
+            )
+        return False
+
+    def xSectorSize(self) -> int:
+        return PAGE_SIZE
+
+    def xDeviceCharacteristics(self) -> int:
+        return 0
+
+    def xClose(self) -> None:
+        pass
+
+
+class PageVfs(apsw.VFS):
+    """Serves one database file; registered under a unique name for that database's lifetime."""
+
+    def __init__(self, store: PageStore) -> None:
+        self.vfs_name = f"pagekv-{uuid.uuid4().hex}"
+        self.file = PageFile(store)
+        super().__init__(self.vfs_name, base="")
+
+    def xOpen(self, name: str | apsw.URIFilename | None, flags: list[int]) -> PageFile:
+        filename = name.filename() if isinstance(name, apsw.URIFilename) else name
+        if filename != MAIN_FILE or not flags[0] & apsw.SQLITE_OPEN_MAIN_DB:
+            raise apsw.CantOpenError(
+                f"pagekv: cannot open {filename!r}: a pagekv database is one file in the KV store; "
+                "journals and temp files stay in memory, and ATTACH / VACUUM INTO are not supported"
+            )
+        flags[1] = flags[0]
+        return self.file
+
+    def xAccess(self, pathname: str, flags: int) -> bool:
+        return pathname == MAIN_FILE
+
+    def xDelete(self, filename: str, syncdir: bool) -> None:
+        if filename == MAIN_FILE:
+            raise apsw.IOError("pagekv: the main database file cannot be deleted through SQLite")
+
+    def xFullPathname(self, name: str) -> str:
+        return name
