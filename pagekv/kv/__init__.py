@@ -19,6 +19,8 @@ from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
 from pagekv.kv.url import DEFAULT_URL, open_kv
 from pagekv.kv.wrappers import (
+    READ_OPS,
+    WRITE_OPS,
     CountingKv,
     Fault,
     FaultKind,
@@ -31,6 +33,8 @@ from pagekv.kv.wrappers import (
 
 __all__ = [
     "DEFAULT_URL",
+    "READ_OPS",
+    "WRITE_OPS",
     "ActorKv",
     "BatchTooLarge",
     "CountingKv",

@@ -199,6 +199,7 @@ class FaultyKv(_Delegate):
         self._lock = threading.Lock()
         self._counts: Counter[frozenset[str]] = Counter()
         self.calls = 0
+        """Calls made while enabled; fault positions count only those."""
         self.fired: list[FiredFault] = []
         self.enabled = True
 
@@ -208,10 +209,10 @@ class FaultyKv(_Delegate):
 
     def _choose(self, op: str) -> FaultKind | None:
         with self._lock:
-            index = self.calls
-            self.calls += 1
             if not self.enabled:
                 return None
+            index = self.calls
+            self.calls += 1
             chosen: FaultKind | None = None
             for group in {f.ops for f in self._faults}:
                 if op in group:

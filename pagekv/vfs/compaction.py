@@ -65,8 +65,9 @@ def compact(kv: ActorKv, fence: int, head: Head, index: PageIndex) -> tuple[Head
     writer = _BatchWriter(kv, fence, kv.limits)
     folded = 0
     ordered = sorted(by_chunk)
-    for i in range(0, len(ordered), _CHUNKS_PER_READ):
-        locs = ordered[i : i + _CHUNKS_PER_READ]
+    per_read = min(_CHUNKS_PER_READ, kv.limits.max_batch_entries)
+    for i in range(0, len(ordered), per_read):
+        locs = ordered[i : i + per_read]
         raws = kv.get([delta_key(*loc) for loc in locs])
         for (txid, chunk), raw in zip(locs, raws, strict=True):
             if raw is None:

@@ -33,8 +33,9 @@ class Database:
         return self._store.read_only
 
     def execute(self, sql: str, bindings: Any = None) -> apsw.Cursor:
-        if self.is_dead:
-            self._store._check_alive()
+        """Run SQL; on a dead database fail like the VFS does, without reaching SQLite."""
+        if self._store.dead is not None:
+            raise apsw.IOError(f"pagekv: {self._store._dead_error()}") from self._store.dead
         return self.connection.execute(sql, bindings)
 
     def take_last_kv_error(self) -> BaseException | None:

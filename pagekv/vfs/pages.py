@@ -176,7 +176,12 @@ class PageStore:
 
     def _fetch_delta(self, pgno: int, txid: int, chunk: int) -> None:
         window = self._read_ahead(pgno)
-        extra = min(window // 32, _CHUNK_READ_AHEAD, self.index.chunks.get(txid, 0) - chunk - 1)
+        extra = min(
+            window // 32,
+            _CHUNK_READ_AHEAD,
+            self.limits.max_batch_entries - 1,
+            self.index.chunks.get(txid, 0) - chunk - 1,
+        )
         chunks = [chunk + i for i in range(max(extra, 0) + 1)]
         raws = self.kv.get([delta_key(txid, c) for c in chunks])
         for c, raw in zip(chunks, raws, strict=True):
@@ -407,15 +412,17 @@ class PageStore:
             self._discard_pending()
             self.cache.clear()
         self.last_error = error
+        return self._dead_error()
+
+    def _dead_error(self) -> DatabaseDead:
+        error = self.dead
         return DatabaseDead(
             f"database is dead after {type(error).__name__}: {error}; close and reopen it"
         )
 
     def _check_alive(self) -> None:
         if self.dead is not None:
-            raise DatabaseDead(
-                f"database is dead after {type(self.dead).__name__}: {self.dead}; close and reopen it"
-            )
+            raise self._dead_error()
 
     def _check_writable(self) -> None:
         self._check_alive()

@@ -1,0 +1,302 @@
+"""Fault matrix: every KV operation of each storage action fails in turn, before and after applying.
+
+For each scenario the action runs once fault-free to learn how many KV calls it makes and what the
+database looks like afterwards. Then, for every call index and both fault kinds, a fresh namespace
+gets the same setup, the action runs with exactly that call broken, and a fresh instance reopens
+the namespace: its content must be the old state or the new one (never a mix), the integrity check
+must pass, an acknowledged action must be visible, and the injected fault must have fired.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import apsw
+import pytest
+
+from pagekv.kv import (
+    READ_OPS,
+    WRITE_OPS,
+    ActorKv,
+    Fault,
+    FaultKind,
+    FaultyKv,
+    FenceMismatch,
+    KvLimits,
+    MemoryStore,
+)
+from pagekv.vfs import Database, open_database
+
+ALL_OPS = READ_OPS | WRITE_OPS
+State = dict[str, list[tuple[object, ...]]]
+
+
+def content(db: Database) -> State:
+    tables = [
+        r[0]
+        for r in db.execute("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+    ]
+    return {t: db.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in tables}
+
+
+def check_integrity(db: Database) -> None:
+    assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+def blob(rng: random.Random, n: int) -> bytes:
+    return rng.randbytes(n)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    setup: Callable[[Database], None]
+    action: Callable[[Database], object]
+    options: dict[str, int | bool]
+    action_opens: bool = False
+    """The action is opening the database itself (takeover and recovery)."""
+
+
+def _base_setup(db: Database) -> None:
+    rng = random.Random(1)
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+    db.execute("CREATE INDEX t_v ON t(v)")
+    for _ in range(20):
+        db.execute("INSERT INTO t(v) VALUES (?)", (blob(rng, 300),))
+
+
+def _deltas_setup(db: Database) -> None:
+    _base_setup(db)
+    rng = random.Random(2)
+    for i in range(10):
+        db.execute("UPDATE t SET v = ? WHERE id = ?", (blob(rng, 500), i + 1))
+    db.execute("INSERT INTO t(v) VALUES (?)", (blob(rng, 200_000),))
+
+
+def _orphans_setup(db: Database) -> None:
+    _base_setup(db)
+
+
+def _small_commit(db: Database) -> None:
+    db.execute("INSERT INTO t(v) VALUES (?)", (b"small",))
+
+
+def _staged_commit(db: Database) -> None:
+    db.execute("INSERT INTO t(v) VALUES (?)", (blob(random.Random(3), 1_500_000),))
+
+
+def _early_staged_transaction(db: Database) -> None:
+    rng = random.Random(4)
+    with db.connection:
+        for _ in range(6):
+            db.execute("INSERT INTO t(v) VALUES (?)", (blob(rng, 100_000),))
+        db.execute("DELETE FROM t WHERE id % 3 = 0")
+
+
+def _shrink(db: Database) -> None:
+    db.execute("DELETE FROM t WHERE length(v) > 1000")
+    db.execute("VACUUM")
+
+
+def _compact(db: Database) -> None:
+    db.compact()
+
+
+def _open(db: Database) -> None:
+    pass
+
+
+SCENARIOS = [
+    Scenario("fast-path", _base_setup, _small_commit, {}),
+    Scenario("staged", _base_setup, _staged_commit, {}),
+    Scenario("early-staging", _base_setup, _early_staged_transaction, {"stage_pages": 40}),
+    Scenario("vacuum-shrink", _deltas_setup, _shrink, {"auto_compact": False}),
+    Scenario("compaction", _deltas_setup, _compact, {"auto_compact": False}),
+    Scenario("takeover", _deltas_setup, _open, {"auto_compact": False}, action_opens=True),
+]
+
+
+def _prepare(scenario: Scenario) -> tuple[ActorKv, State]:
+    ns = MemoryStore().namespace("actor")
+    with open_database(ns, **scenario.options) as db:
+        scenario.setup(db)
+        old = content(db)
+    if scenario.name == "takeover":
+        _leave_orphans(ns)
+    return ns, old
+
+
+def _leave_orphans(ns: ActorKv) -> None:
+    """Interrupt a staged commit after its first batch, so the next open must reap orphans."""
+    faulty = FaultyKv(ns, faults=[Fault(1, FaultKind.FAIL_BEFORE, frozenset({"write"}))])
+    faulty.enabled = False
+    db = open_database(faulty, auto_compact=False)
+    faulty.enabled = True
+    with pytest.raises(apsw.IOError):
+        _staged_commit(db)
+    assert faulty.fired_count() == 1
+    db.close()
+
+
+def _run(scenario: Scenario, ns: ActorKv, faulty: FaultyKv) -> bool:
+    """Run the action through `faulty`; True if it was acknowledged (returned normally)."""
+    db: Database | None = None
+    try:
+        if scenario.action_opens:
+            faulty.enabled = True
+            db = open_database(faulty, **scenario.options)
+        else:
+            db = open_database(faulty, **scenario.options)
+            faulty.enabled = True
+        scenario.action(db)
+        return True
+    except (apsw.Error, Exception):
+        return False
+    finally:
+        faulty.enabled = False
+        if db is not None:
+            db.close()
+
+
+def _count_calls(scenario: Scenario) -> tuple[State, State, int]:
+    ns, old = _prepare(scenario)
+    faulty = FaultyKv(ns)
+    faulty.enabled = False
+    db = open_database(faulty, **scenario.options) if not scenario.action_opens else None
+    faulty.enabled = True
+    if db is None:
+        db = open_database(faulty, **scenario.options)
+    scenario.action(db)
+    faulty.enabled = False
+    calls = faulty.calls
+    db.close()
+    with open_database(ns) as check:
+        new = content(check)
+    return old, new, calls
+
+
+_MORE = random.Random(9).randbytes(300_000)
+
+
+def _write_more(db: Database) -> None:
+    """A staged commit after recovery: it must not collide with anything a fault left behind."""
+    db.execute("CREATE TABLE IF NOT EXISTS more(v BLOB)")
+    db.execute("INSERT INTO more(v) VALUES (?)", (_MORE,))
+
+
+def _with_more(state: State) -> State:
+    return {**state, "more": [*state.get("more", []), (_MORE,)]}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_fault_matrix(scenario: Scenario) -> None:
+    old, new, calls = _count_calls(scenario)
+    assert calls > 0
+    if scenario.name not in ("compaction", "takeover"):
+        assert new != old, "the action must change the content, or the matrix proves nothing"
+    outcomes: set[tuple[str, bool]] = set()
+    for index in range(calls):
+        for kind in FaultKind:
+            ns, _ = _prepare(scenario)
+            faulty = FaultyKv(ns, faults=[Fault(index, kind, ALL_OPS)])
+            faulty.enabled = False
+            acknowledged = _run(scenario, ns, faulty)
+            assert faulty.fired_count() == 1, f"fault {kind} at call {index} did not fire"
+            with open_database(ns, auto_compact=False) as db:
+                after = content(db)
+                check_integrity(db)
+                _write_more(db)
+            with open_database(ns, auto_compact=False) as db:
+                assert content(db) == _with_more(after), "a commit after recovery went wrong"
+            label = f"{scenario.name}: {kind.value} at call {index} ({faulty.fired[0].op})"
+            assert after in (old, new), f"{label}: content is neither the old nor the new state"
+            if acknowledged:
+                assert after == new, f"{label}: an acknowledged action was lost"
+            outcomes.add(("new" if after == new else "old", acknowledged))
+    if new != old:
+        assert ("old", False) in outcomes, "no fault ever prevented the action"
+
+
+def test_unavailable_before_a_small_commit_is_not_fatal() -> None:
+    ns = MemoryStore().namespace("actor")
+    faulty = FaultyKv(ns, faults=[Fault(0, FaultKind.FAIL_BEFORE, frozenset({"write"}))])
+    faulty.enabled = False
+    db = open_database(faulty)
+    _base_setup(db)
+    faulty.enabled = True
+    with pytest.raises(apsw.IOError, match="injected fault"):
+        db.execute("INSERT INTO t(v) VALUES (?)", (b"lost",))
+    assert faulty.fired_count(FaultKind.FAIL_BEFORE) == 1
+    assert not db.is_dead
+    db.execute("INSERT INTO t(v) VALUES (?)", (b"kept",))
+    rows = [r[0] for r in db.execute("SELECT v FROM t WHERE length(v) = 4")]
+    assert rows == [b"kept"]
+    db.close()
+    with open_database(ns) as again:
+        assert [r[0] for r in again.execute("SELECT v FROM t WHERE length(v) = 4")] == [b"kept"]
+        check_integrity(again)
+
+
+def test_indeterminate_commit_kills_and_never_resends() -> None:
+    ns = MemoryStore().namespace("actor")
+    faulty = FaultyKv(ns, faults=[Fault(0, FaultKind.APPLY_THEN_RAISE, frozenset({"write"}))])
+    faulty.enabled = False
+    db = open_database(faulty)
+    _base_setup(db)
+    faulty.enabled = True
+    with pytest.raises(apsw.IOError):
+        db.execute("INSERT INTO t(v) VALUES (?)", (b"maybe",))
+    assert db.is_dead
+    writes_after_death = faulty.calls
+    for sql in ("SELECT count(*) FROM t", "INSERT INTO t(v) VALUES (1)", "SELECT * FROM t"):
+        with pytest.raises(apsw.IOError, match="dead"):
+            db.execute(sql).fetchall()
+    assert faulty.calls == writes_after_death, "a dead database must not touch the KV"
+    assert type(db.take_last_kv_error()).__name__ == "InjectedIndeterminate"
+    db.close()
+    with open_database(ns) as again:
+        assert again.execute("SELECT count(*) FROM t WHERE v = 'maybe'").fetchall() == [(0,)] or (
+            again.execute("SELECT count(*) FROM t WHERE v = ?", (b"maybe",)).fetchall() == [(1,)]
+        )
+        check_integrity(again)
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["fast", "staged"])
+def test_split_brain(staged: bool) -> None:
+    ns = MemoryStore().namespace("actor")
+    a = open_database(ns)
+    a.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+    acknowledged = []
+    for i in range(5):
+        a.execute("INSERT INTO t(v) VALUES (?)", (f"a{i}".encode(),))
+        acknowledged.append((i + 1, f"a{i}".encode()))
+    b = open_database(ns)
+    assert b.generation == a.generation + 1
+    stored_at_takeover = ns.list()
+    payload = random.Random(5).randbytes(2_000_000 if staged else 10)
+    with pytest.raises(apsw.IOError, match="dead"):
+        a.execute("INSERT INTO t(v) VALUES (?)", (payload,))
+    assert a.is_dead
+    assert isinstance(a.take_last_kv_error(), FenceMismatch)
+    assert ns.list() == stored_at_takeover, "the stale instance wrote after the takeover"
+    assert b.execute("SELECT id, v FROM t ORDER BY id").fetchall() == acknowledged
+    b.execute("INSERT INTO t(v) VALUES ('b')")
+    check_integrity(b)
+    a.close()
+    b.close()
+
+
+def test_limits_of_a_tiny_store_are_never_exceeded_by_commits() -> None:
+    limits = KvLimits(max_value_bytes=9000, max_batch_bytes=40_000, max_batch_entries=8)
+    ns = MemoryStore(limits=limits).namespace("actor")
+    with open_database(ns, stage_pages=16) as db:
+        _base_setup(db)
+        _staged_commit(db)
+        _shrink(db)
+        db.compact()
+        check_integrity(db)
+        rows = content(db)
+    with open_database(ns) as again:
+        assert content(again) == rows
