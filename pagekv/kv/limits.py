@@ -80,34 +80,37 @@ def check_bound(limits: KvLimits, key: bytes | None, what: str) -> bytes | None:
 def check_write(limits: KvLimits, put: Entries, delete: Sequence[bytes]) -> WriteBatch:
     """Validate one write batch against every per-batch limit."""
     items = put.items() if isinstance(put, Mapping) else put
+    max_key, max_value = limits.max_key_bytes, limits.max_value_bytes
     puts: dict[bytes, bytes] = {}
     n_entries = 0
     for key, value in items:
-        key = _check_key(limits, key)
-        if not isinstance(value, bytes | bytearray | memoryview):
-            raise InvalidKey(f"value of key {key[:32]!r} must be bytes, not {type(value).__name__}")
-        value = bytes(value)
-        if len(value) > limits.max_value_bytes:
+        if type(key) is not bytes or not 0 < len(key) <= max_key:
+            key = _check_key(limits, key)
+        if type(value) is not bytes:
+            if not isinstance(value, bytes | bytearray | memoryview):
+                raise InvalidKey(
+                    f"value of key {key[:32]!r} must be bytes, not {type(value).__name__}"
+                )
+            value = bytes(value)
+        if len(value) > max_value:
             raise ValueTooLarge(
-                f"value of {len(value)} bytes for key {key[:32]!r}",
-                len(value),
-                limits.max_value_bytes,
+                f"value of {len(value)} bytes for key {key[:32]!r}", len(value), max_value
             )
         puts.pop(key, None)
         puts[key] = value
         n_entries += 1
     deletes = tuple(dict.fromkeys(_check_key(limits, k) for k in delete))
-    both = puts.keys() & set(deletes)
-    if both:
-        raise InvalidKey(f"key {min(both)[:32]!r} is both put and deleted in one batch")
+    if deletes:
+        both = puts.keys() & set(deletes)
+        if both:
+            raise InvalidKey(f"key {min(both)[:32]!r} is both put and deleted in one batch")
     n_entries += len(deletes)
     if n_entries > limits.max_batch_entries:
         raise TooManyEntries(f"batch of {n_entries} entries", n_entries, limits.max_batch_entries)
     batch = WriteBatch(puts, deletes)
-    if batch.payload_bytes > limits.max_batch_bytes:
-        raise BatchTooLarge(
-            f"batch of {batch.payload_bytes} bytes", batch.payload_bytes, limits.max_batch_bytes
-        )
+    payload = batch.payload_bytes
+    if payload > limits.max_batch_bytes:
+        raise BatchTooLarge(f"batch of {payload} bytes", payload, limits.max_batch_bytes)
     return batch
 
 

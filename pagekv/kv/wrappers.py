@@ -121,17 +121,23 @@ class CountingKv(_Delegate):
             old, self.stats = self.stats, KvStats()
         return old
 
+    def write(
+        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
+    ) -> None:
+        put = put if isinstance(put, Mapping) else list(put)
+        delete = list(delete)
+        items = put.items() if isinstance(put, Mapping) else put
+        size = sum(len(k) + len(v) for k, v in items) + sum(map(len, delete))
+        with self._lock:
+            stats = self.stats
+            stats.round_trips["write"] += 1
+            stats.entries_written += len(put) + len(delete)
+            stats.bytes_written += size
+        self.inner.write(put=put, delete=delete, fence=fence)
+
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         with self._lock:
             self.stats.round_trips[op] += 1
-            if op == "write":
-                put, delete = kwargs["put"], kwargs["delete"]
-                items = put.items() if isinstance(put, dict) else put
-                for k, v in items:
-                    self.stats.entries_written += 1
-                    self.stats.bytes_written += len(k) + len(v)
-                self.stats.entries_written += len(delete)
-                self.stats.bytes_written += sum(map(len, delete))
         result = fn(*args, **kwargs)
         if op in ("get", "list"):
             pairs = result if op == "list" else [(b"", v) for v in result if v is not None]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pagekv.kv import ActorKv, CountingKv, KvError, KvUnavailable, LimitError
 from pagekv.vfs.commit import Batch, encode_batch, plan_batches
@@ -28,6 +28,7 @@ from pagekv.vfs.format import (
     LOCK_BYTE_PAGE,
     PAGE_SIZE,
     ZERO_PAGE,
+    Head,
     Shrink,
     base_key,
     decode_base,
@@ -304,12 +305,9 @@ class PageStore:
                 return
             pending = self._pending
             txid = self.head.txid + 1
-            head = replace(
-                self.head,
-                txid=txid,
-                size=self.size,
-                shrinks=self.head.shrinks + tuple(pending.shrinks),
-            )
+            old = self.head
+            shrinks = old.shrinks + tuple(pending.shrinks) if pending.shrinks else old.shrinks
+            head = Head(txid, self.size, old.compacted, old.base_pages, shrinks)
             head_raw = head.encode()
             dirty = self._dirty_pages()
             batches = plan_batches(dirty, self.limits, len(HEAD_KEY) + len(head_raw)) or [Batch([])]
@@ -336,7 +334,6 @@ class PageStore:
                 self.cache.drop_above(pending.floor)
             for pgno, data in dirty:
                 self.cache.put(pgno, data)
-            self.cache.drop_above(head.pages)
             self.head = head
             self._pending = _Pending()
             staged = staged_before or len(batches) > 1

@@ -11,9 +11,7 @@ in case anything is still pending.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Iterator
 
 import apsw
 
@@ -30,26 +28,29 @@ PINNED_PRAGMAS = {
     "temp_store": "memory",
 }
 _PRAGMA_SPELLINGS = {"temp_store": {"2": "memory"}}
+_FCNTL_SYNC = apsw.SQLITE_FCNTL_SYNC
+_FCNTL_COMMIT_PHASETWO = apsw.SQLITE_FCNTL_COMMIT_PHASETWO
+_FCNTL_PRAGMA = apsw.SQLITE_FCNTL_PRAGMA
 
 
-@contextlib.contextmanager
-def _sqlite_errors(store: PageStore) -> Iterator[None]:
-    """Translate our exceptions into the APSW exceptions SQLite turns into error codes."""
-    try:
-        yield
-    except (apsw.Error, MemoryError):
-        raise
-    except StorageQuotaExceeded as e:
-        raise apsw.FullError(f"pagekv: {e}") from e
-    except (StorageCorrupt, SnapshotExpired) as e:
-        store.last_error = e
-        raise apsw.CorruptError(f"pagekv: {e}") from e
-    except PermissionError as e:
-        raise apsw.ReadOnlyError(f"pagekv: {e}") from e
-    except (KvError, DatabaseDead) as e:
-        if store.last_error is None:
+def _sqlite_error(store: PageStore, e: Exception) -> Exception:
+    """The APSW exception SQLite should see for one of ours (APSW's own pass through)."""
+    match e:
+        case apsw.Error():
+            return e
+        case StorageQuotaExceeded():
+            return apsw.FullError(f"pagekv: {e}")
+        case StorageCorrupt() | SnapshotExpired():
             store.last_error = e
-        raise apsw.IOError(f"pagekv: {e}") from e
+            return apsw.CorruptError(f"pagekv: {e}")
+        case PermissionError():
+            return apsw.ReadOnlyError(f"pagekv: {e}")
+        case KvError() | DatabaseDead():
+            if store.last_error is None:
+                store.last_error = e
+            return apsw.IOError(f"pagekv: {e}")
+        case _:
+            return e
 
 
 class PageFile:
@@ -60,29 +61,41 @@ class PageFile:
         self.configuring = True
 
     def xRead(self, amount: int, offset: int) -> bytes:
-        with _sqlite_errors(self.store):
+        try:
             return self.store.read(amount, offset)
+        except Exception as e:
+            raise _sqlite_error(self.store, e) from e
 
     def xWrite(self, data: bytes, offset: int) -> None:
-        with _sqlite_errors(self.store):
+        try:
             self.store.write(data, offset)
+        except Exception as e:
+            raise _sqlite_error(self.store, e) from e
 
     def xTruncate(self, newsize: int) -> None:
-        with _sqlite_errors(self.store):
+        try:
             self.store.truncate(newsize)
+        except Exception as e:
+            raise _sqlite_error(self.store, e) from e
 
     def xSync(self, flags: int) -> None:
-        with _sqlite_errors(self.store):
+        try:
             self.store.sync()
+        except Exception as e:
+            raise _sqlite_error(self.store, e) from e
 
     def xFileSize(self) -> int:
-        with _sqlite_errors(self.store):
+        try:
             self.store._check_alive()
             return self.store.size
+        except Exception as e:
+            raise _sqlite_error(self.store, e) from e
 
     def xLock(self, level: int) -> None:
-        with _sqlite_errors(self.store):
+        try:
             self.store._check_alive()
+        except Exception as e:
+            raise _sqlite_error(self.store, e) from e
 
     def xUnlock(self, level: int) -> None:
         pass
@@ -91,16 +104,18 @@ class PageFile:
         return False
 
     def xFileControl(self, op: int, ptr: int) -> bool:
-        with _sqlite_errors(self.store):
-            if op == apsw.SQLITE_FCNTL_SYNC:
+        try:
+            if op == _FCNTL_SYNC:
                 self.store.sync()
                 return True
-            if op == apsw.SQLITE_FCNTL_COMMIT_PHASETWO:
+            if op == _FCNTL_COMMIT_PHASETWO:
                 self.store.finish_commit()
                 return True
-            if op == apsw.SQLITE_FCNTL_PRAGMA:
+            if op == _FCNTL_PRAGMA:
                 return self._pragma(apsw.VFSFcntlPragma(ptr))
             return False
+        except Exception as e:
+            raise _sqlite_error(self.store, e) from e
 
     def _pragma(self, pragma: apsw.VFSFcntlPragma) -> bool:
         pinned = PINNED_PRAGMAS.get(pragma.name.lower())
