@@ -15,10 +15,8 @@ other writer — thread or process — can interleave between reading the genera
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
@@ -57,7 +55,13 @@ class FileStore:
         try:
             self._db = apsw.Connection(str(self.path / "kv.sqlite3"))
             self._db.set_busy_timeout(_BUSY_TIMEOUT_MS)
-            self._db.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL")
+            # One statement per execute: APSW runs a multi-statement string lazily, so a second
+            # pragma after one that returns a row (journal_mode does) would never run.
+            mode = self._db.execute("PRAGMA journal_mode=WAL").get
+            self._db.execute("PRAGMA synchronous=FULL")
+            synchronous = self._db.execute("PRAGMA synchronous").get
+            if str(mode).lower() != "wal" or synchronous != 2:
+                raise apsw.Error(f"journal_mode={mode}, synchronous={synchronous}; need wal, 2")
             with self._transaction():
                 version = self._db.execute("PRAGMA user_version").fetchall()[0][0]
                 if version > _SCHEMA_VERSION:
@@ -70,27 +74,9 @@ class FileStore:
         except apsw.Error as e:
             raise KvUnavailable(f"cannot open the file store at {self.path}: {e}") from e
 
-    @contextlib.contextmanager
-    def _transaction(self, *, write: bool = True) -> Iterator[apsw.Connection]:
+    def _transaction(self, *, write: bool = True) -> _Transaction:
         """Run a block in one SQLite transaction; map engine failures to KV errors."""
-        with self._lock:
-            db = self._db
-            try:
-                db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except apsw.Error as e:
-                raise KvUnavailable(f"file store {self.path} is busy or unreadable: {e}") from e
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            try:
-                db.execute("COMMIT")
-            except apsw.Error as e:
-                if not db.in_transaction:
-                    raise KvIndeterminate(f"commit to {self.path} failed: {e}") from e
-                db.execute("ROLLBACK")
-                raise KvUnavailable(f"commit to {self.path} failed: {e}") from e
+        return _Transaction(self, write)
 
     def namespace(self, actor_id: str) -> FileNamespace:
         with self._transaction() as db:
@@ -105,6 +91,54 @@ class FileStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+class _Transaction:
+    """`with store._transaction() as db:` — a class, not a generator, as it runs on every write.
+
+    Holds the store's thread lock for the whole block, so one connection never interleaves two
+    threads' transactions; `BEGIN IMMEDIATE` takes SQLite's write lock, which excludes other
+    processes. An exception in the block rolls back; a failed COMMIT that left no transaction
+    open may have been applied and is reported as indeterminate.
+    """
+
+    __slots__ = ("_begin", "_db", "_store")
+
+    def __init__(self, store: FileStore, write: bool) -> None:
+        self._store = store
+        self._db = store._db
+        self._begin = "BEGIN IMMEDIATE" if write else "BEGIN"
+
+    def __enter__(self) -> apsw.Connection:
+        self._store._lock.acquire()
+        try:
+            self._db.execute(self._begin)
+        except apsw.Error as e:
+            self._store._lock.release()
+            raise KvUnavailable(f"file store {self._store.path} is busy or unreadable: {e}") from e
+        except BaseException:
+            self._store._lock.release()
+            raise
+        return self._db
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        db = self._db
+        try:
+            if exc_type is not None:
+                db.execute("ROLLBACK")
+                return
+            try:
+                db.execute("COMMIT")
+            except apsw.Error as e:
+                path = self._store.path
+                if not db.in_transaction:
+                    raise KvIndeterminate(f"commit to {path} failed: {e}") from e
+                db.execute("ROLLBACK")
+                raise KvUnavailable(f"commit to {path} failed: {e}") from e
+        finally:
+            self._store._lock.release()
 
 
 class FileNamespace(KvNamespace):
@@ -150,26 +184,36 @@ class FileNamespace(KvNamespace):
     def _write(self, batch: WriteBatch, fence: int | None) -> None:
         keys = [*batch.puts, *batch.deletes]
         with self._store._transaction() as db:
-            used = self._head(db, fence)
-            old = dict(
-                db.execute(
-                    "SELECT key, length(key) + length(value) FROM entries WHERE ns = ? AND key IN "
-                    f"({','.join('?' * len(keys))})",
-                    (self._id, *keys),
-                )
-            )
-            used = check_quota(self._store.limits, used, quota_delta(batch, old))
+            # One statement reads the generation, the usage and the stored sizes of the batch's
+            # keys (a row per existing key; one row of NULLs if none exists).
+            rows = db.execute(
+                "SELECT n.generation, n.used, e.key, length(e.key) + length(e.value) "
+                "FROM namespaces AS n LEFT JOIN entries AS e "
+                f"ON e.ns = n.id AND e.key IN ({','.join('?' * len(keys))}) WHERE n.id = ?",
+                (*keys, self._id),
+            ).fetchall()
+            generation, used = rows[0][0], rows[0][1]
+            check_fence(fence, generation)
+            old = {key: size for _, _, key, size in rows if key is not None}
+            new_used = check_quota(self._store.limits, used, quota_delta(batch, old))
             if batch.deletes:
                 db.executemany(
                     "DELETE FROM entries WHERE ns = ? AND key = ?",
                     [(self._id, k) for k in batch.deletes],
                 )
-            if batch.puts:
+            if len(batch.puts) == 1:
+                ((key, value),) = batch.puts.items()
+                db.execute(
+                    "INSERT OR REPLACE INTO entries(ns, key, value) VALUES (?, ?, ?)",
+                    (self._id, key, value),
+                )
+            elif batch.puts:
                 db.executemany(
                     "INSERT OR REPLACE INTO entries(ns, key, value) VALUES (?, ?, ?)",
                     [(self._id, k, v) for k, v in batch.puts.items()],
                 )
-            db.execute("UPDATE namespaces SET used = ? WHERE id = ?", (used, self._id))
+            if new_used != used:
+                db.execute("UPDATE namespaces SET used = ? WHERE id = ?", (new_used, self._id))
 
     def _delete_range(self, start: bytes, end: bytes, fence: int | None) -> None:
         with self._store._transaction() as db:

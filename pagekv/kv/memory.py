@@ -1,7 +1,8 @@
 """In-process backend: a sorted map per namespace, optionally with simulated round-trip latency.
 
 Used by tests and benchmarks, and as the model of "a remote KV" when `latency_ms` is set: every
-call sleeps that long once, as one round trip would.
+data operation and takeover sleeps that long once, as one round trip would (`generation()` and
+`used_bytes()` are treated as cached metadata and do not).
 """
 
 from __future__ import annotations

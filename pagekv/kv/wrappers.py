@@ -219,14 +219,17 @@ class FaultyKv(_Delegate):
                 return None
             index = self.calls
             self.calls += 1
-            chosen: FaultKind | None = None
-            for group in {f.ops for f in self._faults}:
+            # Position of this call within each group it belongs to. Groups are visited in list
+            # order (not set order, which varies with PYTHONHASHSEED), and when faults of several
+            # groups are due at once the first one listed wins, so a schedule replays exactly.
+            position: dict[frozenset[str], int] = {}
+            for group in dict.fromkeys(f.ops for f in self._faults):
                 if op in group:
-                    n = self._counts[group]
+                    position[group] = self._counts[group]
                     self._counts[group] += 1
-                    for f in self._faults:
-                        if f.ops == group and f.at == n and chosen is None:
-                            chosen = f.kind
+            chosen: FaultKind | None = next(
+                (f.kind for f in self._faults if position.get(f.ops) == f.at), None
+            )
             if chosen is None and op in WRITE_OPS:
                 draw = self._rng.random()
                 if draw < self.fail_rate:

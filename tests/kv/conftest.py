@@ -1,0 +1,97 @@
+"""Shared fixtures for the KV tests: every backend behind one `store` fixture.
+
+To add a backend, add one entry to `BACKENDS`: its name mapped to a `Backend` whose factory opens
+a *fresh, empty* store for a location (a directory under the test's `tmp_path`; backends that keep
+their data elsewhere may use the directory's name as a unique key) with the given limits. Every
+test that uses `store`, `open_store` or `backend` then runs against it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pagekv.kv import KvLimits, KvStore, open_kv
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How to open a store of one backend at a location.
+
+    `persistent`: reopening the same location sees the data written before (memory does not).
+    """
+
+    name: str
+    factory: Callable[[Path, KvLimits | None], KvStore]
+    persistent: bool
+
+
+def _memory(location: Path, limits: KvLimits | None) -> KvStore:
+    return open_kv("memory://", limits=limits)
+
+
+def _file(location: Path, limits: KvLimits | None) -> KvStore:
+    return open_kv(location.resolve().as_uri(), limits=limits)
+
+
+BACKENDS: dict[str, Backend] = {
+    "memory": Backend("memory", _memory, persistent=False),
+    "file": Backend("file", _file, persistent=True),
+}
+
+
+class StoreOpener:
+    """Opens stores of one backend for one test and closes every one of them afterwards.
+
+    `opener()` opens a fresh store at a new location; `opener(location=name)` opens (or reopens)
+    the store at a named location, so a persistent backend sees what was written there before.
+    """
+
+    def __init__(self, backend: Backend, root: Path) -> None:
+        self.backend = backend
+        self._root = root
+        self._fresh = itertools.count()
+        self._opened: list[KvStore] = []
+
+    def __call__(self, limits: KvLimits | None = None, *, location: str | None = None) -> KvStore:
+        if location is None:
+            location = f"fresh-{next(self._fresh)}"
+        store = self.backend.factory(self._root / location, limits)
+        self._opened.append(store)
+        return store
+
+    def close_all(self) -> None:
+        while self._opened:
+            self._opened.pop().close()
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The backend under test; every test using it runs once per entry of `BACKENDS`."""
+    return BACKENDS[request.param]
+
+
+@pytest.fixture
+def open_store(backend: Backend, tmp_path: Path) -> Iterator[StoreOpener]:
+    """A callable opening stores of the backend under test, e.g. with small custom `KvLimits`."""
+    opener = StoreOpener(backend, tmp_path)
+    yield opener
+    opener.close_all()
+
+
+@pytest.fixture
+def store(open_store: StoreOpener) -> KvStore:
+    """A fresh store with the default limits, closed after the test."""
+    return open_store()
+
+
+@pytest.fixture(params=sorted(name for name, b in BACKENDS.items() if b.persistent))
+def persistent_open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreOpener]:
+    """Like `open_store`, over the backends whose data outlives the store object."""
+    opener = StoreOpener(BACKENDS[request.param], tmp_path)
+    yield opener
+    opener.close_all()
