@@ -40,9 +40,12 @@ def _sqlite_error(store: PageStore, e: Exception) -> Exception:
             return e
         case StorageQuotaExceeded():
             return apsw.FullError(f"pagekv: {e}")
-        case StorageCorrupt() | SnapshotExpired():
+        case StorageCorrupt():
             store.last_error = e
             return apsw.CorruptError(f"pagekv: {e}")
+        case SnapshotExpired():
+            store.last_error = e
+            return apsw.IOError(f"pagekv: {e}")
         case PermissionError():
             return apsw.ReadOnlyError(f"pagekv: {e}")
         case KvError() | DatabaseDead():
