@@ -184,17 +184,24 @@ class FileNamespace(KvNamespace):
     def _write(self, batch: WriteBatch, fence: int | None) -> None:
         keys = [*batch.puts, *batch.deletes]
         with self._store._transaction() as db:
-            # One statement reads the generation, the usage and the stored sizes of the batch's
-            # keys (a row per existing key; one row of NULLs if none exists).
-            rows = db.execute(
-                "SELECT n.generation, n.used, e.key, length(e.key) + length(e.value) "
-                "FROM namespaces AS n LEFT JOIN entries AS e "
-                f"ON e.ns = n.id AND e.key IN ({','.join('?' * len(keys))}) WHERE n.id = ?",
-                (*keys, self._id),
-            ).fetchall()
-            generation, used = rows[0][0], rows[0][1]
+            # One statement reads the generation and usage (the row whose key is NULL) and the
+            # stored size of each of the batch's keys that exists. (A LEFT JOIN says the same but
+            # measured 3x slower here.)
+            old: dict[bytes, int] = {}
+            generation = used = None
+            for key, a, b in db.execute(
+                "SELECT NULL, generation, used FROM namespaces WHERE id = ?1 UNION ALL "
+                "SELECT key, length(key) + length(value), NULL FROM entries "
+                f"WHERE ns = ?1 AND key IN ({','.join('?' * len(keys))})",
+                (self._id, *keys),
+            ):
+                if key is None:
+                    generation, used = a, b
+                else:
+                    old[key] = a
+            if generation is None or used is None:
+                raise KvUnavailable(f"namespace {self.actor_id!r} vanished from {self._store.path}")
             check_fence(fence, generation)
-            old = {key: size for _, _, key, size in rows if key is not None}
             new_used = check_quota(self._store.limits, used, quota_delta(batch, old))
             if batch.deletes:
                 db.executemany(
