@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pagekv.kv import KvLimits
 from pagekv.vfs.format import (
+    CHUNK_HEADER_BYTES,
     DELTA_KEY_BYTES,
     FRAME_BYTES,
     INDEX_ENTRY_BYTES,
@@ -32,7 +33,7 @@ class Batch:
 
 
 def pages_per_chunk(limits: KvLimits) -> int:
-    n = (limits.max_value_bytes - VALUE_HEADER_BYTES) // FRAME_BYTES
+    n = (limits.max_value_bytes - CHUNK_HEADER_BYTES) // FRAME_BYTES
     if n < 1:
         raise ValueError(f"max_value_bytes={limits.max_value_bytes} cannot hold one framed page")
     return n
@@ -43,7 +44,7 @@ def plan_batches(pages: list[Page], limits: KvLimits, reserve_bytes: int) -> lis
     per_chunk = pages_per_chunk(limits)
     max_index_entries = (limits.max_value_bytes - VALUE_HEADER_BYTES) // INDEX_ENTRY_BYTES
     base_bytes = INDEX_KEY_BYTES + VALUE_HEADER_BYTES + reserve_bytes
-    new_chunk_bytes = DELTA_KEY_BYTES + VALUE_HEADER_BYTES
+    new_chunk_bytes = DELTA_KEY_BYTES + CHUNK_HEADER_BYTES
     page_bytes = FRAME_BYTES + INDEX_ENTRY_BYTES
     if base_bytes + new_chunk_bytes + page_bytes > limits.max_batch_bytes or (
         limits.max_batch_entries < 3
@@ -76,14 +77,14 @@ def plan_batches(pages: list[Page], limits: KvLimits, reserve_bytes: int) -> lis
 
 
 def encode_batch(
-    txid: int, part: int, first_chunk: int, batch: Batch
+    generation: int, txid: int, part: int, first_chunk: int, batch: Batch
 ) -> tuple[dict[bytes, bytes], list[tuple[int, int]]]:
     """The puts of one batch (chunks numbered from `first_chunk`) and its index entries."""
     puts: dict[bytes, bytes] = {}
     entries: list[tuple[int, int]] = []
     for offset, chunk in enumerate(batch.chunks):
         number = first_chunk + offset
-        puts[delta_key(txid, number)] = encode_chunk(txid, chunk)
+        puts[delta_key(txid, number)] = encode_chunk(generation, txid, chunk)
         entries.extend((pgno, number) for pgno, _ in chunk)
     puts[index_key(txid, part)] = encode_index(entries)
     return puts, entries

@@ -72,7 +72,7 @@ def compact(kv: ActorKv, fence: int, head: Head, index: PageIndex) -> tuple[Head
         for (txid, chunk), raw in zip(locs, raws, strict=True):
             if raw is None:
                 raise StorageCorrupt(f"delta chunk {chunk} of txid {txid} is missing")
-            frames = decode_chunk(txid, raw)
+            frames = decode_chunk(txid, raw).pages
             for pgno in by_chunk[(txid, chunk)]:
                 writer.put(base_key(pgno), encode_base(txid, pgno, frames[pgno]))
                 folded += 1

@@ -6,7 +6,7 @@ wrong key, a wrong version or a torn value is detected rather than returned.
 
     PREFIX "H"                          head record (CBOR, see `Head`)
     PREFIX "X" txid:u64 part:u32        index part: which pages each delta chunk of `txid` holds
-    PREFIX "D" txid:u64 chunk:u32       delta chunk: framed pages written by commit `txid`
+    PREFIX "D" txid:u64 chunk:u32       delta chunk: the writer's generation, then framed pages
     PREFIX "B" pgno:u32                 base page: a page folded in by compaction
 
 A commit's chunks and index parts are invisible until the head's `txid` reaches them; the head
@@ -32,6 +32,7 @@ _DELTA = PREFIX + b"D"
 _BASE = PREFIX + b"B"
 _VALUE_VERSION = b"\x01"
 _FRAME = struct.Struct(">II")
+_GENERATION = struct.Struct(">Q")
 FRAME_BYTES = _FRAME.size + PAGE_SIZE
 _BASE_HEADER = struct.Struct(">QI")
 _INDEX_ENTRY = struct.Struct(">II")
@@ -64,6 +65,7 @@ INDEX_END = PREFIX + b"Y"
 DELTA_END = PREFIX + b"E"
 BASE_END = PREFIX + b"C"
 VALUE_HEADER_BYTES = len(_VALUE_VERSION)
+CHUNK_HEADER_BYTES = len(_VALUE_VERSION) + _GENERATION.size
 
 
 def parse_index_key(key: bytes) -> tuple[int, int]:
@@ -142,25 +144,35 @@ class Head:
         )
 
 
-def encode_chunk(txid: int, pages: list[tuple[int, bytes]]) -> bytes:
-    out = [_VALUE_VERSION]
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A decoded delta chunk: the generation that wrote it and its pages."""
+
+    generation: int
+    pages: dict[int, bytes]
+
+
+def encode_chunk(generation: int, txid: int, pages: list[tuple[int, bytes]]) -> bytes:
+    out = [_VALUE_VERSION, _GENERATION.pack(generation)]
     for pgno, data in pages:
         out.append(_FRAME.pack(pgno, page_crc(txid, pgno, data)))
         out.append(data)
     return b"".join(out)
 
 
-def decode_chunk(txid: int, raw: bytes) -> dict[int, bytes]:
-    if raw[:1] != _VALUE_VERSION or (len(raw) - 1) % FRAME_BYTES:
+def decode_chunk(txid: int, raw: bytes) -> Chunk:
+    start = 1 + _GENERATION.size
+    if raw[:1] != _VALUE_VERSION or len(raw) < start or (len(raw) - start) % FRAME_BYTES:
         raise StorageCorrupt(f"malformed delta chunk of txid {txid} ({len(raw)} bytes)")
+    (generation,) = _GENERATION.unpack_from(raw, 1)
     pages: dict[int, bytes] = {}
-    for off in range(1, len(raw), FRAME_BYTES):
+    for off in range(start, len(raw), FRAME_BYTES):
         pgno, crc = _FRAME.unpack_from(raw, off)
         data = raw[off + _FRAME.size : off + FRAME_BYTES]
         if page_crc(txid, pgno, data) != crc:
             raise StorageCorrupt(f"CRC mismatch in page {pgno} of txid {txid}")
         pages[pgno] = data
-    return pages
+    return Chunk(generation, pages)
 
 
 def encode_base(txid: int, pgno: int, data: bytes) -> bytes:

@@ -35,6 +35,9 @@ class PageCache:
         while len(self._pages) > self.capacity:
             self._pages.popitem(last=False)
 
+    def discard(self, pgno: int) -> None:
+        self._pages.pop(pgno, None)
+
     def drop_above(self, pages: int) -> None:
         for pgno in [p for p in self._pages if p > pages]:
             del self._pages[pgno]

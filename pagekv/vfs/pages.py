@@ -19,8 +19,8 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 
-from pagekv.kv import ActorKv, CountingKv, KvError, KvUnavailable, LimitError
-from pagekv.vfs.commit import Batch, encode_batch, plan_batches
+from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
+from pagekv.vfs.commit import Batch, encode_batch, pages_per_chunk, plan_batches
 from pagekv.vfs.compaction import compact
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import (
@@ -37,11 +37,8 @@ from pagekv.vfs.format import (
     parse_base_key,
 )
 from pagekv.vfs.page_cache import PageCache
+from pagekv.vfs.read_ahead import ReadAhead
 from pagekv.vfs.recovery import recover
-
-_MAX_READ_AHEAD = 256
-_FIRST_READ_AHEAD = 8
-_CHUNK_READ_AHEAD = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +100,9 @@ class PageStore:
         self.counters["orphan_cleanups"] += recovered.orphans_removed + recovered.leftovers_removed
         self.size = self.head.size
         self._pending = _Pending()
-        self._ra_next = 0
-        self._ra_window = _FIRST_READ_AHEAD
-        if self.head.pages:
-            self.read_page(1)
+        self._read_ahead = ReadAhead()
+        self._pages_per_chunk = pages_per_chunk(self.limits)
+        self.read_page(1, mixed=False)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -124,7 +120,7 @@ class PageStore:
                 pos += take
             return bytes(out)
 
-    def read_page(self, pgno: int) -> bytes:
+    def read_page(self, pgno: int, *, mixed: bool = True) -> bytes:
         pending = self._pending
         if pgno > self._pages() or pgno == LOCK_BYTE_PAGE:
             return ZERO_PAGE
@@ -139,71 +135,91 @@ class PageStore:
         data = self.cache.get(pgno)
         if data is not None:
             return data
-        loc = self.index.deltas.get(pgno)
-        if loc is not None:
-            self._fetch_delta(pgno, *loc)
-        elif pgno <= self.index.base_limit:
-            self._fetch_base(pgno)
-        else:
-            return ZERO_PAGE
-        data = self.cache.get(pgno)
-        if data is None:
-            raise StorageCorrupt(f"page {pgno} is below EOF but has no stored copy")
-        return data
+        if pgno in self.index.deltas or pgno <= self.index.base_limit:
+            return self._fetch(pgno, mixed=mixed)
+        return ZERO_PAGE
 
-    def _read_ahead(self, pgno: int) -> int:
-        """Pages to fetch from `pgno` on: doubles along a forward scan, resets on a jump."""
-        if self._ra_next - self._ra_window <= pgno <= self._ra_next + _FIRST_READ_AHEAD:
-            self._ra_window = min(self._ra_window * 2, _MAX_READ_AHEAD)
-        else:
-            self._ra_window = _FIRST_READ_AHEAD
-        self._ra_next = pgno + self._ra_window
-        return self._ra_window
+    def _fetch(self, pgno: int, *, mixed: bool = True) -> bytes:
+        """Read `pgno` and the read-ahead window after it: the delta chunks holding the window's
+        delta pages in one `get`, its base pages in one range `list`. The kind `pgno` is not of
+        is fetched only if `mixed` and it fills a quarter of the window, so a point read costs
+        one round trip. Caches every current page it brings."""
+        index = self.index
+        stop = min(pgno + self._read_ahead.window(pgno), self.head.pages + 1)
+        max_chunks = min((stop - pgno) // self._pages_per_chunk + 1, self.limits.max_batch_entries)
+        chunks: dict[tuple[int, int], None] = {}
+        base: list[int] = []
+        for page in range(pgno, stop):
+            loc = index.deltas.get(page)
+            if loc is not None:
+                if len(chunks) < max_chunks:
+                    chunks[loc] = None
+            elif page <= index.base_limit and page != LOCK_BYTE_PAGE:
+                base.append(page)
+        quarter = (stop - pgno) // 4 if mixed else stop
+        fetched: dict[int, bytes] = {}
+        in_delta = pgno in index.deltas
+        if chunks and (in_delta or len(chunks) * self._pages_per_chunk >= quarter):
+            fetched.update(self._get_chunks(list(chunks)))
+        if base and (not in_delta or len(base) >= quarter):
+            fetched.update(self._list_base(base[0], base[-1] + 1))
+        for page, data in fetched.items():
+            self.cache.put(page, data)
+        end = pgno
+        while end in fetched:
+            end += 1
+        self._read_ahead.fetched(end)
+        wanted = fetched.get(pgno)
+        if wanted is None:
+            where = index.deltas.get(pgno, "the base pages")
+            raise self._missing(f"page {pgno} below EOF (expected in {where})")
+        self.cache.put(pgno, wanted)
+        return wanted
 
-    def _fetch_base(self, pgno: int) -> None:
-        stop = min(pgno + self._read_ahead(pgno), self.index.base_limit + 1)
-        for key, raw in self.kv.list(start=base_key(pgno), end=base_key(stop)):
+    def _get_chunks(self, locs: list[tuple[int, int]]) -> dict[int, bytes]:
+        """The current pages held by delta chunks `locs` (one `get`)."""
+        pages: dict[int, bytes] = {}
+        raws = self.kv.get([delta_key(*loc) for loc in locs])
+        for loc, raw in zip(locs, raws, strict=True):
+            if raw is None:
+                raise self._missing(f"delta chunk {loc[1]} of txid {loc[0]}")
+            for page, data in decode_chunk(loc[0], raw).pages.items():
+                if self.index.deltas.get(page) == loc:
+                    pages[page] = data
+        return pages
+
+    def _list_base(self, start: int, stop: int) -> dict[int, bytes]:
+        """The current base pages in `start..stop-1` (one range `list`)."""
+        pages: dict[int, bytes] = {}
+        for key, raw in self.kv.list(start=base_key(start), end=base_key(stop)):
             page = parse_base_key(key)
-            if page in self.index.deltas:
+            if page in self.index.deltas or page > self.index.base_limit:
                 continue
             txid, data = decode_base(page, raw)
-            if txid > self.head.compacted:
-                if page == pgno:
-                    raise SnapshotExpired(
-                        f"base page {pgno} was compacted past this snapshot; reopen the database"
-                    )
-                continue
-            self.cache.put(page, data)
-
-    def _fetch_delta(self, pgno: int, txid: int, chunk: int) -> None:
-        window = self._read_ahead(pgno)
-        extra = min(
-            window // 32,
-            _CHUNK_READ_AHEAD,
-            self.limits.max_batch_entries - 1,
-            self.index.chunks.get(txid, 0) - chunk - 1,
-        )
-        chunks = [chunk + i for i in range(max(extra, 0) + 1)]
-        raws = self.kv.get([delta_key(txid, c) for c in chunks])
-        for c, raw in zip(chunks, raws, strict=True):
-            if raw is None:
-                if c == chunk:
-                    raise self._missing(f"delta chunk {c} of txid {txid} holding page {pgno}")
-                continue
-            for page, data in decode_chunk(txid, raw).items():
-                if self.index.deltas.get(page) == (txid, c):
-                    self.cache.put(page, data)
+            if txid <= self.head.compacted:
+                pages[page] = data
+        return pages
 
     def _fetch_staged(self, pgno: int, chunk: int) -> bytes:
+        """A page this transaction staged early; only this generation may have written it."""
         txid = self.head.txid + 1
         raw = self.kv.get([delta_key(txid, chunk)])[0]
-        if raw is None:
-            raise StorageCorrupt(f"staged chunk {chunk} of txid {txid} holding page {pgno} is gone")
-        return decode_chunk(txid, raw)[pgno]
+        staged = decode_chunk(txid, raw) if raw is not None else None
+        if staged is None or staged.generation != self.generation or pgno not in staged.pages:
+            raise self._missing(f"staged chunk {chunk} of txid {txid} holding page {pgno}")
+        return staged.pages[pgno]
 
     def _missing(self, what: str) -> Exception:
+        """The error for a stored copy that is not there.
+
+        A snapshot's pages can be compacted away; a writer's can only vanish if another
+        instance took the namespace over, and then the writer must die, not report corruption.
+        """
         if self.read_only:
             return SnapshotExpired(f"{what} was removed by compaction; reopen the database")
+        current = self.kv.generation()
+        if current != self.generation:
+            return self._die(FenceMismatch(self.generation, current))
         return StorageCorrupt(f"{what} is missing")
 
     # -- writes -----------------------------------------------------------------------------
@@ -281,13 +297,17 @@ class PageStore:
                 self.counters["stage_batches"] += 1
                 pending.parts.append(entries)
                 pending.staged.update(entries)
+                for pgno, _ in entries:
+                    self.cache.discard(pgno)
         except BaseException as e:
             raise self._die(e) from e
         pending.dirty.clear()
 
     def _encode(self, txid: int, batch: Batch) -> tuple[dict[bytes, bytes], list[tuple[int, int]]]:
         pending = self._pending
-        puts, entries = encode_batch(txid, len(pending.parts), pending.chunks, batch)
+        puts, entries = encode_batch(
+            self.generation, txid, len(pending.parts), pending.chunks, batch
+        )
         pending.chunks += len(batch.chunks)
         return puts, entries
 

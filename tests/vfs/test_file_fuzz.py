@@ -8,14 +8,12 @@ equal the model and `size` must equal its length.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import struct
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -76,18 +74,6 @@ def read_all(store: PageStore) -> bytes:
     return store.read(store.size + 3 * PAGE_SIZE, 0)
 
 
-@contextlib.contextmanager
-def forget_staged_pages(store: PageStore) -> Iterator[None]:
-    """Work around the stale-cache bug so the fuzz can look for others: after a commit, evict the
-    pages that were staged to KV early from the page cache (what `PageStore` should do itself;
-    `test_staged_then_committed_page_is_not_read_stale` pins the bug). A no-op once it is fixed.
-    """
-    staged = list(store._pending.staged)
-    yield
-    for pgno in staged:
-        store.cache._pages.pop(pgno, None)
-
-
 class PageStoreMachine(RuleBasedStateMachine):
     limits: ClassVar[KvLimits] = KvLimits()
     options: ClassVar[Options] = Options()
@@ -135,8 +121,7 @@ class PageStoreMachine(RuleBasedStateMachine):
 
     @rule()
     def sync(self) -> None:
-        with forget_staged_pages(self.store):
-            self.store.sync()
+        self.store.sync()
         assert not self.store.has_pending()
         self.committed = bytearray(self.current)
         self.clean = True
@@ -144,8 +129,7 @@ class PageStoreMachine(RuleBasedStateMachine):
     @rule()
     def finish_commit(self) -> None:
         """What the VFS does after SQLite's commit: flush anything left, maybe auto-compact."""
-        with forget_staged_pages(self.store):
-            self.store.finish_commit()
+        self.store.finish_commit()
         assert not self.store.dead, self.store.take_last_error()
         self.committed = bytearray(self.current)
         self.clean = True
@@ -189,23 +173,6 @@ FUZZ_SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-# Variants that fail today because of a known bug run a fixed set of examples, so that their
-# strict xfail is deterministic; they turn into failures (XPASS) once the bug is fixed.
-KNOWN_BUG_SETTINGS = settings(
-    FUZZ_SETTINGS,
-    max_examples=200,
-    derandomize=True,
-    database=None,
-    phases=[Phase.generate],
-    report_multiple_bugs=False,
-)
-
-SMALL_CACHE_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: read-ahead larger than the page cache evicts the page being read "
-    "(see test_read_ahead_larger_than_the_cache_keeps_the_page_read)",
-)
-
 VARIANTS: dict[str, tuple[KvLimits, Options]] = {
     "default-limits": (KvLimits(), Options()),
     "small-limits": (
@@ -222,23 +189,15 @@ VARIANTS: dict[str, tuple[KvLimits, Options]] = {
     ),
     "small-limits-tiny-cache": (SMALL_LIMITS, Options(cache_pages=3, compact_deltas=3)),
 }
-KNOWN_BUGS = {"small-limits-tiny-cache": SMALL_CACHE_BUG}
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [
-        pytest.param(name, marks=[KNOWN_BUGS[name]] if name in KNOWN_BUGS else [])
-        for name in VARIANTS
-    ],
-)
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_page_store_matches_model(variant: str) -> None:
     limits, options = VARIANTS[variant]
     machine: Any = type(
         f"Machine_{variant}", (PageStoreMachine,), {"limits": limits, "options": options}
     )
-    config = KNOWN_BUG_SETTINGS if variant in KNOWN_BUGS else FUZZ_SETTINGS
-    run_state_machine_as_test(machine, settings=config)
+    run_state_machine_as_test(machine, settings=FUZZ_SETTINGS)
 
 
 # -- explicit properties ---------------------------------------------------------------------
@@ -282,12 +241,6 @@ def test_truncate_then_regrow_never_resurrects(
     assert read_all(PageStore(kv, options=options)) == want
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PageStore._stage moves dirty pages to KV but leaves the page cache's "
-    "pre-transaction copy of each staged page in place; sync() only refreshes the pages still "
-    "dirty at commit, so after the commit the writer reads the stale cached copy",
-)
 def test_staged_then_committed_page_is_not_read_stale() -> None:
     """Minimal case: a cached page that a transaction staged to KV must be re-read after commit."""
     kv = MemoryStore().namespace("t")
@@ -301,12 +254,6 @@ def test_staged_then_committed_page_is_not_read_stale() -> None:
     assert store.read(1, 0) == b"\x02"  # what the writer itself reads
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _fetch_base/_fetch_delta put every read-ahead page into the LRU cache and then "
-    "look the requested page up there; when one read-ahead brings more pages than cache_pages, "
-    "the requested page (put first) is evicted and read_page raises StorageCorrupt",
-)
 @pytest.mark.parametrize("compacted", [False, True], ids=["deltas", "base"])
 def test_read_ahead_larger_than_the_cache_keeps_the_page_read(compacted: bool) -> None:
     kv = MemoryStore().namespace("t")
@@ -321,13 +268,6 @@ def test_read_ahead_larger_than_the_cache_keeps_the_page_read(compacted: bool) -
     assert read_all(small) == data
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a taken-over writer that reads a page whose stored copy the new owner removed "
-    "(its own staged chunk, reaped as an orphan at takeover; or a delta folded by the new "
-    "owner's compaction) raises StorageCorrupt (SQLITE_CORRUPT) and stays alive, instead of "
-    "dying with DatabaseDead (SQLITE_IOERR) as a fenced-out instance should",
-)
 @pytest.mark.parametrize("lost", ["staged-chunk", "compacted-delta"])
 def test_taken_over_writer_dies_instead_of_reporting_corruption(lost: str) -> None:
     kv = MemoryStore().namespace("t")
@@ -359,7 +299,7 @@ def _delta_pages(kv: ActorKv) -> set[int]:
     pages: set[int] = set()
     for key, raw in kv.list(prefix=DELTA_PREFIX):
         txid = struct.unpack(">Q", key[2:10])[0]
-        pages.update(decode_chunk(txid, raw))
+        pages.update(decode_chunk(txid, raw).pages)
     return pages
 
 

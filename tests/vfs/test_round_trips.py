@@ -193,22 +193,13 @@ def _cold_scan_reads(kv: ActorKv) -> tuple[int, Counter[str]]:
         return counting.stats.reads, Counter(counting.stats.round_trips)
 
 
-_READ_AHEAD_BUG = (
-    "BUG: cold sequential scans miss the N/100 + 3 read bound. PageStore._read_ahead tracks one "
-    "stream: every B-tree interior page, which lies ahead of the leaves being scanned, resets the "
-    "window to 8 pages (so it ramps 8->256 again every few hundred pages); and _fetch_delta "
-    "advances _ra_next by the window (8) although it fetched a whole 31-page chunk, so on deltas "
-    "the next miss always looks like a jump and the window never grows past one chunk per get."
-)
-
-
 @pytest.mark.parametrize(
     "layout",
     [
-        pytest.param("compacted", marks=pytest.mark.xfail(strict=True, reason=_READ_AHEAD_BUG)),
-        pytest.param("auto", marks=pytest.mark.xfail(strict=True, reason=_READ_AHEAD_BUG)),
-        pytest.param("one-commit", marks=pytest.mark.xfail(strict=True, reason=_READ_AHEAD_BUG)),
-        pytest.param("many-commits", marks=pytest.mark.xfail(strict=True, reason=_READ_AHEAD_BUG)),
+        "compacted",
+        "auto",
+        "one-commit",
+        "many-commits",
     ],
 )
 def test_cold_full_scan_reads_ahead(layout: str) -> None:
@@ -344,18 +335,9 @@ LIMITS = {
 }
 
 
-STALE_CACHE_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: after a commit that was staged to KV early, PageStore's LRU cache still holds "
-    "the pre-transaction copies of the staged pages, so later reads (once SQLite's own cache "
-    "evicts them) see stale pages and SQLite reports corruption; see "
-    "test_file_fuzz.py::test_staged_then_committed_page_is_not_read_stale",
-)
-
-
 @pytest.mark.parametrize(
     "staged",
-    [False, pytest.param(True, marks=STALE_CACHE_BUG)],
+    [False, True],
     ids=["buffered", "staged"],
 )
 @pytest.mark.parametrize("name", list(LIMITS))

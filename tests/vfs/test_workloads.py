@@ -255,29 +255,12 @@ WORKLOADS: dict[str, Workload] = {
 }
 
 
-STALE_CACHE_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PageStore keeps a page's pre-transaction copy in its LRU cache when the page is "
-    "staged to KV early (_stage never evicts it, and sync only refreshes the pages still dirty), "
-    "so after a staged commit the writer reads stale pages once SQLite's own cache lets go of "
-    "them (see test_file_fuzz.py::test_staged_then_committed_page_is_not_read_stale)",
-)
-
-
 def _workload_params() -> list[Any]:
-    params = []
-    for name in WORKLOADS:
-        for reopen in (False, True):
-            stale = name == "rollback-staged" and not reopen
-            params.append(
-                pytest.param(
-                    name,
-                    reopen,
-                    id=f"{name}-{'reopen-between-steps' if reopen else 'same-db'}",
-                    marks=[STALE_CACHE_BUG] if stale else [],
-                )
-            )
-    return params
+    return [
+        pytest.param(name, reopen, id=f"{name}-{'reopen-between-steps' if reopen else 'same-db'}")
+        for name in WORKLOADS
+        for reopen in (False, True)
+    ]
 
 
 @pytest.mark.parametrize(("name", "reopen"), _workload_params())
