@@ -26,8 +26,9 @@ WRITE_OPS = frozenset({"write", "delete_range", "takeover", "drop"})
 READ_OPS = frozenset({"get", "list", "generation", "used_bytes"})
 
 
-class _Delegate(Shorthands):
-    """Forwards every `ActorKv` call to `inner` through one hook, `_call`."""
+class KvWrapper(Shorthands):
+    """Forwards every `ActorKv` call to `inner` through one hook, `_call`: override it to observe
+    or alter calls (the base of every wrapper, and of users' own)."""
 
     def __init__(self, inner: ActorKv) -> None:
         self.inner = inner
@@ -107,7 +108,7 @@ class KvStats:
         return sum(self.round_trips.values())
 
 
-class CountingKv(_Delegate):
+class CountingKv(KvWrapper):
     """Counts every call that reaches the inner store, including calls that fail."""
 
     def __init__(self, inner: ActorKv) -> None:
@@ -178,7 +179,7 @@ class InjectedIndeterminate(KvIndeterminate):
     """An `APPLY_THEN_RAISE` fault: the store applied the request, then the answer was lost."""
 
 
-class FaultyKv(_Delegate):
+class FaultyKv(KvWrapper):
     """Injects faults by an explicit schedule and/or by seeded chance, plus optional latency.
 
     `faults` fire at fixed positions; `fail_rate` and `indeterminate_rate` draw from `seed`'s
@@ -212,6 +213,11 @@ class FaultyKv(_Delegate):
     def add(self, fault: Fault) -> None:
         with self._lock:
             self._faults.append(fault)
+
+    def arm(self, kind: FaultKind, *, after: int = 0, ops: frozenset[str] = WRITE_OPS) -> None:
+        """Inject `kind` at the `after`-th (0-based) of the upcoming calls among `ops`."""
+        with self._lock:
+            self._faults.append(Fault(self._counts[ops] + after, kind, ops))
 
     def _choose(self, op: str) -> FaultKind | None:
         with self._lock:

@@ -1,0 +1,139 @@
+"""`pagekv fuzz`: the command-line face of the fuzzer."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+from pagekv.fuzz.processes import fuzz_processes
+from pagekv.fuzz.runner import Coverage, FuzzFailure
+from pagekv.fuzz.session import FuzzConfig, Runner, fuzz, load_replay
+from pagekv.fuzz.steps import EVENTS, Step, to_json
+from pagekv.kv import open_kv
+
+
+def add_fuzz_command(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "fuzz",
+        help="crash, fault and takeover fuzzing against a native SQLite oracle",
+        description="Run seeded random workloads on pagekv and native SQLite, injecting KV "
+        "faults, crashes, takeovers and compactions, and check that nothing acknowledged is "
+        "lost or corrupted. Exits 1 with a minimised, replayable failure.",
+    )
+    p.add_argument("--kv", default="memory://", help="store URL (default memory://)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--seconds", type=float, help="run for this long (default 60)")
+    budget.add_argument("--runs", type=int, help="run this many seeded runs")
+    p.add_argument("--seed", type=int, help="session seed (default: random, printed)")
+    p.add_argument(
+        "--faults",
+        default=",".join(EVENTS),
+        help=f"comma-separated disruptions to inject (default all: {','.join(EVENTS)})",
+    )
+    p.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
+    p.add_argument(
+        "--max-blob", type=int, default=3 * 2**20, help="largest blob in bytes (default 3 MiB)"
+    )
+    p.add_argument(
+        "--processes",
+        action="store_true",
+        help="real crashes: SIGKILL a child committing on a durable --kv, then verify",
+    )
+    p.add_argument("--replay", type=Path, help="replay a failure file written by a failed run")
+    p.add_argument(
+        "--out", type=Path, help="where to write a failure (default ./pagekv-fuzz-SEED.json)"
+    )
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        return _replay(args.replay)
+    events = frozenset(e for e in args.faults.split(",") if e)
+    unknown = events - set(EVENTS)
+    if unknown:
+        raise SystemExit(
+            f"pagekv fuzz: unknown --faults {sorted(unknown)}; known: {', '.join(EVENTS)}"
+        )
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    seconds = args.seconds if args.seconds is not None or args.runs is not None else 60.0
+    print(f"pagekv fuzz: seed {seed}, store {args.kv}", flush=True)
+    if args.processes:
+        try:
+            coverage = fuzz_processes(args.kv, seed, seconds or 60.0, max_blob=args.max_blob)
+        except FuzzFailure as failure:
+            print(f"FAILED (seed {seed}): {failure}", file=sys.stderr)
+            return 1
+        _report(coverage)
+        return 0
+    config = FuzzConfig(
+        kv=args.kv,
+        seed=seed,
+        runs=args.runs,
+        seconds=seconds,
+        steps_per_run=args.steps,
+        events=events,
+        max_blob=args.max_blob,
+    )
+    coverage, found = fuzz(config, progress=_progress if sys.stderr.isatty() else None)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if found is None:
+        _report(coverage)
+        return 0
+    out = args.out or Path(f"pagekv-fuzz-{seed}.json")
+    found.save(out, config)
+    print(f"FAILED (seed {seed}, run seed {found.seed}): {found.failure}", file=sys.stderr)
+    print(f"minimised to {len(found.steps)} steps:", file=sys.stderr)
+    _print_steps(found.steps)
+    print(f"replay with: pagekv fuzz --replay {out}", file=sys.stderr)
+    return 1
+
+
+def _replay(path: Path) -> int:
+    steps, data = load_replay(path)
+    url = data.get("kv", "memory://")
+    store = open_kv(url)
+    try:
+        coverage = Runner(
+            lambda: store.namespace(f"pagekv-fuzz-replay/{path.name}"), **data.get("db_options", {})
+        ).run(steps)
+    except FuzzFailure as failure:
+        print(f"FAILED: {failure}", file=sys.stderr)
+        _print_steps(steps)
+        return 1
+    finally:
+        store.close()
+    print(f"replay of {len(steps)} steps passed")
+    _report(coverage)
+    return 0
+
+
+def _print_steps(steps: list[Step]) -> None:
+    for n, step in enumerate(steps):
+        print(f"  {n:3d} {to_json(step)}", file=sys.stderr)
+
+
+def _progress(coverage: Coverage) -> None:
+    print(
+        f"\r  runs {coverage.runs}, steps {coverage.steps}, commits {coverage.commits}, "
+        f"faults {sum(coverage.faults.values())}, takeovers {coverage.takeovers}, "
+        f"crashes {coverage.crashes}",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _report(c: Coverage) -> None:
+    faults = ", ".join(f"{k} {v}" for k, v in sorted(c.faults.items())) or "none"
+    print(
+        f"ok: {c.runs} runs, {c.steps} steps, {c.commits} commits acknowledged, "
+        f"{c.failed_commits} commits failed under faults\n"
+        f"    faults fired: {faults}\n"
+        f"    takeovers {c.takeovers}, crashes {c.crashes}, reopens {c.reopens}, "
+        f"compactions {c.compactions}, verifications {c.verifications}, "
+        f"{c.bytes_written / 2**20:.1f} MiB written to KV"
+    )

@@ -1,0 +1,332 @@
+"""Running fuzz steps against pagekv and the oracle, checking every promise after each disruption.
+
+Checks, each a `FuzzFailure` when broken:
+- after every reopen, `PRAGMA integrity_check` is ok and the content equals the oracle's state
+  before or after the one unacknowledged transaction (never a mix); an acknowledged transaction is
+  never lost;
+- a taken-over instance dies on its next write, and no instance writes once superseded or dead;
+- no KV request breaks a `KvLimits` bound;
+- no storage error happens unless a fault was injected, and pagekv never accepts or rejects a
+  statement differently from native SQLite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, assert_never
+
+import apsw
+
+from pagekv.fuzz.oracle import Oracle, digest, run_txn
+from pagekv.fuzz.steps import (
+    Compact,
+    Crash,
+    InjectFault,
+    Reopen,
+    Sql,
+    Step,
+    Takeover,
+    Txn,
+)
+from pagekv.kv import READ_OPS, WRITE_OPS, ActorKv, CountingKv, FaultyKv, KvUnavailable
+from pagekv.kv.wrappers import KvWrapper
+from pagekv.vfs import Database, open_database
+
+T = TypeVar("T")
+ALL_OPS = READ_OPS | WRITE_OPS
+_STORAGE_ERRORS = (apsw.IOError, apsw.FullError)
+_PROBE = Txn((Sql("CREATE TABLE fuzz_probe(x)"),))
+
+
+class FuzzFailure(Exception):
+    """A broken promise, found at step `index` (-1: at the final check)."""
+
+    def __init__(self, index: int, message: str) -> None:
+        self.index = index
+        super().__init__(f"step {index}: {message}" if index >= 0 else message)
+
+
+@dataclass
+class Coverage:
+    """What a fuzz session exercised."""
+
+    runs: int = 0
+    steps: int = 0
+    commits: int = 0
+    failed_commits: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    takeovers: int = 0
+    crashes: int = 0
+    reopens: int = 0
+    compactions: int = 0
+    verifications: int = 0
+    bytes_written: int = 0
+
+    def add(self, other: Coverage) -> None:
+        for name, value in vars(other).items():
+            if isinstance(value, Counter):
+                getattr(self, name).update(value)
+            else:
+                setattr(self, name, getattr(self, name) + value)
+
+
+class _Guard(KvWrapper):
+    """One instance's view of the store: checks limits and that it writes only while it may."""
+
+    def __init__(self, inner: ActorKv, problems: list[str], name: str) -> None:
+        super().__init__(inner)
+        self.problems = problems
+        self.name = name
+        self.severed = False
+        """Crashed: every call fails before it reaches the store."""
+        self.superseded = False
+        """Taken over or dead: any write that the store applies breaks single-writer safety."""
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self.severed:
+            raise KvUnavailable(f"fuzz: {self.name} has crashed")
+        if op == "write":
+            self._check_write(kwargs["put"], kwargs["delete"])
+        elif op == "get":
+            self._check_count(len(args[0]), "get")
+        result = fn(*args, **kwargs)
+        if op in WRITE_OPS and self.superseded:
+            self.problems.append(f"{self.name} wrote ({op}) after it was superseded")
+        return result
+
+    def _check_count(self, n: int, what: str) -> None:
+        if n > self.limits.max_batch_entries:
+            self.problems.append(f"{self.name}: {what} of {n} entries exceeds the limit")
+
+    def _check_write(self, put: Any, delete: list[bytes]) -> None:
+        items = list(put.items()) if isinstance(put, dict) else list(put)
+        limits = self.limits
+        self._check_count(len(items) + len(delete), "write")
+        size = sum(len(k) + len(v) for k, v in items) + sum(map(len, delete))
+        if size > limits.max_batch_bytes:
+            self.problems.append(f"{self.name}: write of {size} bytes exceeds the batch limit")
+        for key, value in items:
+            if len(key) > limits.max_key_bytes or len(value) > limits.max_value_bytes:
+                self.problems.append(f"{self.name}: entry of {len(key)}+{len(value)} bytes")
+
+
+@dataclass
+class _Instance:
+    db: Database
+    guard: _Guard
+    faulty: FaultyKv
+
+    @contextlib.contextmanager
+    def quiet(self) -> Any:
+        """Faults held back (still armed) while the fuzzer itself reads."""
+        self.faulty.enabled = False
+        try:
+            yield
+        finally:
+            self.faulty.enabled = True
+
+
+class Runner:
+    """Runs one sequence of steps on a fresh namespace from `kv_factory`."""
+
+    def __init__(self, kv_factory: Callable[[], ActorKv], **db_options: Any) -> None:
+        self.kv = CountingKv(kv_factory())
+        self.db_options = db_options
+        self.oracle = Oracle()
+        self.coverage = Coverage(runs=1)
+        self.problems: list[str] = []
+        self._instances = 0
+        self._index = -1
+        self.current = self._open()
+
+    def _open(self) -> _Instance:
+        self._instances += 1
+        guard = _Guard(self.kv, self.problems, f"instance {self._instances}")
+        faulty = FaultyKv(guard)
+        faulty.enabled = False
+        db = open_database(faulty, **self.db_options)
+        faulty.enabled = True
+        return _Instance(db, guard, faulty)
+
+    def fail(self, message: str) -> FuzzFailure:
+        return FuzzFailure(self._index, message)
+
+    def run(self, steps: list[Step]) -> Coverage:
+        """Run every step, then check a final reopen; always releases the instance."""
+        try:
+            for step in steps:
+                self.step(step)
+            self.finish()
+        finally:
+            self.close()
+        return self.coverage
+
+    def close(self) -> None:
+        """Release the current instance."""
+        self._close(self.current)
+
+    def step(self, step: Step) -> None:
+        """Run one step and check what it must not break."""
+        self._index += 1
+        with self._unexpected_errors():
+            self._reopen_if_dead()
+            instance = self.current
+            fired = len(instance.faulty.fired)
+            self._step(step)
+            for fault in instance.faulty.fired[fired:]:
+                self.coverage.faults[fault.kind.value] += 1
+        self._check_problems()
+        self.coverage.steps += 1
+
+    def finish(self) -> None:
+        """The final check: reopen fresh and compare with the oracle."""
+        self._index = -1
+        with self._unexpected_errors():
+            self._reopen_if_dead()
+            self._reopen(crash=False)
+        self._check_problems()
+        self.coverage.bytes_written = self.kv.stats.bytes_written
+
+    @contextlib.contextmanager
+    def _unexpected_errors(self) -> Iterator[None]:
+        """Any error the checks did not anticipate (corruption, a failed open) is a finding."""
+        try:
+            yield
+        except FuzzFailure:
+            raise
+        except Exception as e:
+            raise self.fail(f"unexpected {type(e).__name__}: {e}") from e
+
+    def _reopen_if_dead(self) -> None:
+        """An instance can die after acknowledging a commit (a fault in the flush or compaction
+        SQLite runs after its commit point); that is allowed only if a fault was injected."""
+        instance = self.current
+        if instance.db.is_dead:
+            if not instance.faulty.fired:
+                raise self.fail(
+                    f"instance died with no fault injected: {instance.db.take_last_kv_error()!r}"
+                )
+            self._reopen(crash=False)
+
+    def _check_problems(self) -> None:
+        if self.problems:
+            raise self.fail("; ".join(self.problems))
+
+    def _step(self, step: Step) -> None:
+        match step:
+            case Txn():
+                self._txn(step)
+            case InjectFault(kind, after):
+                self.current.faulty.arm(kind, after=after, ops=ALL_OPS)
+            case Crash():
+                self.coverage.crashes += 1
+                self._reopen(crash=True)
+            case Reopen():
+                self._reopen(crash=False)
+            case Takeover():
+                self._takeover()
+            case Compact():
+                self._compact()
+            case _:
+                assert_never(step)
+
+    def _txn(self, txn: Txn) -> None:
+        instance = self.current
+        fired = len(instance.faulty.fired)
+        try:
+            run_txn(instance.db.connection, txn)
+        except _STORAGE_ERRORS as e:
+            if len(instance.faulty.fired) == fired:
+                raise self.fail(f"storage error with no fault injected: {e!r}") from e
+            self.coverage.failed_commits += 1
+            self.oracle.pending = txn
+            self._reopen(crash=False)
+            return
+        except apsw.Error as e:
+            if self._oracle_rejects(txn):
+                return
+            raise self.fail(f"pagekv rejected what native SQLite accepts: {e!r}") from e
+        try:
+            self.oracle.apply(txn)
+        except apsw.Error as e:
+            raise self.fail(f"pagekv accepted what native SQLite rejects: {e!r}") from e
+        self.coverage.commits += 1
+
+    def _oracle_rejects(self, txn: Txn) -> bool:
+        connection = self.oracle.connection
+        connection.execute("SAVEPOINT probe")
+        try:
+            for statement in txn.statements:
+                connection.execute(statement.sql, statement.bindings()).fetchall()
+        except apsw.Error:
+            return True
+        finally:
+            connection.execute("ROLLBACK TO probe")
+            connection.execute("RELEASE probe")
+        return False
+
+    def _compact(self) -> None:
+        instance = self.current
+        fired = len(instance.faulty.fired)
+        try:
+            instance.db.compact()
+            self.coverage.compactions += 1
+        except Exception as e:
+            if len(instance.faulty.fired) == fired:
+                raise self.fail(f"compaction failed with no fault injected: {e!r}") from e
+            self._reopen(crash=False)
+
+    def _takeover(self) -> None:
+        old = self.current
+        self.current = self._open()
+        old.guard.superseded = True
+        old.faulty.enabled = False
+        self.coverage.takeovers += 1
+        try:
+            run_txn(old.db.connection, _PROBE)
+        except _STORAGE_ERRORS:
+            if not old.db.is_dead:
+                raise self.fail("a taken-over instance failed a write but did not die") from None
+        else:
+            raise self.fail("a taken-over instance committed after the takeover")
+        self._close(old)
+        self._verify(self.current)
+
+    def _reopen(self, *, crash: bool) -> None:
+        old = self.current
+        if crash:
+            old.guard.severed = True
+        old.guard.superseded = True
+        self._close(old)
+        self.current = self._open()
+        self.coverage.reopens += 1
+        self._verify(self.current)
+
+    def _close(self, instance: _Instance) -> None:
+        """Close an instance; a crashed or dead one may fail to, which is expected."""
+        instance.faulty.enabled = False
+        try:
+            instance.db.close()
+        except apsw.Error:
+            if not (instance.guard.severed or instance.db.is_dead):
+                raise
+
+    def _verify(self, instance: _Instance) -> None:
+        with instance.quiet():
+            db = instance.db
+            check = db.execute("PRAGMA integrity_check").fetchall()
+            if check != [("ok",)]:
+                raise self.fail(f"integrity_check: {check[:5]}")
+            got = digest(db.connection)
+        old, new = self.oracle.states()
+        if got == new:
+            self.oracle.resolve(committed=True)
+        elif got == old:
+            self.oracle.resolve(committed=False)
+        else:
+            pending = "" if new is None else " or after the unacknowledged transaction"
+            raise self.fail(f"content differs from the oracle's state before{pending}")
+        self.coverage.verifications += 1

@@ -1,0 +1,183 @@
+"""A fuzz session: many seeded runs, minimisation of a failure, replay files, coverage report."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pagekv.fuzz.runner import Coverage, FuzzFailure, Runner
+from pagekv.fuzz.steps import EVENTS, Step, StepGenerator, from_json, to_json
+from pagekv.kv import ActorKv, KvStore, MemoryStore, open_kv
+
+KvFactory = Callable[[], ActorKv]
+
+
+@dataclass(frozen=True)
+class FuzzConfig:
+    kv: str = "memory://"
+    seed: int = 0
+    runs: int | None = None
+    seconds: float | None = 60.0
+    steps_per_run: int = 40
+    events: frozenset[str] = frozenset(EVENTS)
+    max_blob: int = 3 * 2**20
+    db_options: dict[str, Any] = field(default_factory=dict)
+    minimize_seconds: float = 60.0
+
+
+@dataclass
+class Found:
+    """A failing run: its seed, the minimised steps and the failure they reproduce."""
+
+    seed: int
+    steps: list[Step]
+    failure: FuzzFailure
+
+    def save(self, path: Path, config: FuzzConfig) -> None:
+        path.write_text(
+            json.dumps(
+                {
+                    "seed": self.seed,
+                    "kv": config.kv,
+                    "db_options": config.db_options,
+                    "failure": str(self.failure),
+                    "steps": [to_json(s) for s in self.steps],
+                },
+                indent=1,
+            )
+        )
+
+
+def load_replay(path: Path) -> tuple[list[Step], dict[str, Any]]:
+    data = json.loads(path.read_text())
+    return [from_json(s) for s in data["steps"]], data
+
+
+def run_seed(seed: int, config: FuzzConfig) -> list[Step]:
+    rng = random.Random(seed)
+    return StepGenerator(rng, config.events, config.max_blob).steps(config.steps_per_run)
+
+
+@dataclass
+class _Namespaces:
+    """Fresh namespaces for runs: a new in-memory store each time, or a new actor id in `url`."""
+
+    url: str
+    store: KvStore | None = None
+    count: int = 0
+    used: list[ActorKv] = field(default_factory=list)
+
+    def __call__(self) -> ActorKv:
+        self.count += 1
+        if self.url.startswith("memory:"):
+            return MemoryStore().namespace("fuzz")
+        if self.store is None:
+            self.store = open_kv(self.url)
+        ns = self.store.namespace(f"pagekv-fuzz/{time.time_ns()}/{self.count}")
+        self.used.append(ns)
+        return ns
+
+    def cleanup(self) -> None:
+        for ns in self.used:
+            ns.drop()
+        self.used.clear()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+def execute(steps: list[Step], factory: KvFactory, config: FuzzConfig) -> Coverage:
+    return Runner(factory, **config.db_options).run(steps)
+
+
+def minimize(steps: list[Step], fails: Callable[[list[Step]], bool], seconds: float) -> list[Step]:
+    """Delta debugging: drop ever smaller chunks of steps while the failure still reproduces."""
+    deadline = time.monotonic() + seconds
+    chunk = max(len(steps) // 2, 1)
+    while chunk >= 1 and time.monotonic() < deadline:
+        start = 0
+        removed = False
+        while start < len(steps) and time.monotonic() < deadline:
+            candidate = steps[:start] + steps[start + chunk :]
+            if candidate and fails(candidate):
+                steps = candidate
+                removed = True
+            else:
+                start += chunk
+        if not removed:
+            chunk //= 2
+    return steps
+
+
+def fuzz(
+    config: FuzzConfig,
+    progress: Callable[[Coverage], None] | None = None,
+    namespaces: KvFactory | None = None,
+) -> tuple[Coverage, Found | None]:
+    """Run seeded runs until `runs` or `seconds` is reached or a run fails.
+
+    Each run gets a fresh namespace from `namespaces` (any `ActorKv`: this is how a user fuzzes
+    their own backend), by default from `config.kv`.
+    """
+    stores = _Namespaces(config.kv)
+    factory = namespaces or stores
+    total = Coverage()
+    started = time.monotonic()
+    try:
+        for seed in _seeds(config, started):
+            steps = run_seed(seed, config)
+            try:
+                total.add(execute(steps, factory, config))
+            except FuzzFailure as failure:
+                return total, _minimized(seed, steps, failure, factory, config)
+            finally:
+                stores.cleanup()
+            if progress is not None:
+                progress(total)
+    finally:
+        stores.cleanup()
+    return total, None
+
+
+def _seeds(config: FuzzConfig, started: float) -> Iterator[int]:
+    rng = random.Random(config.seed)
+    n = 0
+    while (config.runs is None or n < config.runs) and (
+        config.seconds is None or time.monotonic() - started < config.seconds
+    ):
+        n += 1
+        yield rng.randrange(2**63)
+
+
+def _minimized(
+    seed: int, steps: list[Step], failure: FuzzFailure, factory: KvFactory, config: FuzzConfig
+) -> Found:
+    kind = _failure_kind(failure)
+
+    def fails(candidate: list[Step]) -> bool:
+        try:
+            execute(candidate, factory, config)
+        except FuzzFailure as again:
+            return _failure_kind(again) == kind
+        return False
+
+    failing = steps[: failure.index + 1] if failure.index >= 0 else steps
+    if not fails(failing):
+        failing = steps
+    small = minimize(failing, fails, config.minimize_seconds)
+    try:
+        execute(small, factory, config)
+    except FuzzFailure as final:
+        failure = final
+    return Found(seed, small, failure)
+
+
+def _failure_kind(failure: FuzzFailure) -> str:
+    """The failure's message without its step number and specifics, to compare reproductions."""
+    text = str(failure).split(": ", 1)[-1]
+    return text.split(":")[0].split("(")[0].strip()
