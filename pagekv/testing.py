@@ -21,6 +21,7 @@ from pagekv.fuzz import (
     Compact,
     Crash,
     InjectFault,
+    Latency,
     Reopen,
     Runner,
     Sql,
@@ -81,6 +82,7 @@ def steps(max_blob: int = 256 * 1024) -> st.SearchStrategy[Step]:
     return st.one_of(
         transactions(max_blob),
         faults(),
+        st.builds(Latency, st.sampled_from([0.0, 0.5])),
         st.sampled_from([Crash(), Takeover(), Compact(), Reopen()]),
     )
 

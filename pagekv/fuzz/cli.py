@@ -134,6 +134,7 @@ def _report(c: Coverage) -> None:
         f"{c.failed_commits} commits failed under faults\n"
         f"    faults fired: {faults}\n"
         f"    takeovers {c.takeovers}, crashes {c.crashes}, reopens {c.reopens}, "
-        f"compactions {c.compactions}, verifications {c.verifications}, "
+        f"compactions {c.compactions}, latency changes {c.latency_steps}, "
+        f"verifications {c.verifications}, "
         f"{c.bytes_written / 2**20:.1f} MiB written to KV"
     )

@@ -25,6 +25,7 @@ from pagekv.fuzz.steps import (
     Compact,
     Crash,
     InjectFault,
+    Latency,
     Reopen,
     Sql,
     Step,
@@ -62,6 +63,7 @@ class Coverage:
     crashes: int = 0
     reopens: int = 0
     compactions: int = 0
+    latency_steps: int = 0
     verifications: int = 0
     bytes_written: int = 0
 
@@ -221,6 +223,9 @@ class Runner:
                 self._txn(step)
             case InjectFault(kind, after):
                 self.current.faulty.arm(kind, after=after, ops=ALL_OPS)
+            case Latency(ms):
+                self.current.faulty.latency_s = ms / 1000
+                self.coverage.latency_steps += 1
             case Crash():
                 self.coverage.crashes += 1
                 self._reopen(crash=True)

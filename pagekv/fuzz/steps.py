@@ -51,6 +51,13 @@ class InjectFault:
 
 
 @dataclass(frozen=True, slots=True)
+class Latency:
+    """Add `ms` of round-trip latency to every KV call of the current instance from now on."""
+
+    ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class Crash:
     """Abandon the instance without closing it; reopen fresh."""
 
@@ -70,9 +77,9 @@ class Reopen:
     """Close cleanly and reopen."""
 
 
-Step = Txn | InjectFault | Crash | Takeover | Compact | Reopen
+Step = Txn | InjectFault | Latency | Crash | Takeover | Compact | Reopen
 
-EVENTS = ("fail", "indeterminate", "crash", "takeover", "compact")
+EVENTS = ("fail", "indeterminate", "latency", "crash", "takeover", "compact")
 """Names for `--faults`: which kinds of disruption a run may include."""
 
 
@@ -86,6 +93,8 @@ def to_json(step: Step) -> dict[str, Any]:
             }
         case InjectFault(kind, after):
             return {"type": "fault", "kind": kind.value, "after": after}
+        case Latency(ms):
+            return {"type": "latency", "ms": ms}
         case Crash():
             return {"type": "crash"}
         case Takeover():
@@ -108,6 +117,8 @@ def from_json(data: dict[str, Any]) -> Step:
         return Txn(statements, data["explicit"])
     if kind == "fault":
         return InjectFault(FaultKind(data["kind"]), data["after"])
+    if kind == "latency":
+        return Latency(data["ms"])
     simple: dict[str, Step] = {
         "crash": Crash(),
         "takeover": Takeover(),
@@ -160,6 +171,8 @@ class StepGenerator:
                 if name in events
             ]
             return InjectFault(self.rng.choice(kinds), self.rng.randrange(4))
+        if r < 0.12 and "latency" in events:
+            return Latency(self.rng.choice((0.0, 0.2, 1.0)))
         if r < 0.14 and "crash" in events:
             return Crash()
         if r < 0.18 and "takeover" in events:

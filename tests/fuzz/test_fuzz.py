@@ -131,6 +131,8 @@ def test_bounded_fuzz_session_passes(seed: int | None, capsys: pytest.CaptureFix
     assert code == 0, out
     assert "seed" in out.splitlines()[0]
     assert "faults fired: apply-then-raise" in out and "fail-before" in out
+    for event in ("takeovers", "crashes", "compactions", "latency changes"):
+        assert int(out.split(f"{event} ")[1].split(",")[0]) > 0, f"no {event} in {out}"
 
 
 def test_real_crashes_with_sigkill(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
