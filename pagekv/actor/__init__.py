@@ -1,0 +1,33 @@
+"""The actor runtime: stateful actors with a KV-backed SQLite database each."""
+
+from pagekv.actor.context import ActorContext
+from pagekv.actor.definition import ActorDefinition, actor
+from pagekv.actor.errors import (
+    ActionNotFound,
+    ActorError,
+    ActorExists,
+    ActorNotFound,
+    ActorStopped,
+    ActorTakenOver,
+    ReservedName,
+    UnknownActor,
+)
+from pagekv.actor.registry import ActorHandle, Client, Registry, actor_id
+
+__all__ = [
+    "ActionNotFound",
+    "ActorContext",
+    "ActorDefinition",
+    "ActorError",
+    "ActorExists",
+    "ActorHandle",
+    "ActorNotFound",
+    "ActorStopped",
+    "ActorTakenOver",
+    "Client",
+    "Registry",
+    "ReservedName",
+    "UnknownActor",
+    "actor",
+    "actor_id",
+]

@@ -1,0 +1,120 @@
+"""`ctx.db`: async SQL on the actor's own database, serialised on the actor's worker.
+
+All SQLite work of one actor runs one call at a time through a `CapacityLimiter(1)` on a worker
+thread, so a slow KV blocks only this actor. A transaction holds the actor's database lock from
+BEGIN to COMMIT, so statements of other concurrently running actions wait instead of landing
+inside it; the actor's state is written in the same commit.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import apsw
+
+from pagekv.actor.errors import ActorStopped, ActorTakenOver, ReservedName
+from pagekv.actor.internal import Reserved
+from pagekv.actor.state import StateCell
+from pagekv.kv import FenceMismatch
+from pagekv.vfs import Database
+
+T = TypeVar("T")
+_in_transaction: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "pagekv_actor_transaction", default=None
+)
+
+
+class ActorDb:
+    def __init__(self, database: Database, state: StateCell) -> None:
+        self.database = database
+        self.state = state
+        self.reserved = Reserved()
+        database.connection.authorizer = self.reserved
+        self._limiter = anyio.CapacityLimiter(1)
+        self._lock = anyio.Lock()
+
+    async def run(self, fn: Callable[[apsw.Connection], T], *, internal: bool = False) -> T:
+        """Run `fn(connection)` on the worker, translating storage death into actor errors."""
+
+        def work() -> T:
+            self.reserved.internal = internal
+            self.reserved.violation = None
+            try:
+                return fn(self.database.connection)
+            except apsw.AuthError as e:
+                if self.reserved.violation:
+                    raise ReservedName(
+                        f"{self.reserved.violation!r}: the {Reserved.__module__} prefix "
+                        "'_pagekv_' is reserved for the runtime's own tables"
+                    ) from e
+                raise
+            except apsw.Error as e:
+                if self.database.is_dead:
+                    raise self.death() from e
+                raise
+            finally:
+                self.reserved.internal = False
+
+        return await anyio.to_thread.run_sync(work, limiter=self._limiter)
+
+    def death(self) -> Exception:
+        cause = self.database.take_last_kv_error()
+        if isinstance(cause, FenceMismatch):
+            return ActorTakenOver(f"another instance took this actor over: {cause}")
+        return ActorStopped(f"the actor's database failed: {cause!r}")
+
+    async def locked(self, fn: Callable[[apsw.Connection], T], *, internal: bool = False) -> T:
+        """`run` under the database lock, unless this task is inside a transaction already."""
+        if _in_transaction.get() is self:
+            return await self.run(fn, internal=internal)
+        async with self._lock:
+            return await self.run(fn, internal=internal)
+
+    async def execute(self, sql: str, bindings: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        """Run SQL (autocommit outside a transaction) and return all rows."""
+        return await self.locked(lambda c: c.execute(sql, bindings).fetchall())
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        await self.locked(lambda c: c.executemany(sql, rows).fetchall())
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[ActorDb]:
+        """BEGIN ... COMMIT around the block, with the actor's state saved in the same commit.
+
+        On an exception the SQL is rolled back and the state restored to what it was at BEGIN.
+        """
+        if _in_transaction.get() is self:
+            raise RuntimeError("ctx.db.transaction() does not nest; use SAVEPOINT inside it")
+        async with self._lock:
+            token = _in_transaction.set(self)
+            snapshot = self.state.snapshot()
+            try:
+                await self.run(lambda c: c.execute("BEGIN IMMEDIATE").fetchall())
+                try:
+                    yield self
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        self.state.restore(snapshot)
+                        await self.run(_rollback)
+                    raise
+                self.state.mark_saved(await self.run(self._commit, internal=True))
+            finally:
+                _in_transaction.reset(token)
+
+    def _commit(self, connection: apsw.Connection) -> bytes | None:
+        written = self.state.write_if_changed(connection)
+        connection.execute("COMMIT")
+        return written
+
+    async def save_state(self) -> None:
+        """Make the state durable now (its own commit) if it changed."""
+        self.state.mark_saved(await self.locked(self.state.write_if_changed, internal=True))
+
+
+def _rollback(connection: apsw.Connection) -> None:
+    if connection.in_transaction:
+        connection.execute("ROLLBACK")

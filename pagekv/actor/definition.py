@@ -1,0 +1,78 @@
+"""Defining actors in plain Python: `actor(name, state=...)` plus decorators for hooks, actions."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+Hook = Callable[..., Awaitable[Any]]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass
+class ActorDefinition:
+    """What an actor is: its name, default state, options, hooks and actions.
+
+    `state` may be a value (deep-copied for every new actor, so instances never share it) or a
+    zero-argument callable; `create_state(ctx, input)` overrides both.
+    """
+
+    name: str
+    state: Any = None
+    sleep_timeout: float = 30.0
+    actions: dict[str, Hook] = field(default_factory=dict)
+    hooks: dict[str, Hook] = field(default_factory=dict)
+
+    HOOKS = (
+        "on_migrate",
+        "create_state",
+        "on_create",
+        "create_vars",
+        "on_wake",
+        "on_sleep",
+        "on_destroy",
+        "run",
+    )
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(
+                f"actor name {self.name!r} must be 1-64 letters, digits, '_', '.', '-' "
+                "and start with a letter or '_'"
+            )
+        if self.sleep_timeout <= 0:
+            raise ValueError(f"sleep_timeout must be > 0, got {self.sleep_timeout}")
+
+    def initial_state(self) -> Any:
+        return self.state() if callable(self.state) else copy.deepcopy(self.state)
+
+    def action(self, fn: F) -> F:
+        """Register `async def name(ctx, *args)` as an action callable by clients."""
+        if fn.__name__ in self.actions:
+            raise ValueError(f"actor {self.name!r} already has an action {fn.__name__!r}")
+        self.actions[fn.__name__] = fn
+        return fn
+
+    def _hook(self, name: str) -> Callable[[F], F]:
+        def register(fn: F) -> F:
+            self.hooks[name] = fn
+            return fn
+
+        return register
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ActorDefinition.HOOKS:
+            return self._hook(name)
+        raise AttributeError(name)
+
+
+def actor(name: str, *, state: Any = None, sleep_timeout: float = 30.0) -> ActorDefinition:
+    """Define an actor; add actions with `@definition.action` and hooks with
+    `@definition.on_wake` (and `on_migrate`, `create_state`, `on_create`, `create_vars`,
+    `on_sleep`, `on_destroy`, `run`)."""
+    return ActorDefinition(name, state=state, sleep_timeout=sleep_timeout)

@@ -1,0 +1,39 @@
+"""Errors of the actor runtime."""
+
+from __future__ import annotations
+
+
+class ActorError(Exception):
+    """Base of the runtime's errors."""
+
+
+class ActorNotFound(ActorError):
+    """No actor with that name and key exists (or it was destroyed)."""
+
+
+class ActorExists(ActorError):
+    """`create` of a name and key that already exist."""
+
+
+class UnknownActor(ActorError, KeyError):
+    """The registry has no actor definition of that name."""
+
+
+class ActionNotFound(ActorError, AttributeError):
+    """The actor defines no action of that name."""
+
+
+class ActorTakenOver(ActorError):
+    """Another instance (another process or host) took this actor over; this one was torn down.
+
+    The action may or may not have been applied; nothing acknowledged is lost. Retry it: the next
+    call wakes a fresh instance that sees every acknowledged write.
+    """
+
+
+class ActorStopped(ActorError):
+    """The instance stopped (slept, was destroyed or crashed) while the call was in flight."""
+
+
+class ReservedName(ActorError):
+    """User SQL touched a `_pagekv_` table, which the runtime reserves."""

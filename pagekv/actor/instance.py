@@ -1,0 +1,229 @@
+"""One live actor instance: start (takeover, migrations, hooks), actions, sleep, destroy, crash.
+
+Lifecycle: STARTING -> RUNNING -> STOPPING -> STOPPED. Hooks run in the order
+`on_migrate` (in a transaction) -> [new actor: `create_state`, `on_create`] -> `create_vars` ->
+`on_wake` -> `run` (in the background). Every start opens the database, which is a takeover: an
+instance of the same actor elsewhere dies on its next write and is torn down with
+`ActorTakenOver`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, assert_never
+
+import anyio
+
+from pagekv.actor.context import ActorContext
+from pagekv.actor.database import ActorDb
+from pagekv.actor.definition import ActorDefinition
+from pagekv.actor.errors import ActionNotFound, ActorStopped, ActorTakenOver
+from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
+from pagekv.actor.state import StateCell
+from pagekv.actor.user_kv import UserKv
+from pagekv.kv import ActorKv
+from pagekv.vfs import open_database
+
+if TYPE_CHECKING:
+    from pagekv.actor.registry import Registry
+
+T = TypeVar("T")
+log = logging.getLogger("pagekv.actor")
+Stop = Literal["sleep", "destroy", "crash"]
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class ActorInstance:
+    def __init__(
+        self, registry: Registry, definition: ActorDefinition, actor_id: str, key: str, kv: ActorKv
+    ) -> None:
+        self.registry = registry
+        self.definition = definition
+        self.actor_id = actor_id
+        self.key = key
+        self.kv = kv
+        self.phase = Phase.STARTING
+        self.active = 0
+        self.last_active = time.monotonic()
+        self.metrics: dict[str, float] = {}
+        self._requested: Stop | None = None
+        self._run_scope: anyio.CancelScope | None = None
+        self._run_active = False
+        self.stopped = anyio.Event()
+        self.ctx: ActorContext
+
+    # -- start ------------------------------------------------------------------------------
+
+    async def _timed(self, phase: str, work: Awaitable[T], *, user: bool = False) -> T:
+        started = time.perf_counter()
+        result = await work
+        ms = (time.perf_counter() - started) * 1000
+        self.metrics[f"{'user' if user else 'internal'}.{phase}_ms"] = ms
+        log.debug("perf %s: %s duration_ms=%.2f", "user" if user else "internal", phase, ms)
+        return result
+
+    async def start(self, input: Any) -> None:
+        """Open (take over) the database and run the start hooks; tear down on any failure."""
+        definition = self.definition
+        database = await self._timed(
+            "open_database", anyio.to_thread.run_sync(lambda: open_database(self.kv))
+        )
+        cell = StateCell(None, None)
+        db = ActorDb(database, cell)
+        self.ctx = ActorContext(
+            actor_id=self.actor_id,
+            name=definition.name,
+            key=self.key,
+            db=db,
+            kv=UserKv(self.kv, database.generation),
+            log=logging.LoggerAdapter(log, {"actor_id": self.actor_id}),
+            _cell=cell,
+            _instance=self,
+            input=input,
+        )
+        try:
+            await self._timed("migrate_internal", db.run(migrate, internal=True))
+            initialized, stored = await self._timed("load", db.run(load, internal=True))
+            cell.restore((stored, encode_state(stored) if initialized else None))
+            hooks = definition.hooks
+            if "on_migrate" in hooks:
+                async with db.transaction():
+                    await self._timed("on_migrate", hooks["on_migrate"](self.ctx), user=True)
+            if not initialized:
+                await self._create(input)
+            if "create_vars" in hooks:
+                self.ctx.vars = await self._timed(
+                    "create_vars", hooks["create_vars"](self.ctx), user=True
+                )
+            if "on_wake" in hooks:
+                await self._timed("on_wake", hooks["on_wake"](self.ctx), user=True)
+                await db.save_state()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._close()
+            raise
+        self.phase = Phase.RUNNING
+        if "run" in definition.hooks:
+            self.registry.spawn(self._run_handler)
+
+    async def _create(self, input: Any) -> None:
+        hooks, ctx = self.definition.hooks, self.ctx
+        if "create_state" in hooks:
+            ctx.state = await self._timed("create_state", hooks["create_state"](ctx, input), True)
+        else:
+            ctx.state = self.definition.initial_state()
+        if "on_create" in hooks:
+            await self._timed("on_create", hooks["on_create"](ctx, input), user=True)
+        data = encode_state(ctx.state)
+        name, key = self.definition.name, self.key
+        await ctx.db.run(lambda c: mark_initialized(c, name, key, data), internal=True)
+        ctx._cell.mark_saved(data)
+
+    async def _run_handler(self) -> None:
+        """The optional long-running `run(ctx)`; it blocks idle sleep while it runs."""
+        self._run_active = True
+        try:
+            with anyio.CancelScope() as scope:
+                self._run_scope = scope
+                await self.definition.hooks["run"](self.ctx)
+                await self.ctx.db.save_state()
+        except Exception:
+            log.exception("actor %s: run handler failed; tearing the instance down", self.actor_id)
+            self._requested = "crash"
+        finally:
+            self._run_active = False
+            self.last_active = time.monotonic()
+        if self._requested is not None and self.active == 0:
+            await self.stop(self._requested)
+
+    # -- actions ----------------------------------------------------------------------------
+
+    async def call(self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.phase is not Phase.RUNNING:
+            raise ActorStopped(f"actor {self.actor_id} is {self.phase.value}")
+        fn = self.definition.actions.get(action)
+        if fn is None:
+            raise ActionNotFound(f"actor {self.definition.name!r} has no action {action!r}")
+        self.active += 1
+        try:
+            result = await fn(self.ctx, *args, **kwargs)
+            await self.ctx.db.save_state()
+            return result
+        except (ActorTakenOver, ActorStopped):
+            self._requested = "crash"
+            raise
+        finally:
+            self.active -= 1
+            self.last_active = time.monotonic()
+            if self._requested is not None and self.active == 0 and not self._run_active:
+                self.registry.spawn(self.stop, self._requested)
+
+    def request_sleep(self) -> None:
+        self._requested = self._requested or "sleep"
+
+    def request_destroy(self) -> None:
+        if self._requested != "crash":
+            self._requested = "destroy"
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+
+    def idle_for(self) -> float | None:
+        """Seconds idle, or None while an action or the run handler keeps it awake."""
+        if self.phase is not Phase.RUNNING or self.active or self._run_active:
+            return None
+        return time.monotonic() - self.last_active
+
+    # -- stop -------------------------------------------------------------------------------
+
+    async def stop(self, how: Stop) -> None:
+        """Sleep, destroy or tear down after a crash; idempotent."""
+        if self.phase in (Phase.STOPPING, Phase.STOPPED):
+            await self.stopped.wait()
+            return
+        self.phase = Phase.STOPPING
+        with anyio.CancelScope(shield=True):
+            try:
+                if self._run_scope is not None:
+                    self._run_scope.cancel()
+                await self._stop_hooks(how)
+            finally:
+                await self._close()
+                if how == "destroy":
+                    await anyio.to_thread.run_sync(
+                        lambda: self.kv.drop(fence=self.ctx.db.database.generation)
+                    )
+                self.registry.forget(self, destroyed=how == "destroy")
+
+    async def _stop_hooks(self, how: Stop) -> None:
+        hooks, ctx = self.definition.hooks, self.ctx
+        match how:
+            case "sleep":
+                hook: Callable[..., Awaitable[Any]] | None = hooks.get("on_sleep")
+            case "destroy":
+                hook = hooks.get("on_destroy")
+            case "crash":
+                return
+            case _:
+                assert_never(how)
+        try:
+            if hook is not None:
+                await hook(ctx)
+            await ctx.db.save_state()
+        except Exception:
+            log.exception("actor %s: stopping (%s) despite a failed hook", self.actor_id, how)
+
+    async def _close(self) -> None:
+        self.phase = Phase.STOPPED
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None:
+            await anyio.to_thread.run_sync(ctx.db.database.close)
+        self.stopped.set()

@@ -1,0 +1,117 @@
+"""The runtime's own tables inside each actor's database, and the reserved `_pagekv_` prefix.
+
+Tables are versioned in `_pagekv_meta.schema_version` and upgraded by a ladder of migrations, each
+applied in one transaction; a database written by a newer runtime is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import apsw
+import cbor2
+
+from pagekv.actor.errors import ActorError
+
+SCHEMA_VERSION = 1
+PREFIX = "_pagekv_"
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "CREATE TABLE _pagekv_meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+        "CREATE TABLE _pagekv_state(id INTEGER PRIMARY KEY CHECK (id = 1), data BLOB NOT NULL)",
+    ),
+}
+
+_WRITES = {
+    apsw.SQLITE_CREATE_INDEX,
+    apsw.SQLITE_CREATE_TABLE,
+    apsw.SQLITE_CREATE_TEMP_INDEX,
+    apsw.SQLITE_CREATE_TEMP_TABLE,
+    apsw.SQLITE_CREATE_TRIGGER,
+    apsw.SQLITE_CREATE_VIEW,
+    apsw.SQLITE_DELETE,
+    apsw.SQLITE_DROP_INDEX,
+    apsw.SQLITE_DROP_TABLE,
+    apsw.SQLITE_DROP_TRIGGER,
+    apsw.SQLITE_DROP_VIEW,
+    apsw.SQLITE_INSERT,
+    apsw.SQLITE_UPDATE,
+    apsw.SQLITE_ALTER_TABLE,
+}
+
+
+class Reserved:
+    """An authorizer that lets only the runtime write `_pagekv_` tables.
+
+    `internal` is set while the runtime runs its own SQL (all SQL of one actor runs serialised,
+    so a flag is enough); `violation` names what user SQL tried to touch.
+    """
+
+    def __init__(self) -> None:
+        self.internal = False
+        self.violation: str | None = None
+
+    def __call__(self, op: int, p1: str | None, p2: str | None, db: str | None, trig: str | None):
+        if self.internal or op not in _WRITES:
+            return apsw.SQLITE_OK
+        for name in (p1, p2):
+            if name and name.lower().startswith(PREFIX):
+                self.violation = name
+                return apsw.SQLITE_DENY
+        return apsw.SQLITE_OK
+
+
+def migrate(connection: apsw.Connection) -> int:
+    """Bring the internal tables to `SCHEMA_VERSION`; return the version found before."""
+    exists = connection.execute(
+        "SELECT 1 FROM sqlite_schema WHERE name = '_pagekv_meta'"
+    ).fetchall()
+    version = 0
+    if exists:
+        row = connection.execute(
+            "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
+        ).fetchall()
+        version = row[0][0] if row else 0
+    if version > SCHEMA_VERSION:
+        raise ActorError(
+            f"actor database has internal schema version {version}; this pagekv knows up to "
+            f"{SCHEMA_VERSION}. Upgrade pagekv."
+        )
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        with connection:
+            for sql in MIGRATIONS[target]:
+                connection.execute(sql)
+            connection.execute(
+                "INSERT OR REPLACE INTO _pagekv_meta VALUES ('schema_version', ?)", (target,)
+            )
+    return version
+
+
+def load(connection: apsw.Connection) -> tuple[bool, Any]:
+    """(initialised?, stored state)."""
+    rows = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
+    state = connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall()
+    return bool(rows.get("initialized")), cbor2.loads(state[0][0]) if state else None
+
+
+def save_state(connection: apsw.Connection, data: bytes) -> None:
+    connection.execute("INSERT OR REPLACE INTO _pagekv_state(id, data) VALUES (1, ?)", (data,))
+
+
+def mark_initialized(connection: apsw.Connection, name: str, key: str, data: bytes) -> None:
+    """Record creation and the first state in one transaction."""
+    with connection:
+        connection.executemany(
+            "INSERT OR REPLACE INTO _pagekv_meta VALUES (?, ?)",
+            [("initialized", 1), ("name", name), ("key", key), ("created_at", time.time())],
+        )
+        save_state(connection, data)
+
+
+def encode_state(state: Any) -> bytes:
+    try:
+        return cbor2.dumps(state)
+    except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
+        raise TypeError(f"actor state must be CBOR-serialisable: {e}") from e

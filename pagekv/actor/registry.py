@@ -1,0 +1,194 @@
+"""The registry: actor definitions, live instances, addressing by (name, key), idle sleep.
+
+Which actors exist is recorded in a registry namespace of the same KV store, so several
+registries (processes, hosts) sharing a store agree on it; each actor's data lives in its own
+namespace, `actor_id = name/quoted-key`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import quote
+
+import anyio
+import cbor2
+from anyio.abc import TaskGroup
+
+from pagekv.actor.definition import ActorDefinition
+from pagekv.actor.errors import ActorExists, ActorNotFound, UnknownActor
+from pagekv.actor.instance import ActorInstance
+from pagekv.kv import DEFAULT_URL, KvStore, open_kv
+
+REGISTRY_NAMESPACE = "pagekv-registry"
+_IDLE_CHECK_S = 0.05
+
+
+def actor_id(name: str, key: str) -> str:
+    return f"{name}/{quote(key, safe='')}"
+
+
+class Registry:
+    def __init__(self, actors: Iterable[ActorDefinition], kv: str | KvStore = DEFAULT_URL) -> None:
+        self.definitions: dict[str, ActorDefinition] = {}
+        for definition in actors:
+            if definition.name in self.definitions:
+                raise ValueError(f"two actors are named {definition.name!r}")
+            self.definitions[definition.name] = definition
+        self._kv = kv
+        self.store: KvStore
+        self._instances: dict[str, ActorInstance] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._tg: TaskGroup | None = None
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[Client]:
+        """Serve the actors while the block runs; put every live instance to sleep at the end."""
+        self.store = open_kv(self._kv) if isinstance(self._kv, str) else self._kv
+        self._index = self.store.namespace(REGISTRY_NAMESPACE)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._sleep_idle)
+                try:
+                    yield Client(self)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        for instance in list(self._instances.values()):
+                            await instance.stop("sleep")
+                    tg.cancel_scope.cancel()
+        finally:
+            self._tg = None
+            if isinstance(self._kv, str):
+                self.store.close()
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        assert self._tg is not None, "the registry is not running"
+        self._tg.start_soon(fn, *args)
+
+    async def _sleep_idle(self) -> None:
+        while True:
+            await anyio.sleep(_IDLE_CHECK_S)
+            for instance in list(self._instances.values()):
+                idle = instance.idle_for()
+                if idle is not None and idle >= instance.definition.sleep_timeout:
+                    self.spawn(instance.stop, "sleep")
+
+    # -- addressing -------------------------------------------------------------------------
+
+    def definition(self, name: str) -> ActorDefinition:
+        try:
+            return self.definitions[name]
+        except KeyError:
+            known = ", ".join(sorted(self.definitions)) or "none"
+            raise UnknownActor(f"no actor named {name!r} (known: {known})") from None
+
+    async def exists(self, name: str, key: str) -> bool:
+        raw = await anyio.to_thread.run_sync(self._index.get, [_index_key(name, key)])
+        return raw[0] is not None
+
+    async def instance(
+        self, name: str, key: str, *, create: bool, must_be_new: bool = False, input: Any = None
+    ) -> ActorInstance:
+        """The live instance of (name, key), woken (taken over) if needed."""
+        definition = self.definition(name)
+        aid = actor_id(name, key)
+        lock = self._locks.setdefault(aid, anyio.Lock())
+        async with lock:
+            live = self._instances.get(aid)
+            if live is not None and not must_be_new:
+                return live
+            if await self.exists(name, key):
+                if must_be_new:
+                    raise ActorExists(f"actor {name!r} with key {key!r} already exists")
+            elif create:
+                record = cbor2.dumps({"name": name, "key": key, "created": time.time()})
+                await anyio.to_thread.run_sync(
+                    lambda: self._index.put({_index_key(name, key): record})
+                )
+            else:
+                raise ActorNotFound(f"no actor {name!r} with key {key!r}")
+            instance = ActorInstance(self, definition, aid, key, self.store.namespace(aid))
+            await instance.start(input)
+            self._instances[aid] = instance
+            return instance
+
+    def forget(self, instance: ActorInstance, *, destroyed: bool) -> None:
+        if self._instances.get(instance.actor_id) is instance:
+            del self._instances[instance.actor_id]
+        if destroyed:
+            self._index.delete([_index_key(instance.definition.name, instance.key)])
+
+    def live(self) -> list[ActorInstance]:
+        return list(self._instances.values())
+
+    async def call(
+        self,
+        name: str,
+        key: str,
+        action: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        create: bool,
+        input: Any = None,
+    ) -> Any:
+        instance = await self.instance(name, key, create=create, input=input)
+        return await instance.call(action, args, kwargs)
+
+    async def destroy(self, name: str, key: str) -> None:
+        instance = await self.instance(name, key, create=False)
+        await instance.stop("destroy")
+
+
+def _index_key(name: str, key: str) -> bytes:
+    return b"actor/" + actor_id(name, key).encode()
+
+
+class ActorHandle:
+    """Calls actions of one actor by name; re-resolves the actor on every call."""
+
+    def __init__(self, registry: Registry, name: str, key: str, *, create: bool, input: Any):
+        self._registry = registry
+        self.name = name
+        self.key = key
+        self._create = create
+        self._input = input
+
+    async def call(self, action: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._registry.call(
+            self.name, self.key, action, args, kwargs, create=self._create, input=self._input
+        )
+
+    def __getattr__(self, action: str) -> Callable[..., Awaitable[Any]]:
+        if action.startswith("_"):
+            raise AttributeError(action)
+
+        async def invoke(*args: Any, **kwargs: Any) -> Any:
+            return await self.call(action, *args, **kwargs)
+
+        return invoke
+
+
+class Client:
+    """In-process client of a running registry."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def get(self, name: str, key: str) -> ActorHandle:
+        self.registry.definition(name)
+        return ActorHandle(self.registry, name, key, create=False, input=None)
+
+    def get_or_create(self, name: str, key: str, *, input: Any = None) -> ActorHandle:
+        self.registry.definition(name)
+        return ActorHandle(self.registry, name, key, create=True, input=input)
+
+    async def create(self, name: str, key: str, *, input: Any = None) -> ActorHandle:
+        await self.registry.instance(name, key, create=True, must_be_new=True, input=input)
+        return ActorHandle(self.registry, name, key, create=False, input=None)
+
+    async def destroy(self, name: str, key: str) -> None:
+        await self.registry.destroy(name, key)

@@ -1,0 +1,46 @@
+"""`ctx.kv`: the user's part of the actor's KV namespace, behind a reserved key prefix.
+
+The VFS stores the database under its own prefix; user keys get `USER_PREFIX` prepended and
+stripped again, so users can never touch the database's keys. Every request goes through the
+namespace's own limit checks (a user key may be up to the limit minus the prefix), and writes
+carry the instance's fence, so a taken-over instance cannot write here either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import anyio
+
+from pagekv.kv import ActorKv, prefix_end
+
+USER_PREFIX = b"\x02"
+
+
+class UserKv:
+    """Async, prefixed and fenced access to the actor's own KV entries."""
+
+    def __init__(self, kv: ActorKv, fence: int) -> None:
+        self._kv = kv
+        self._fence = fence
+
+    async def get(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        keys = [USER_PREFIX + bytes(k) for k in keys]
+        return await anyio.to_thread.run_sync(self._kv.get, keys)
+
+    async def put(self, entries: Mapping[bytes, bytes]) -> None:
+        put = {USER_PREFIX + bytes(k): v for k, v in entries.items()}
+        await anyio.to_thread.run_sync(lambda: self._kv.write(put=put, fence=self._fence))
+
+    async def delete(self, keys: Sequence[bytes]) -> None:
+        delete = [USER_PREFIX + bytes(k) for k in keys]
+        await anyio.to_thread.run_sync(lambda: self._kv.write(delete=delete, fence=self._fence))
+
+    async def list(
+        self, *, prefix: bytes = b"", limit: int | None = None, reverse: bool = False
+    ) -> list[tuple[bytes, bytes]]:
+        start = USER_PREFIX + prefix
+        rows = await anyio.to_thread.run_sync(
+            lambda: self._kv.list(start=start, end=prefix_end(start), limit=limit, reverse=reverse)
+        )
+        return [(k[len(USER_PREFIX) :], v) for k, v in rows]
