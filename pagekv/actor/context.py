@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pagekv.actor.database import ActorDb
+from pagekv.actor.queue import Queue
+from pagekv.actor.schedule import Schedule
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
 
@@ -25,6 +27,8 @@ class ActorContext:
     db: ActorDb
     kv: UserKv
     log: logging.LoggerAdapter[logging.Logger]
+    schedule: Schedule
+    queue: Queue
     _cell: StateCell
     _instance: ActorInstance
     vars: Any = None

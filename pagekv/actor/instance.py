@@ -16,12 +16,15 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, assert_never
 
 import anyio
+import cbor2
 
 from pagekv.actor.context import ActorContext
 from pagekv.actor.database import ActorDb
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import ActionNotFound, ActorStopped, ActorTakenOver
 from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
+from pagekv.actor.queue import Queue
+from pagekv.actor.schedule import Schedule, next_due
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
 from pagekv.kv import ActorKv
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger("pagekv.actor")
+_UNSET = object()
 Stop = Literal["sleep", "destroy", "crash"]
 
 
@@ -58,6 +62,11 @@ class ActorInstance:
         self._requested: Stop | None = None
         self._run_scope: anyio.CancelScope | None = None
         self._run_active = False
+        self.queue_waits = 0
+        """Tasks waiting in `ctx.queue.next`; a run handler waiting there does not block sleep."""
+        self.next_due: float | None = None
+        self._wake_written: object = _UNSET
+        self._dispatching = False
         self.stopped = anyio.Event()
         self.ctx: ActorContext
 
@@ -86,6 +95,8 @@ class ActorInstance:
             db=db,
             kv=UserKv(self.kv, database.generation),
             log=logging.LoggerAdapter(log, {"actor_id": self.actor_id}),
+            schedule=Schedule(self),
+            queue=Queue(self),
             _cell=cell,
             _instance=self,
             input=input,
@@ -107,6 +118,7 @@ class ActorInstance:
             if "on_wake" in hooks:
                 await self._timed("on_wake", hooks["on_wake"](self.ctx), user=True)
                 await db.save_state()
+            await self.refresh_wake()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._close()
@@ -177,10 +189,54 @@ class ActorInstance:
             self._run_scope.cancel()
 
     def idle_for(self) -> float | None:
-        """Seconds idle, or None while an action or the run handler keeps it awake."""
-        if self.phase is not Phase.RUNNING or self.active or self._run_active:
+        """Seconds idle, or None while an action, a dispatch or the run handler (unless it
+        waits for queue messages) keeps it awake."""
+        busy_run = self._run_active and not self.queue_waits
+        if self.phase is not Phase.RUNNING or self.active or busy_run or self._dispatching:
             return None
         return time.monotonic() - self.last_active
+
+    # -- schedules --------------------------------------------------------------------------
+
+    async def refresh_wake(self) -> None:
+        """Record the next due schedule here and in the registry's durable wake index."""
+        rows = await self.ctx.db.locked(
+            lambda c: c.execute("SELECT min(due) FROM _pagekv_schedule").fetchall(), internal=True
+        )
+        self.next_due = rows[0][0]
+        if self._wake_written != self.next_due:
+            await self.registry.write_wake(self, self.next_due)
+            self._wake_written = self.next_due
+
+    async def dispatch_due(self) -> None:
+        """Run every due schedule (at least once), then move the wake time on."""
+        if self._dispatching or self.phase is not Phase.RUNNING:
+            return
+        self._dispatching = True
+        try:
+            now = time.time()
+            due = await self.ctx.db.locked(
+                lambda c: c.execute(
+                    "SELECT id, due, action, args, every FROM _pagekv_schedule WHERE due <= ? "
+                    "ORDER BY due, id",
+                    (now,),
+                ).fetchall(),
+                internal=True,
+            )
+            for event_id, when, action, args, every in due:
+                try:
+                    await self.call(action, tuple(cbor2.loads(args)), {})
+                except (ActorTakenOver, ActorStopped):
+                    raise
+                except Exception:
+                    log.exception("actor %s: scheduled %s failed", self.actor_id, action)
+                await self.ctx.db.locked(
+                    lambda c, i=event_id, w=when, e=every: _settle(c, i, w, e), internal=True
+                )
+            await self.refresh_wake()
+        finally:
+            self._dispatching = False
+            self.last_active = time.monotonic()
 
     # -- stop -------------------------------------------------------------------------------
 
@@ -227,3 +283,14 @@ class ActorInstance:
         if ctx is not None:
             await anyio.to_thread.run_sync(ctx.db.database.close)
         self.stopped.set()
+
+
+def _settle(connection: Any, event_id: str, due: float, every: float | None) -> None:
+    """After a dispatch: drop a one-shot event, or move a recurring one to its next time."""
+    if every is None:
+        connection.execute("DELETE FROM _pagekv_schedule WHERE id = ? AND due = ?", (event_id, due))
+    else:
+        connection.execute(
+            "UPDATE _pagekv_schedule SET due = ? WHERE id = ? AND due = ?",
+            (next_due(due, every, time.time()), event_id, due),
+        )

@@ -21,6 +21,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         "CREATE TABLE _pagekv_meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID",
         "CREATE TABLE _pagekv_state(id INTEGER PRIMARY KEY CHECK (id = 1), data BLOB NOT NULL)",
+        "CREATE TABLE _pagekv_schedule(id TEXT PRIMARY KEY, due REAL NOT NULL, action TEXT NOT "
+        "NULL, args BLOB NOT NULL, every REAL, created REAL NOT NULL) WITHOUT ROWID",
+        "CREATE INDEX _pagekv_schedule_due ON _pagekv_schedule(due)",
+        "CREATE TABLE _pagekv_queue(id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
+        "body BLOB NOT NULL, created REAL NOT NULL)",
+        "CREATE INDEX _pagekv_queue_name ON _pagekv_queue(name, id)",
     ),
 }
 

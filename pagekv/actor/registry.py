@@ -7,6 +7,7 @@ namespace, `actor_id = name/quoted-key`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -20,10 +21,13 @@ from anyio.abc import TaskGroup
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import ActorExists, ActorNotFound, UnknownActor
 from pagekv.actor.instance import ActorInstance
-from pagekv.kv import DEFAULT_URL, KvStore, open_kv
+from pagekv.kv import DEFAULT_URL, KvStore, open_kv, prefix_end
 
 REGISTRY_NAMESPACE = "pagekv-registry"
 _IDLE_CHECK_S = 0.05
+_WAKE_POLL_S = 0.5
+_WAKE = b"wake/"
+log = logging.getLogger("pagekv.actor")
 
 
 def actor_id(name: str, key: str) -> str:
@@ -51,7 +55,7 @@ class Registry:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                tg.start_soon(self._sleep_idle)
+                tg.start_soon(self._housekeeping)
                 try:
                     yield Client(self)
                 finally:
@@ -68,13 +72,58 @@ class Registry:
         assert self._tg is not None, "the registry is not running"
         self._tg.start_soon(fn, *args)
 
-    async def _sleep_idle(self) -> None:
+    async def _housekeeping(self) -> None:
+        """Put idle instances to sleep, dispatch due schedules, wake sleeping actors on time."""
+        last_poll = 0.0
         while True:
             await anyio.sleep(_IDLE_CHECK_S)
+            now = time.time()
             for instance in list(self._instances.values()):
+                if instance.next_due is not None and instance.next_due <= now:
+                    self.spawn(instance.dispatch_due)
                 idle = instance.idle_for()
                 if idle is not None and idle >= instance.definition.sleep_timeout:
                     self.spawn(instance.stop, "sleep")
+            if time.monotonic() - last_poll >= _WAKE_POLL_S:
+                last_poll = time.monotonic()
+                for name, key in await self._due_sleepers(now):
+                    self.spawn(self._wake, name, key)
+
+    async def _due_sleepers(self, now: float) -> list[tuple[str, str]]:
+        """Actors not live here whose newest wake entry is due."""
+        rows = await anyio.to_thread.run_sync(lambda: self._index.list(prefix=_WAKE))
+        newest: dict[str, dict[str, Any]] = {}
+        for key, value in rows:
+            aid = key[len(_WAKE) :].rsplit(b"/", 1)[0].decode()
+            newest[aid] = cbor2.loads(value)
+        return [
+            (entry["name"], entry["key"])
+            for aid, entry in newest.items()
+            if aid not in self._instances and entry["due"] is not None and entry["due"] <= now
+        ]
+
+    async def _wake(self, name: str, key: str) -> None:
+        try:
+            await self.instance(name, key, create=False)
+        except Exception:
+            log.exception("could not wake actor %s/%s for its schedule", name, key)
+
+    async def write_wake(self, instance: ActorInstance, due: float | None) -> None:
+        """Record `instance`'s next wake time under its own generation.
+
+        Entries are per generation and readers take the newest, so a stale instance that writes
+        late can never replace a newer instance's wake time (no compare-and-set needed); older
+        generations' entries are removed.
+        """
+        prefix = _wake_prefix(instance.actor_id)
+        generation = instance.ctx.db.database.generation
+        entry = cbor2.dumps({"due": due, "name": instance.definition.name, "key": instance.key})
+
+        def write() -> None:
+            self._index.put({prefix + b"%020d" % generation: entry})
+            self._index.delete_range(prefix, prefix + b"%020d" % generation)
+
+        await anyio.to_thread.run_sync(write)
 
     # -- addressing -------------------------------------------------------------------------
 
@@ -119,6 +168,8 @@ class Registry:
         if self._instances.get(instance.actor_id) is instance:
             del self._instances[instance.actor_id]
         if destroyed:
+            prefix = _wake_prefix(instance.actor_id)
+            self._index.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
             self._index.delete([_index_key(instance.definition.name, instance.key)])
 
     def live(self) -> list[ActorInstance]:
@@ -142,9 +193,20 @@ class Registry:
         instance = await self.instance(name, key, create=False)
         await instance.stop("destroy")
 
+    async def send(
+        self, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any = None
+    ) -> int:
+        """Enqueue a message for an actor, waking it if it sleeps."""
+        instance = await self.instance(name, key, create=create, input=input)
+        return await instance.ctx.queue.send(queue, body)
+
 
 def _index_key(name: str, key: str) -> bytes:
     return b"actor/" + actor_id(name, key).encode()
+
+
+def _wake_prefix(aid: str) -> bytes:
+    return _WAKE + aid.encode() + b"/"
 
 
 class ActorHandle:
@@ -160,6 +222,12 @@ class ActorHandle:
     async def call(self, action: str, *args: Any, **kwargs: Any) -> Any:
         return await self._registry.call(
             self.name, self.key, action, args, kwargs, create=self._create, input=self._input
+        )
+
+    async def send(self, queue: str, body: Any) -> int:
+        """Append a message to the actor's queue `queue`; returns the message id."""
+        return await self._registry.send(
+            self.name, self.key, queue, body, create=self._create, input=self._input
         )
 
     def __getattr__(self, action: str) -> Callable[..., Awaitable[Any]]:

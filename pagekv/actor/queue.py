@@ -1,0 +1,144 @@
+"""`ctx.queue`: the actor's durable FIFO mailbox, stored in `_pagekv_queue`.
+
+A message is removed when received, unless received as *completable*: then it stays stored until
+`complete()` (one commit), and a crash before that redelivers it on the next wake. A run handler
+waiting in `next()` does not keep the actor awake; a message sent to a sleeping actor wakes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import cbor2
+
+from pagekv.actor.errors import ActorError
+
+if TYPE_CHECKING:
+    from pagekv.actor.instance import ActorInstance
+
+MAX_MESSAGES = 1000
+MAX_MESSAGE_BYTES = 64 * 1024
+
+
+class QueueFull(ActorError):
+    """The actor's queue holds `MAX_MESSAGES` messages already."""
+
+
+class MessageTooLarge(ActorError, ValueError):
+    """A message body encodes to more than `MAX_MESSAGE_BYTES`."""
+
+
+@dataclass
+class Message:
+    id: int
+    name: str
+    body: Any
+    created: float
+    _queue: Queue | None = field(default=None, repr=False)
+
+    async def complete(self) -> None:
+        """Remove a completable message for good (one commit)."""
+        if self._queue is None:
+            raise ActorError("this message was not received as completable, or is complete")
+        queue, self._queue = self._queue, None
+        await queue._delete(self.id)
+
+
+class Queue:
+    def __init__(self, instance: ActorInstance) -> None:
+        self._instance = instance
+        self._arrived = anyio.Event()
+        self._in_flight: set[int] = set()
+
+    async def send(self, name: str, body: Any) -> int:
+        """Append a message; returns its id."""
+        if not name:
+            raise ValueError("queue name must not be empty")
+        encoded = cbor2.dumps(body)
+        if len(encoded) > MAX_MESSAGE_BYTES:
+            raise MessageTooLarge(
+                f"message of {len(encoded)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}"
+            )
+
+        def send(c: Any) -> int:
+            with c:
+                (count,) = c.execute("SELECT count(*) FROM _pagekv_queue").fetchall()[0]
+                if count >= MAX_MESSAGES:
+                    raise QueueFull(
+                        f"queue of actor {self._instance.actor_id} holds {count} messages "
+                        f"(limit {MAX_MESSAGES})"
+                    )
+                c.execute(
+                    "INSERT INTO _pagekv_queue(name, body, created) VALUES (?, ?, ?)",
+                    (name, encoded, time.time()),
+                )
+                return c.last_insert_rowid()
+
+        message_id = await self._instance.ctx.db.locked(send, internal=True)
+        self._arrived.set()
+        return message_id
+
+    async def next(
+        self,
+        names: Sequence[str] | None = None,
+        *,
+        timeout: float | None = None,
+        completable: bool = False,
+    ) -> Message | None:
+        """The oldest message (of `names`, if given); waits up to `timeout` s (None: forever)."""
+        with anyio.move_on_after(timeout):
+            self._instance.queue_waits += 1
+            try:
+                while True:
+                    self._arrived = anyio.Event()
+                    message = await self._take(names, completable)
+                    if message is not None:
+                        return message
+                    await self._arrived.wait()
+            finally:
+                self._instance.queue_waits -= 1
+        return None
+
+    async def _take(self, names: Sequence[str] | None, completable: bool) -> Message | None:
+        skip = sorted(self._in_flight)
+        where = f"id NOT IN ({','.join('?' * len(skip))})" if skip else "1"
+        params: list[Any] = list(skip)
+        if names is not None:
+            where += f" AND name IN ({','.join('?' * len(names))})"
+            params.extend(names)
+
+        def take(c: Any) -> tuple[Any, ...] | None:
+            rows = c.execute(
+                f"SELECT id, name, body, created FROM _pagekv_queue WHERE {where} "
+                "ORDER BY id LIMIT 1",
+                params,
+            ).fetchall()
+            if rows and not completable:
+                c.execute("DELETE FROM _pagekv_queue WHERE id = ?", (rows[0][0],))
+            return rows[0] if rows else None
+
+        row = await self._instance.ctx.db.locked(take, internal=True)
+        if row is None:
+            return None
+        message = Message(row[0], row[1], cbor2.loads(row[2]), row[3])
+        if completable:
+            self._in_flight.add(message.id)
+            message._queue = self
+        return message
+
+    async def _delete(self, message_id: int) -> None:
+        await self._instance.ctx.db.locked(
+            lambda c: c.execute("DELETE FROM _pagekv_queue WHERE id = ?", (message_id,)),
+            internal=True,
+        )
+        self._in_flight.discard(message_id)
+
+    async def size(self) -> int:
+        rows = await self._instance.ctx.db.locked(
+            lambda c: c.execute("SELECT count(*) FROM _pagekv_queue").fetchall(), internal=True
+        )
+        return rows[0][0]

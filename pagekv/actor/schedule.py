@@ -1,0 +1,104 @@
+"""`ctx.schedule`: durable one-shot and recurring action calls, stored in `_pagekv_schedule`.
+
+Delivery is at-least-once: a due event is dispatched, and only removed (one-shot) or advanced
+(recurring, anchored to its original cadence so it never drifts) after the action returned. A
+crash in between dispatches it again on the next wake. Failed actions are logged and not retried.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import cbor2
+
+from pagekv.actor.errors import ActorError
+
+if TYPE_CHECKING:
+    from pagekv.actor.instance import ActorInstance
+
+MAX_SCHEDULES = 1000
+
+
+class TooManySchedules(ActorError):
+    """The actor has `MAX_SCHEDULES` pending schedules already."""
+
+
+@dataclass(frozen=True)
+class ScheduledEvent:
+    id: str
+    due: float
+    action: str
+    args: tuple[Any, ...]
+    every: float | None
+
+
+def next_due(due: float, every: float, now: float) -> float:
+    """The first time after `now` on the cadence `due + k * every` (no drift, no catch-up storm)."""
+    missed = int((now - due) // every) + 1 if now >= due else 1
+    return due + missed * every
+
+
+class Schedule:
+    def __init__(self, instance: ActorInstance) -> None:
+        self._instance = instance
+
+    async def at(self, timestamp: float, action: str, *args: Any) -> str:
+        """Call `action(*args)` at a Unix timestamp; returns the event id."""
+        return await self._add(str(uuid.uuid4()), timestamp, action, args, None)
+
+    async def after(self, seconds: float, action: str, *args: Any) -> str:
+        return await self.at(time.time() + seconds, action, *args)
+
+    async def every(self, seconds: float, action: str, *args: Any, name: str | None = None) -> str:
+        """Call `action(*args)` every `seconds`, first in `seconds`; a `name` makes it upsert."""
+        if seconds <= 0:
+            raise ValueError(f"interval must be > 0 seconds, got {seconds}")
+        event_id = f"every:{name}" if name is not None else str(uuid.uuid4())
+        return await self._add(event_id, time.time() + seconds, action, args, seconds)
+
+    async def _add(
+        self, event_id: str, due: float, action: str, args: tuple[Any, ...], every: float | None
+    ) -> str:
+        instance = self._instance
+        if action not in instance.definition.actions:
+            raise ActorError(f"cannot schedule unknown action {action!r}")
+        encoded = cbor2.dumps(list(args))
+
+        def add(c: Any) -> None:
+            with c:
+                (count,) = c.execute(
+                    "SELECT count(*) FROM _pagekv_schedule WHERE id != ?", (event_id,)
+                ).fetchall()[0]
+                if count >= MAX_SCHEDULES:
+                    raise TooManySchedules(
+                        f"actor {instance.actor_id} has {count} schedules (limit {MAX_SCHEDULES})"
+                    )
+                c.execute(
+                    "INSERT OR REPLACE INTO _pagekv_schedule VALUES (?, ?, ?, ?, ?, ?)",
+                    (event_id, due, action, encoded, every, time.time()),
+                )
+
+        await instance.ctx.db.locked(add, internal=True)
+        await instance.refresh_wake()
+        return event_id
+
+    async def list(self) -> list[ScheduledEvent]:
+        rows = await self._instance.ctx.db.locked(
+            lambda c: c.execute(
+                "SELECT id, due, action, args, every FROM _pagekv_schedule ORDER BY due, id"
+            ).fetchall(),
+            internal=True,
+        )
+        return [ScheduledEvent(i, d, a, tuple(cbor2.loads(b)), e) for i, d, a, b, e in rows]
+
+    async def cancel(self, event_id: str) -> bool:
+        def cancel(c: Any) -> bool:
+            c.execute("DELETE FROM _pagekv_schedule WHERE id = ?", (event_id,))
+            return c.changes() > 0
+
+        removed = await self._instance.ctx.db.locked(cancel, internal=True)
+        await self._instance.refresh_wake()
+        return removed
