@@ -48,8 +48,8 @@ class ActorDb:
             except apsw.AuthError as e:
                 if self.reserved.violation:
                     raise ReservedName(
-                        f"{self.reserved.violation!r}: the {Reserved.__module__} prefix "
-                        "'_pagekv_' is reserved for the runtime's own tables"
+                        f"{self.reserved.violation!r}: the table prefix '_pagekv_' is reserved "
+                        "for the runtime's own tables"
                     ) from e
                 raise
             except apsw.Error as e:

@@ -179,6 +179,13 @@ class ActorInstance:
             if self._requested is not None and self.active == 0 and not self._run_active:
                 self.registry.spawn(self.stop, self._requested)
 
+    def serving(self) -> bool:
+        """Running and not torn down by a failure: new calls may use this instance."""
+        return self.phase is Phase.RUNNING and self._requested != "crash"
+
+    def stop_reason(self) -> Stop:
+        return self._requested or "sleep"
+
     def request_sleep(self) -> None:
         self._requested = self._requested or "sleep"
 

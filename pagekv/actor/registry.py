@@ -147,8 +147,10 @@ class Registry:
         lock = self._locks.setdefault(aid, anyio.Lock())
         async with lock:
             live = self._instances.get(aid)
-            if live is not None and not must_be_new:
-                return live
+            if live is not None:
+                if live.serving() and not must_be_new:
+                    return live
+                await live.stop(live.stop_reason())
             if await self.exists(name, key):
                 if must_be_new:
                     raise ActorExists(f"actor {name!r} with key {key!r} already exists")
