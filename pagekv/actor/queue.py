@@ -89,19 +89,26 @@ class Queue:
         timeout: float | None = None,
         completable: bool = False,
     ) -> Message | None:
-        """The oldest message (of `names`, if given); waits up to `timeout` s (None: forever)."""
-        with anyio.move_on_after(timeout):
-            self._instance.queue_waits += 1
-            try:
-                while True:
-                    self._arrived = anyio.Event()
-                    message = await self._take(names, completable)
-                    if message is not None:
-                        return message
+        """The oldest message (of `names`, if given); waits up to `timeout` s (None: forever,
+        0: only look)."""
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        self._instance.queue_waits += 1
+        try:
+            while True:
+                self._arrived = anyio.Event()
+                message = await self._take(names, completable)
+                if message is not None:
+                    return message
+                if deadline is None:
                     await self._arrived.wait()
-            finally:
-                self._instance.queue_waits -= 1
-        return None
+                    continue
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    return None
+                with anyio.move_on_after(remaining):
+                    await self._arrived.wait()
+        finally:
+            self._instance.queue_waits -= 1
 
     async def _take(self, names: Sequence[str] | None, completable: bool) -> Message | None:
         skip = sorted(self._in_flight)
