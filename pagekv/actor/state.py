@@ -23,15 +23,19 @@ class StateCell:
     def restore(self, snapshot: tuple[Any, bytes | None]) -> None:
         self.value, self._saved = copy.deepcopy(snapshot[0]), snapshot[1]
 
+    def changed(self) -> bytes | None:
+        """The encoded value if it differs from what was last saved, else None."""
+        data = encode_state(self.value)
+        return None if data == self._saved else data
+
     def write_if_changed(self, connection: apsw.Connection) -> bytes | None:
         """Write the state row if the value changed; return the bytes written (None: unchanged).
 
         Call `mark_saved` with them once the surrounding transaction committed.
         """
-        data = encode_state(self.value)
-        if data == self._saved:
-            return None
-        save_state(connection, data)
+        data = self.changed()
+        if data is not None:
+            save_state(connection, data)
         return data
 
     def mark_saved(self, data: bytes | None) -> None:
