@@ -111,8 +111,9 @@ class ActorDb:
         return written
 
     async def save_state(self) -> None:
-        """Make the state durable now (its own commit) if it changed."""
-        self.state.mark_saved(await self.locked(self.state.write_if_changed, internal=True))
+        """Make the state durable now (its own commit) if it changed; no worker hop if not."""
+        if self.state.changed() is not None:
+            self.state.mark_saved(await self.locked(self.state.write_if_changed, internal=True))
 
 
 def _rollback(connection: apsw.Connection) -> None:
