@@ -11,6 +11,10 @@ Run: `.venv/bin/python -m pytest benchmarks/test_kv_bench.py --benchmark-only`
   row on an APSW connection).
 
 Every value is fresh `os.urandom` bytes, made before the clock starts.
+
+`postgres` runs against a throwaway cluster this module starts (loopback, `fsync=on`, so
+`write_1` is a durable commit there too), or against `$PAGEKV_BENCH_POSTGRES_URL` if set; without
+PostgreSQL binaries it is skipped (see README, "PostgreSQL").
 """
 
 from __future__ import annotations
@@ -25,19 +29,35 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from pagekv.kv import ActorKv, KvStore, open_kv
+from pagekv.kv.pg_cluster import TempCluster, find_pg_bin
 
-BACKENDS = ["memory", "file"]
+BACKENDS = ["memory", "file", "postgres"]
 PAYLOADS = [100, 4096]
 
 
-def _open(backend: str, tmp_path: Path) -> KvStore:
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server for this module: `$PAGEKV_BENCH_POSTGRES_URL` or a throwaway one."""
+    if url := os.environ.get("PAGEKV_BENCH_POSTGRES_URL"):
+        yield url
+        return
+    if find_pg_bin() is None:
+        pytest.skip("no PostgreSQL binaries: see README, 'PostgreSQL'")
+    with TempCluster(fsync=True) as cluster:
+        yield cluster.url
+
+
+def _open(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> KvStore:
+    if backend == "postgres":
+        base = request.getfixturevalue("postgres_url")
+        return open_kv(f"{base}?schema=bench_{os.getpid()}_{abs(hash(tmp_path))}")
     return open_kv("memory://" if backend == "memory" else f"file://{tmp_path / 'kv'}")
 
 
 @pytest.fixture(params=BACKENDS)
 def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[ActorKv, int]]:
     """A namespace of a fresh store and the generation to fence with."""
-    store = _open(request.param, tmp_path)
+    store = _open(request.param, tmp_path, request)
     ns = store.namespace("bench-actor")
     yield ns, ns.takeover()
     store.close()

@@ -17,6 +17,7 @@ from pagekv.kv.errors import (
 from pagekv.kv.file import FileStore
 from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
+from pagekv.kv.postgres import PostgresNamespace, PostgresStore
 from pagekv.kv.url import DEFAULT_URL, open_kv
 from pagekv.kv.wrappers import (
     READ_OPS,
@@ -57,6 +58,8 @@ __all__ = [
     "KvUnavailable",
     "LimitError",
     "MemoryStore",
+    "PostgresNamespace",
+    "PostgresStore",
     "StorageQuotaExceeded",
     "TooManyEntries",
     "ValueTooLarge",

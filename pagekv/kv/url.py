@@ -14,7 +14,13 @@ DEFAULT_URL = "file:./.pagekv"
 
 
 def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStore:
-    """Open a store by URL: `memory://[?latency_ms=N]` or `file:///abs/dir` / `file:./rel/dir`."""
+    """Open a store by URL.
+
+    - `memory://[?latency_ms=N]`: in-process, for tests and benchmarks;
+    - `file:///abs/dir` or `file:./rel/dir`: the embedded durable store of one machine;
+    - `postgresql://user@host:port/db[?schema=..&pool_max=..]` (or `postgres://`): a PostgreSQL
+      server shared by many hosts; see `PostgresStore` for the options.
+    """
     parts = urlsplit(url)
     match parts.scheme:
         case "memory":
@@ -35,8 +41,13 @@ def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStor
             if not path:
                 raise ValueError(f"file URL {url!r} names no directory")
             return FileStore(Path(path), limits=limits)
+        case "postgresql" | "postgres":
+            # Imported here so that psycopg loads only for stores that use it.
+            from pagekv.kv.postgres import PostgresStore
+
+            return PostgresStore(url, limits=limits)
         case _:
             raise ValueError(
                 f"unknown KV URL scheme {parts.scheme!r} in {url!r}; "
-                "use memory:// or file:///path (postgresql:// is not supported yet)"
+                "use memory://, file:///path or postgresql://user@host:port/db"
             )

@@ -4,18 +4,28 @@ To add a backend, add one entry to `BACKENDS`: its name mapped to a `Backend` wh
 a *fresh, empty* store for a location (a directory under the test's `tmp_path`; backends that keep
 their data elsewhere may use the directory's name as a unique key) with the given limits. Every
 test that uses `store`, `open_store` or `backend` then runs against it.
+
+`postgres` keeps its data on the session's PostgreSQL server (`tests/conftest.py`): a location is
+a schema of its own, named after the location's path, so a fresh location is an empty store and
+the same location reopens the same data. Its tests are skipped (with the reason) where no server
+can be started.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pagekv.kv import KvLimits, KvStore, open_kv
+
+if TYPE_CHECKING:
+    from conftest import PostgresServer
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,7 @@ class Backend:
     name: str
     factory: Callable[[Path, KvLimits | None], KvStore]
     persistent: bool
+    needs_server: bool = False
 
 
 def _memory(location: Path, limits: KvLimits | None) -> KvStore:
@@ -38,10 +49,28 @@ def _file(location: Path, limits: KvLimits | None) -> KvStore:
     return open_kv(location.resolve().as_uri(), limits=limits)
 
 
+def _postgres(location: Path, limits: KvLimits | None, *, server: PostgresServer) -> KvStore:
+    return open_kv(server.store_url(str(location)), limits=limits)
+
+
+def _unbound(location: Path, limits: KvLimits | None) -> KvStore:
+    raise AssertionError("use resolve_backend(): this backend needs the session's server")
+
+
 BACKENDS: dict[str, Backend] = {
     "memory": Backend("memory", _memory, persistent=False),
     "file": Backend("file", _file, persistent=True),
+    "postgres": Backend("postgres", _unbound, persistent=True, needs_server=True),
 }
+
+
+def resolve_backend(name: str, request: pytest.FixtureRequest) -> Backend:
+    """`BACKENDS[name]`, bound to the session's server if it needs one (or skipped without)."""
+    backend = BACKENDS[name]
+    if backend.needs_server:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        backend = replace(backend, factory=functools.partial(_postgres, server=server))
+    return backend
 
 
 class StoreOpener:
@@ -72,7 +101,7 @@ class StoreOpener:
 @pytest.fixture(params=sorted(BACKENDS))
 def backend(request: pytest.FixtureRequest) -> Backend:
     """The backend under test; every test using it runs once per entry of `BACKENDS`."""
-    return BACKENDS[request.param]
+    return resolve_backend(request.param, request)
 
 
 @pytest.fixture
@@ -92,6 +121,6 @@ def store(open_store: StoreOpener) -> KvStore:
 @pytest.fixture(params=sorted(name for name, b in BACKENDS.items() if b.persistent))
 def persistent_open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreOpener]:
     """Like `open_store`, over the backends whose data outlives the store object."""
-    opener = StoreOpener(BACKENDS[request.param], tmp_path)
+    opener = StoreOpener(resolve_backend(request.param, request), tmp_path)
     yield opener
     opener.close_all()

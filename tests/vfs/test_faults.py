@@ -5,6 +5,9 @@ database looks like afterwards. Then, for every call index and both fault kinds,
 gets the same setup, the action runs with exactly that call broken, and a fresh instance reopens
 the namespace: its content must be the old state or the new one (never a mix), the integrity check
 must pass, an acknowledged action must be visible, and the injected fault must have fired.
+
+Every test runs on each KV backend (`new_ns` in conftest.py): the faults are injected above the
+backend, so the matrix checks that the VFS and each store together keep a commit all-or-nothing.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from pagekv.kv import (
     FaultyKv,
     FenceMismatch,
     KvLimits,
-    MemoryStore,
 )
 from pagekv.vfs import Database, open_database
+
+NewNamespace = Callable[..., ActorKv]
+"""`new_ns(limits=None)` from conftest.py: a fresh namespace of the backend under test."""
 
 ALL_OPS = READ_OPS | WRITE_OPS
 State = dict[str, list[tuple[object, ...]]]
@@ -118,8 +123,8 @@ SCENARIOS = [
 ]
 
 
-def _prepare(scenario: Scenario) -> tuple[ActorKv, State]:
-    ns = MemoryStore().namespace("actor")
+def _prepare(scenario: Scenario, new_ns: NewNamespace) -> tuple[ActorKv, State]:
+    ns = new_ns()
     with open_database(ns, **scenario.options) as db:
         scenario.setup(db)
         old = content(db)
@@ -160,8 +165,8 @@ def _run(scenario: Scenario, ns: ActorKv, faulty: FaultyKv) -> bool:
             db.close()
 
 
-def _count_calls(scenario: Scenario) -> tuple[State, State, int]:
-    ns, old = _prepare(scenario)
+def _count_calls(scenario: Scenario, new_ns: NewNamespace) -> tuple[State, State, int]:
+    ns, old = _prepare(scenario, new_ns)
     faulty = FaultyKv(ns)
     faulty.enabled = False
     db = open_database(faulty, **scenario.options) if not scenario.action_opens else None
@@ -191,15 +196,15 @@ def _with_more(state: State) -> State:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
-def test_fault_matrix(scenario: Scenario) -> None:
-    old, new, calls = _count_calls(scenario)
+def test_fault_matrix(scenario: Scenario, new_ns: NewNamespace) -> None:
+    old, new, calls = _count_calls(scenario, new_ns)
     assert calls > 0
     if scenario.name not in ("compaction", "takeover"):
         assert new != old, "the action must change the content, or the matrix proves nothing"
     outcomes: set[tuple[str, bool]] = set()
     for index in range(calls):
         for kind in FaultKind:
-            ns, _ = _prepare(scenario)
+            ns, _ = _prepare(scenario, new_ns)
             faulty = FaultyKv(ns, faults=[Fault(index, kind, ALL_OPS)])
             faulty.enabled = False
             acknowledged = _run(scenario, ns, faulty)
@@ -219,8 +224,8 @@ def test_fault_matrix(scenario: Scenario) -> None:
         assert ("old", False) in outcomes, "no fault ever prevented the action"
 
 
-def test_unavailable_before_a_small_commit_is_not_fatal() -> None:
-    ns = MemoryStore().namespace("actor")
+def test_unavailable_before_a_small_commit_is_not_fatal(new_ns: NewNamespace) -> None:
+    ns = new_ns()
     faulty = FaultyKv(ns, faults=[Fault(0, FaultKind.FAIL_BEFORE, frozenset({"write"}))])
     faulty.enabled = False
     db = open_database(faulty)
@@ -239,8 +244,8 @@ def test_unavailable_before_a_small_commit_is_not_fatal() -> None:
         check_integrity(again)
 
 
-def test_indeterminate_commit_kills_and_never_resends() -> None:
-    ns = MemoryStore().namespace("actor")
+def test_indeterminate_commit_kills_and_never_resends(new_ns: NewNamespace) -> None:
+    ns = new_ns()
     faulty = FaultyKv(ns, faults=[Fault(0, FaultKind.APPLY_THEN_RAISE, frozenset({"write"}))])
     faulty.enabled = False
     db = open_database(faulty)
@@ -264,8 +269,8 @@ def test_indeterminate_commit_kills_and_never_resends() -> None:
 
 
 @pytest.mark.parametrize("staged", [False, True], ids=["fast", "staged"])
-def test_split_brain(staged: bool) -> None:
-    ns = MemoryStore().namespace("actor")
+def test_split_brain(staged: bool, new_ns: NewNamespace) -> None:
+    ns = new_ns()
     a = open_database(ns)
     a.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
     acknowledged = []
@@ -288,9 +293,9 @@ def test_split_brain(staged: bool) -> None:
     b.close()
 
 
-def test_limits_of_a_tiny_store_are_never_exceeded_by_commits() -> None:
+def test_limits_of_a_tiny_store_are_never_exceeded_by_commits(new_ns: NewNamespace) -> None:
     limits = KvLimits(max_value_bytes=9000, max_batch_bytes=40_000, max_batch_entries=8)
-    ns = MemoryStore(limits=limits).namespace("actor")
+    ns = new_ns(limits)
     with open_database(ns, stage_pages=16) as db:
         _base_setup(db)
         _staged_commit(db)

@@ -1,0 +1,629 @@
+"""The shared backend: a PostgreSQL server through psycopg 3, for many hosts serving one store.
+
+Why it is built this way:
+
+- **One round trip, one transaction per write.** A write is one call of a PL/pgSQL function,
+  `kv_write`, on an autocommit connection: the server runs it as one implicit transaction that
+  locks the namespace row (`FOR NO KEY UPDATE`), checks the fence and the exact quota against
+  that locked row, applies the deletes and the upserts, and updates the usage. A mismatched fence
+  or a full quota is reported back as a status and nothing is changed, so the typed error is raised
+  here (through `check_fence` / `check_quota`, the one rule every backend shares). Keys and values
+  travel as binary `bytea[]` parameters (text parameters measured 5x slower). No `BEGIN`/`COMMIT`
+  statements are sent: the extended-protocol `Sync` that ends the call commits it.
+- **Ordered keys on the server.** `entries` has the primary key `(ns, key)`; `bytea` compares
+  bytewise (memcmp, then length) whatever the collation, which is exactly the contract's order.
+  `list`, `delete_range` and `drop` are single range statements on that key.
+- **Fencing across hosts.** Every data-changing statement takes the namespace row lock first, and
+  `takeover()` is one `UPDATE ... SET generation = generation + 1 RETURNING`, which takes the same
+  lock. A write and a takeover therefore serialize on the server: a write that committed did so
+  under the generation it names; any write after the takeover sees the new one and fails.
+- **Errors say whether anything may have been applied.** A request that never left this process
+  (no connection could be made, or the pooled connection was found dead before sending) raises
+  `KvUnavailable`. A request that reached the server and got an error back on a connection that
+  is still healthy was rolled back (an error always aborts the implicit transaction), so it is
+  `KvUnavailable` as well. A *write* whose connection broke after it was sent is `KvIndeterminate`:
+  the server may have committed it before the connection died, and the caller must not resend it.
+  Reads never change anything, so a read that fails in any way is `KvUnavailable`.
+- **Pooled, bounded connections.** A `psycopg_pool.ConnectionPool` per store; connect, statement,
+  TCP and pool-wait timeouts all default to finite values so that a dead server surfaces as an
+  error instead of a hang. Before a pooled connection is used, its socket is polled (no round
+  trip): an idle connection with bytes to read has been closed or told to terminate by the server
+  (a restart sends exactly that), so it is discarded instead of turning the next write into an
+  indeterminate one.
+
+The schema (tables and functions) lives in one PostgreSQL schema, `pagekv` unless the URL names
+another (`?schema=`), is created on first use and carries a version number; older versions are
+upgraded in place under an advisory lock, and a newer one is refused.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from pagekv.kv.api import KvNamespace
+from pagekv.kv.errors import KvIndeterminate, KvUnavailable
+from pagekv.kv.fence import check_fence
+from pagekv.kv.limits import KvLimits, WriteBatch, check_quota
+
+SCHEMA_VERSION = 1
+"""The version of the tables and functions this code reads and writes."""
+
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
+
+# Statuses returned by kv_write / kv_delete_range.
+_OK, _FENCED, _OVER_QUOTA, _MISSING = 0, 1, 2, 3
+
+# Each entry upgrades the schema from version i to i + 1. `{s}` is the quoted schema name. An
+# entry is never edited once released: a change is a new entry (and `SCHEMA_VERSION` + 1).
+_MIGRATIONS: list[str] = [
+    # 0 -> 1: tables, and the functions that make each request one statement.
+    """
+    CREATE TABLE {s}.namespaces (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        name text NOT NULL UNIQUE,
+        generation bigint NOT NULL DEFAULT 0,
+        used bigint NOT NULL DEFAULT 0
+    );
+    CREATE TABLE {s}.entries (
+        ns bigint NOT NULL,
+        key bytea NOT NULL,
+        value bytea NOT NULL,
+        PRIMARY KEY (ns, key)
+    );
+    -- MAIN: compress a value if that helps, but keep it in the row rather than in the TOAST
+    -- table unless it cannot fit a heap page. A 4 KiB page then costs one heap tuple instead of
+    -- three TOAST chunks and their index entries: measured on a 128-key get, 1.2-1.4 ms vs
+    -- 1.9-5.6 ms, and ~10% less server time per 128 x 4 KiB write (benchmarks/RESULTS.md).
+    ALTER TABLE {s}.entries ALTER COLUMN value SET STORAGE MAIN;
+
+    -- The id of a namespace, created on first use. The loop covers a concurrent creator:
+    -- ON CONFLICT DO NOTHING waits for it, and the next SELECT (a new snapshot) sees its row.
+    CREATE FUNCTION {s}.kv_namespace(p_name text) RETURNS bigint
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        v_id bigint;
+    BEGIN
+        LOOP
+            SELECT n.id INTO v_id FROM {s}.namespaces n WHERE n.name = p_name;
+            IF FOUND THEN
+                RETURN v_id;
+            END IF;
+            INSERT INTO {s}.namespaces (name) VALUES (p_name)
+                ON CONFLICT (name) DO NOTHING RETURNING id INTO v_id;
+            IF FOUND THEN
+                RETURN v_id;
+            END IF;
+        END LOOP;
+    END $$;
+
+    -- One atomic batch. Returns status 0 (applied), 1 (stale fence), 2 (over quota) or
+    -- 3 (namespace missing); for 1 and 2 nothing was changed. `used_before`/`delta` let the caller
+    -- apply the shared quota rule (and message) itself; the condition here is the same rule.
+    CREATE FUNCTION {s}.kv_write(
+        p_ns bigint, p_fence bigint, p_keys bytea[], p_values bytea[], p_deletes bytea[],
+        p_max_used bigint,
+        OUT status int, OUT gen bigint, OUT used_before bigint, OUT delta bigint)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        v_old bigint;
+        v_new bigint;
+    BEGIN
+        SELECT n.generation, n.used INTO gen, used_before
+            FROM {s}.namespaces n WHERE n.id = p_ns FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            status := 3;
+            RETURN;
+        END IF;
+        IF p_fence IS NOT NULL AND p_fence <> gen THEN
+            status := 1;
+            RETURN;
+        END IF;
+        -- A new statement, so a new snapshot: it sees every write committed before the lock.
+        SELECT coalesce(sum(octet_length(e.key) + octet_length(e.value)), 0) INTO v_old
+            FROM {s}.entries e WHERE e.ns = p_ns AND e.key = ANY (p_keys || p_deletes);
+        SELECT coalesce(sum(octet_length(t.k) + octet_length(t.v)), 0) INTO v_new
+            FROM unnest(p_keys, p_values) AS t(k, v);
+        delta := v_new - v_old;
+        IF delta > 0 AND used_before + delta > p_max_used THEN
+            status := 2;
+            RETURN;
+        END IF;
+        IF cardinality(p_deletes) > 0 THEN
+            DELETE FROM {s}.entries e WHERE e.ns = p_ns AND e.key = ANY (p_deletes);
+        END IF;
+        IF cardinality(p_keys) > 0 THEN
+            INSERT INTO {s}.entries AS e (ns, key, value)
+                SELECT p_ns, t.k, t.v FROM unnest(p_keys, p_values) AS t(k, v)
+                ON CONFLICT (ns, key) DO UPDATE SET value = excluded.value;
+        END IF;
+        IF delta <> 0 THEN
+            UPDATE {s}.namespaces SET used = used_before + delta WHERE id = p_ns;
+        END IF;
+        status := 0;
+    END $$;
+
+    -- Delete [p_start, p_end), or everything when both are NULL (drop); fenced like kv_write.
+    CREATE FUNCTION {s}.kv_delete_range(
+        p_ns bigint, p_fence bigint, p_start bytea, p_end bytea,
+        OUT status int, OUT gen bigint)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        v_freed bigint;
+    BEGIN
+        SELECT n.generation INTO gen FROM {s}.namespaces n WHERE n.id = p_ns FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            status := 3;
+            RETURN;
+        END IF;
+        IF p_fence IS NOT NULL AND p_fence <> gen THEN
+            status := 1;
+            RETURN;
+        END IF;
+        status := 0;
+        IF p_start IS NULL THEN
+            DELETE FROM {s}.entries e WHERE e.ns = p_ns;
+            UPDATE {s}.namespaces SET used = 0 WHERE id = p_ns AND used <> 0;
+        ELSIF p_start < p_end THEN
+            WITH d AS (
+                DELETE FROM {s}.entries e
+                WHERE e.ns = p_ns AND e.key >= p_start AND e.key < p_end
+                RETURNING octet_length(e.key) + octet_length(e.value) AS n
+            )
+            SELECT coalesce(sum(d.n), 0) INTO v_freed FROM d;
+            IF v_freed <> 0 THEN
+                UPDATE {s}.namespaces SET used = used - v_freed WHERE id = p_ns;
+            END IF;
+        END IF;
+    END $$;
+    """,
+]
+
+# Connection parameters pagekv sets unless the URL does: a dead or unreachable server must end in
+# an error, not a hang. keepalives detect a peer that vanished while we wait for an answer;
+# tcp_user_timeout bounds how long sent data may stay unacknowledged.
+_LIBPQ_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+    "application_name": "pagekv",
+}
+
+
+@dataclass(frozen=True)
+class PostgresOptions:
+    """The pagekv-side options of a `postgresql://` URL (removed before libpq sees the URL).
+
+    `schema`: the PostgreSQL schema holding pagekv's tables. `pool_min`/`pool_max`: connections
+    per store. `pool_timeout`: seconds a request waits for a connection before `KvUnavailable`.
+    `statement_timeout_ms`: server-side limit per statement (a timed-out statement is rolled back,
+    so it is `KvUnavailable`, never applied).
+    """
+
+    schema: str = "pagekv"
+    pool_min: int = 1
+    pool_max: int = 16
+    pool_timeout: float = 10.0
+    statement_timeout_ms: int = 60_000
+    libpq: dict[str, str] = field(default_factory=dict)
+
+
+def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
+    """Split a `postgresql://` or `postgres://` URL into the libpq URL and pagekv's options."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError(f"not a PostgreSQL URL: {url!r}")
+    known: dict[str, Any] = {}
+    libpq: dict[str, str] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        try:
+            match name:
+                case "schema":
+                    if not _SCHEMA_NAME.match(value):
+                        raise ValueError("expected an identifier of letters, digits and _")
+                    known["schema"] = value
+                case "pool_min" | "pool_max" | "statement_timeout_ms":
+                    known[name] = int(value)
+                case "pool_timeout":
+                    known[name] = float(value)
+                case _:
+                    libpq[name] = value
+        except ValueError as e:
+            raise ValueError(f"bad option {name}={value!r} in {url!r}: {e}") from None
+    options = PostgresOptions(**known, libpq=libpq)
+    if not 0 <= options.pool_min <= options.pool_max or options.pool_max < 1:
+        raise ValueError(f"need 0 <= pool_min <= pool_max and pool_max >= 1 in {url!r}")
+    if options.pool_timeout <= 0 or options.statement_timeout_ms < 0:
+        raise ValueError(f"pool_timeout must be > 0 and statement_timeout_ms >= 0 in {url!r}")
+    base = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq), ""))
+    return base, options
+
+
+def _where(url: str) -> str:
+    """The server and database of a libpq URL, without credentials, for error messages."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    port = f":{parts.port}" if parts.port else ""
+    return f"postgresql://{host}{port}{parts.path or '/'}"
+
+
+class PostgresStore:
+    """All namespaces of one PostgreSQL schema. Thread-safe; one connection pool per store.
+
+    Several stores — in this process or on other hosts — may share one server and schema: every
+    guarantee (atomic batches, fencing, exact quota) is enforced by the server.
+    """
+
+    def __init__(self, url: str, *, limits: KvLimits | None = None) -> None:
+        self.limits = limits or KvLimits()
+        libpq_url, self.options = parse_postgres_url(url)
+        self.where = _where(libpq_url)
+        self._closed = False
+        opts = self.options
+        kwargs: dict[str, Any] = {
+            key: value for key, value in _LIBPQ_DEFAULTS.items() if key not in opts.libpq
+        }
+        if opts.statement_timeout_ms:
+            timeouts = f"-c statement_timeout={opts.statement_timeout_ms}"
+            kwargs["options"] = f"{opts.libpq.get('options', '')} {timeouts}".strip()
+        # autocommit: each request is one statement, committed by the server at its Sync.
+        kwargs["autocommit"] = True
+        self._last_connect_error: BaseException | None = None
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            libpq_url,
+            connection_class=_recording_connection_class(self),
+            kwargs=kwargs,
+            min_size=opts.pool_min,
+            max_size=opts.pool_max,
+            timeout=opts.pool_timeout,
+            # Give up background reconnection attempts soon, so that once the server is back the
+            # next request starts a fresh attempt instead of waiting out a long backoff.
+            reconnect_timeout=max(opts.pool_timeout, 5.0),
+            name=f"pagekv {self.where}",
+            open=False,
+        )
+        try:
+            try:
+                self._pool.open(wait=opts.pool_min > 0, timeout=opts.pool_timeout)
+            except PoolTimeout as e:
+                raise self._unreachable() from e
+            self._sql = _Statements(sql.Identifier(opts.schema))
+            self._ensure_schema()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # --- connections ---------------------------------------------------------------------
+
+    def _acquire(self) -> psycopg.Connection[Any]:
+        """A pooled connection that was idle and healthy, or `KvUnavailable` (nothing sent)."""
+        if self._closed:
+            raise KvUnavailable(f"the store for {self.where} is closed")
+        for _ in range(self.options.pool_max + 1):
+            try:
+                conn = self._pool.getconn()
+            except PoolTimeout as e:
+                raise self._unreachable() from e
+            except psycopg.Error as e:
+                raise KvUnavailable(f"PostgreSQL at {self.where} is unreachable: {e}") from e
+            if _looks_alive(conn):
+                return conn
+            conn.close()  # the pool discards a closed connection and opens a replacement
+            self._pool.putconn(conn)
+        raise KvUnavailable(
+            f"PostgreSQL at {self.where}: every pooled connection was dead; nothing was sent"
+        )
+
+    def _unreachable(self) -> KvUnavailable:
+        last = self._last_connect_error
+        return KvUnavailable(
+            f"PostgreSQL at {self.where} is unreachable: no connection within "
+            f"{self.options.pool_timeout:g} s ({last or 'no connection attempt finished'}); "
+            "nothing was sent"
+        )
+
+    def _run(self, op: str, query: str, params: Sequence[object], *, write: bool) -> list[Any]:
+        """Send one statement (one round trip) and return its rows, mapping failures to KV errors.
+
+        Invariant: on an autocommit connection one `execute` is one implicit transaction, so an
+        error reported on a connection that is still usable means it was rolled back.
+        """
+        conn = self._acquire()
+        try:
+            try:
+                return _cursor(conn).execute(query, params).fetchall()
+            except psycopg.Error as e:
+                broken = conn.broken or conn.closed
+                if write and broken:
+                    raise KvIndeterminate(
+                        f"{op} was sent to PostgreSQL at {self.where} but the connection was "
+                        f"lost before the answer ({e}); it may or may not have been applied"
+                    ) from e
+                state = "connection lost" if broken else f"SQLSTATE {e.sqlstate}"
+                raise KvUnavailable(
+                    f"{op} failed on PostgreSQL at {self.where} ({state}: {e}); nothing was applied"
+                ) from e
+        finally:
+            self._pool.putconn(conn)
+
+    # --- schema ---------------------------------------------------------------------------
+
+    def _ensure_schema(self) -> None:
+        """Create or upgrade the schema; refuse one newer than this code knows."""
+        schema = self.options.schema
+        try:
+            version = self._schema_version_fast()
+            if version == SCHEMA_VERSION:
+                return
+            conn = self._acquire()
+            try:
+                with conn.transaction():
+                    # One creator/upgrader at a time, across every host sharing the server.
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                        (f"pagekv schema {schema}",),
+                    )
+                    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(self._sql.s))
+                    conn.execute(
+                        sql.SQL(
+                            "CREATE TABLE IF NOT EXISTS {}.schema_version (version int NOT NULL)"
+                        ).format(self._sql.s)
+                    )
+                    rows = conn.execute(
+                        sql.SQL("SELECT version FROM {}.schema_version").format(self._sql.s)
+                    ).fetchall()
+                    version = rows[0][0] if rows else 0
+                    self._refuse_newer(version)
+                    for step in range(version, SCHEMA_VERSION):
+                        conn.execute(sql.SQL(_MIGRATIONS[step]).format(s=self._sql.s))
+                    if not rows:
+                        conn.execute(
+                            sql.SQL("INSERT INTO {}.schema_version VALUES (%s)").format(
+                                self._sql.s
+                            ),
+                            (SCHEMA_VERSION,),
+                        )
+                    elif version != SCHEMA_VERSION:
+                        conn.execute(
+                            sql.SQL("UPDATE {}.schema_version SET version = %s").format(
+                                self._sql.s
+                            ),
+                            (SCHEMA_VERSION,),
+                        )
+            finally:
+                self._pool.putconn(conn)
+        except psycopg.Error as e:
+            raise KvUnavailable(
+                f"cannot set up the pagekv schema {schema!r} on PostgreSQL at {self.where}: {e}"
+            ) from e
+
+    def _schema_version_fast(self) -> int | None:
+        """The stored version in one round trip, or None if the schema is not there yet."""
+        conn = self._acquire()
+        try:
+            rows = conn.execute(
+                sql.SQL("SELECT version FROM {}.schema_version").format(self._sql.s)
+            ).fetchall()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            return None
+        finally:
+            self._pool.putconn(conn)
+        version = rows[0][0] if rows else None
+        if version is not None:
+            self._refuse_newer(version)
+        return version
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"the pagekv schema {self.options.schema!r} on PostgreSQL at {self.where} is "
+                f"version {version}; this pagekv supports up to version {SCHEMA_VERSION}. "
+                "Upgrade pagekv on this host (never downgrade a shared store)."
+            )
+
+    # --- the store ------------------------------------------------------------------------
+
+    def namespace(self, actor_id: str) -> PostgresNamespace:
+        rows = self._run("namespace", self._sql.namespace, (actor_id,), write=True)
+        return PostgresNamespace(actor_id, self, rows[0][0])
+
+    def actor_ids(self) -> list[str]:
+        return [r[0] for r in self._run("actor_ids", self._sql.actor_ids, (), write=False)]
+
+    def close(self) -> None:
+        """Close every pooled connection; later requests raise `KvUnavailable`."""
+        self._closed = True
+        self._pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """The connection's one binary cursor, made once: a new cursor per request costs more CPU
+    than the rest of the client side of a small write. (A connection serves one thread at a
+    time — the pool hands it out exclusively — so one cursor per connection is safe.)"""
+    cur: psycopg.Cursor[Any] | None = getattr(conn, "pagekv_cursor", None)
+    if cur is None or cur.closed:
+        cur = conn.cursor(binary=True)
+        conn.pagekv_cursor = cur  # type: ignore[attr-defined]
+    return cur
+
+
+def _recording_connection_class(store: PostgresStore) -> type[psycopg.Connection[Any]]:
+    """A connection class that remembers the store's last failed connection attempt.
+
+    The pool connects in the background and only says "no connection within N s"; the error a
+    user needs (refused, unknown host, bad password) is the one recorded here.
+    """
+
+    class RecordingConnection(psycopg.Connection[Any]):
+        pagekv_cursor: psycopg.Cursor[Any] | None = None
+
+        @classmethod
+        def connect(cls, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            try:
+                conn = super().connect(*args, **kwargs)
+            except psycopg.Error as e:
+                store._last_connect_error = e
+                raise
+            store._last_connect_error = None
+            return conn
+
+    return RecordingConnection
+
+
+def _looks_alive(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle pooled connection can take a request, checked without a round trip.
+
+    An idle connection has nothing to read unless the server closed it or sent a termination
+    notice (e.g. at shutdown or restart); either way it is unusable, and finding out *before*
+    sending is what keeps that case `KvUnavailable` instead of indeterminate.
+    """
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+class _Statements:
+    """The SQL of one schema, formatted once (psycopg caches the parsed form by string)."""
+
+    def __init__(self, s: sql.Identifier) -> None:
+        self.s = s
+
+        def q(text: str) -> str:
+            return sql.SQL(text).format(s=s).as_string(None)
+
+        self.namespace = q("SELECT {s}.kv_namespace(%b::text)")
+        self.actor_ids = q("SELECT name FROM {s}.namespaces ORDER BY name")
+        self.write = q(
+            "SELECT status, gen, used_before, delta FROM {s}.kv_write("
+            "%b::bigint, %b::bigint, %b::bytea[], %b::bytea[], %b::bytea[], %b::bigint)"
+        )
+        self.delete_range = q(
+            "SELECT status, gen FROM {s}.kv_delete_range(%b::bigint, %b::bigint, %b::bytea, "
+            "%b::bytea)"
+        )
+        self.get = q("SELECT key, value FROM {s}.entries WHERE ns = %b AND key = ANY (%b::bytea[])")
+        self.takeover = q(
+            "UPDATE {s}.namespaces SET generation = generation + 1 WHERE id = %b "
+            "RETURNING generation"
+        )
+        self.head = q("SELECT generation, used FROM {s}.namespaces WHERE id = %b")
+        # One statement per bound combination and direction, so each plan is an index range scan.
+        self.list: dict[tuple[bool, bool, bool], str] = {}
+        for has_start in (False, True):
+            for has_end in (False, True):
+                for reverse in (False, True):
+                    where = "ns = %b"
+                    if has_start:
+                        where += " AND key >= %b::bytea"
+                    if has_end:
+                        where += " AND key < %b::bytea"
+                    order = "DESC" if reverse else "ASC"
+                    self.list[has_start, has_end, reverse] = q(
+                        f"SELECT key, value FROM {{s}}.entries WHERE {where} "
+                        f"ORDER BY key {order} LIMIT %b::bigint"
+                    )
+
+
+class PostgresNamespace(KvNamespace):
+    """One actor's namespace: every method is one statement, i.e. one server round trip."""
+
+    def __init__(self, actor_id: str, store: PostgresStore, ns_id: int) -> None:
+        super().__init__(actor_id, store.limits)
+        self._store = store
+        self._id = ns_id
+        self._sql = store._sql
+
+    def _missing(self) -> KvUnavailable:
+        return KvUnavailable(
+            f"namespace {self.actor_id!r} vanished from PostgreSQL at {self._store.where}"
+        )
+
+    def _get(self, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        rows = self._store._run("get", self._sql.get, (self._id, keys), write=False)
+        found = dict(rows)
+        return [found.get(k) for k in keys]
+
+    def _list(
+        self, start: bytes | None, end: bytes | None, limit: int | None, reverse: bool
+    ) -> list[tuple[bytes, bytes]]:
+        query = self._sql.list[start is not None, end is not None, reverse]
+        params: list[object] = [self._id]
+        params += [b for b in (start, end) if b is not None]
+        params.append(limit)
+        rows = self._store._run("list", query, params, write=False)
+        return [(k, v) for k, v in rows]
+
+    def _write(self, batch: WriteBatch, fence: int | None) -> None:
+        params = (
+            self._id,
+            fence,
+            list(batch.puts),
+            list(batch.puts.values()),
+            list(batch.deletes),
+            self._limits.max_storage_bytes,
+        )
+        ((status, generation, used, delta),) = self._store._run(
+            "write", self._sql.write, params, write=True
+        )
+        self._check_status(status, fence, generation)
+        if status == _OVER_QUOTA:
+            check_quota(self._limits, used, delta)  # raises StorageQuotaExceeded
+            raise AssertionError(f"server refused a write within quota: {used} + {delta}")
+
+    def _check_status(self, status: int, fence: int | None, generation: int | None) -> None:
+        if status == _MISSING:
+            raise self._missing()
+        if status == _FENCED:
+            assert generation is not None
+            check_fence(fence, generation)  # raises FenceMismatch
+            raise AssertionError(f"server refused fence {fence} at generation {generation}")
+
+    def _delete_range(self, start: bytes | None, end: bytes | None, fence: int | None) -> None:
+        ((status, generation),) = self._store._run(
+            "delete_range", self._sql.delete_range, (self._id, fence, start, end), write=True
+        )
+        self._check_status(status, fence, generation)
+
+    def takeover(self) -> int:
+        rows = self._store._run("takeover", self._sql.takeover, (self._id,), write=True)
+        if not rows:
+            raise self._missing()
+        return int(rows[0][0])
+
+    def _head(self) -> tuple[int, int]:
+        rows = self._store._run("head", self._sql.head, (self._id,), write=False)
+        if not rows:
+            raise self._missing()
+        return int(rows[0][0]), int(rows[0][1])
+
+    def generation(self) -> int:
+        return self._head()[0]
+
+    def used_bytes(self) -> int:
+        return self._head()[1]
+
+    def drop(self, *, fence: int | None = None) -> None:
+        self._delete_range(None, None, fence)

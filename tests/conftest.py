@@ -1,0 +1,75 @@
+"""Session-wide fixtures: the PostgreSQL server that every `postgresql://` test runs against.
+
+`./test` needs nothing else: the first test that asks for `postgres_server` starts a throwaway
+cluster (temporary directory, 127.0.0.1, a random free port, as the `postgres` user when run as
+root; see `pagekv.kv.pg_cluster`) and the session stops and deletes it at the end.
+
+- `PAGEKV_TEST_POSTGRES_URL=postgresql://...` runs the tests against that server instead (each
+  test store uses its own schema, dropped at the end; tests that stop the server are skipped).
+- Without PostgreSQL binaries the Postgres tests are skipped, with a reason that says how to
+  enable them (shown in the `-ra` summary). Under CI (`CI=true`) that is a failure instead, so CI
+  can never pass without having run them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+
+from pagekv.kv.pg_cluster import HOW_TO_INSTALL, TempCluster, find_pg_bin
+
+
+@dataclass
+class PostgresServer:
+    """The server of this test session. `cluster` is None for an external server."""
+
+    url: str
+    cluster: TempCluster | None
+    schemas: set[str] = field(default_factory=set)
+
+    def store_url(self, key: str, **options: object) -> str:
+        """The URL of a store in a schema of its own, named after `key` (same key, same schema).
+
+        `pool_timeout=2`: a test that stops the server should not wait the default 10 s per
+        request to see `KvUnavailable`.
+        """
+        schema = "t_" + hashlib.sha1(key.encode()).hexdigest()[:24]
+        self.schemas.add(schema)
+        query = "&".join(f"{k}={v}" for k, v in {"pool_timeout": 2, **options}.items())
+        return f"{self.url}?schema={schema}&{query}"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A running PostgreSQL server for the whole session (see the module docstring)."""
+    external = os.environ.get("PAGEKV_TEST_POSTGRES_URL")
+    if external:
+        server = PostgresServer(external, None)
+        yield server
+        with psycopg.connect(external, autocommit=True) as conn:
+            for schema in server.schemas:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        return
+    if find_pg_bin() is None:
+        message = (
+            "PostgreSQL tests need initdb/pg_ctl to start a throwaway server: "
+            f"{HOW_TO_INSTALL}; or set PAGEKV_TEST_POSTGRES_URL to an existing server"
+        )
+        if _in_ci():
+            pytest.fail(f"CI=true but {message}", pytrace=False)
+        pytest.skip(message)
+    cluster = TempCluster()
+    try:
+        cluster.start()
+        yield PostgresServer(cluster.url, cluster)
+    finally:
+        cluster.destroy()
