@@ -9,6 +9,7 @@ inside it; the actor's state is written in the same commit.
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ import anyio
 import apsw
 
 from pagekv.actor.errors import ActorStopped, ActorTakenOver, ReservedName
+from pagekv.actor.gate import Gate
 from pagekv.actor.internal import Reserved
 from pagekv.actor.state import StateCell
 from pagekv.kv import FenceMismatch
@@ -29,9 +31,10 @@ _in_transaction: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 
 
 class ActorDb:
-    def __init__(self, database: Database, state: StateCell) -> None:
+    def __init__(self, database: Database, state: StateCell, gate: Gate) -> None:
         self.database = database
         self.state = state
+        self.gate = gate
         self.reserved = Reserved()
         database.connection.authorizer = self.reserved
         self._limiter = anyio.CapacityLimiter(1)
@@ -52,6 +55,8 @@ class ActorDb:
                         "for the runtime's own tables"
                     ) from e
                 raise
+            except apsw.ConnectionClosedError as e:
+                raise ActorStopped("the actor stopped while this statement ran") from e
             except apsw.Error as e:
                 if self.database.is_dead:
                     raise self.death() from e
@@ -76,32 +81,36 @@ class ActorDb:
 
     async def execute(self, sql: str, bindings: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         """Run SQL (autocommit outside a transaction) and return all rows."""
+        _refuse_reserved_rename(sql)
         return await self.locked(lambda c: c.execute(sql, bindings).fetchall())
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        _refuse_reserved_rename(sql)
         await self.locked(lambda c: c.executemany(sql, rows).fetchall())
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[ActorDb]:
         """BEGIN ... COMMIT around the block, with the actor's state saved in the same commit.
 
-        On an exception the SQL is rolled back and the state restored to what it was at BEGIN.
+        If the block raises or the commit fails, the SQL is rolled back and the state restored
+        to what it was at BEGIN. No other action runs meanwhile (see `gate.py`).
         """
         if _in_transaction.get() is self:
             raise RuntimeError("ctx.db.transaction() does not nest; use SAVEPOINT inside it")
-        async with self._lock:
+        async with self.gate.exclusive(), self._lock:
             token = _in_transaction.set(self)
             snapshot = self.state.snapshot()
             try:
                 await self.run(lambda c: c.execute("BEGIN IMMEDIATE").fetchall())
                 try:
                     yield self
+                    self.state.mark_saved(await self.run(self._commit, internal=True))
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         self.state.restore(snapshot)
-                        await self.run(_rollback)
+                        if not self.database.is_dead:
+                            await self.run(_rollback)
                     raise
-                self.state.mark_saved(await self.run(self._commit, internal=True))
             finally:
                 _in_transaction.reset(token)
 
@@ -119,3 +128,15 @@ class ActorDb:
 def _rollback(connection: apsw.Connection) -> None:
     if connection.in_transaction:
         connection.execute("ROLLBACK")
+
+
+_RENAME = re.compile(r"\balter\b.*\brename\b.*_pagekv_", re.IGNORECASE | re.DOTALL)
+
+
+def _refuse_reserved_rename(sql: str) -> None:
+    """The authorizer sees only a renamed table's old name; catch renames *to* the prefix."""
+    if _RENAME.search(sql):
+        raise ReservedName(
+            "ALTER TABLE ... RENAME to a '_pagekv_' name: the prefix is reserved for the "
+            "runtime's own tables"
+        )

@@ -25,6 +25,8 @@ class ActorDefinition:
     name: str
     state: Any = None
     sleep_timeout: float = 30.0
+    stop_grace: float = 15.0
+    """How long sleep and destroy wait for in-flight actions before closing the database."""
     actions: dict[str, Hook] = field(default_factory=dict)
     hooks: dict[str, Hook] = field(default_factory=dict)
 
@@ -47,6 +49,8 @@ class ActorDefinition:
             )
         if self.sleep_timeout <= 0:
             raise ValueError(f"sleep_timeout must be > 0, got {self.sleep_timeout}")
+        if self.stop_grace < 0:
+            raise ValueError(f"stop_grace must be >= 0, got {self.stop_grace}")
 
     def initial_state(self) -> Any:
         return self.state() if callable(self.state) else copy.deepcopy(self.state)
@@ -71,8 +75,10 @@ class ActorDefinition:
         raise AttributeError(name)
 
 
-def actor(name: str, *, state: Any = None, sleep_timeout: float = 30.0) -> ActorDefinition:
+def actor(
+    name: str, *, state: Any = None, sleep_timeout: float = 30.0, stop_grace: float = 15.0
+) -> ActorDefinition:
     """Define an actor; add actions with `@definition.action` and hooks with
     `@definition.on_wake` (and `on_migrate`, `create_state`, `on_create`, `create_vars`,
     `on_sleep`, `on_destroy`, `run`)."""
-    return ActorDefinition(name, state=state, sleep_timeout=sleep_timeout)
+    return ActorDefinition(name, state=state, sleep_timeout=sleep_timeout, stop_grace=stop_grace)

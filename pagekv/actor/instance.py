@@ -22,12 +22,13 @@ from pagekv.actor.context import ActorContext
 from pagekv.actor.database import ActorDb
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import ActionNotFound, ActorStopped, ActorTakenOver
+from pagekv.actor.gate import Gate
 from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
 from pagekv.actor.queue import Queue
 from pagekv.actor.schedule import Schedule, next_due
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
-from pagekv.kv import ActorKv
+from pagekv.kv import ActorKv, FenceMismatch
 from pagekv.vfs import open_database
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ T = TypeVar("T")
 log = logging.getLogger("pagekv.actor")
 _UNSET = object()
 Stop = Literal["sleep", "destroy", "crash"]
+
+
+class NotServing(ActorStopped):
+    """The instance stopped before this call reached user code; a fresh one can take it."""
 
 
 class Phase(enum.Enum):
@@ -67,6 +72,8 @@ class ActorInstance:
         self.next_due: float | None = None
         self._wake_written: object = _UNSET
         self._dispatching = False
+        self.gate = Gate()
+        self._idle = anyio.Event()
         self.stopped = anyio.Event()
         self.ctx: ActorContext
 
@@ -87,7 +94,7 @@ class ActorInstance:
             "open_database", anyio.to_thread.run_sync(lambda: open_database(self.kv))
         )
         cell = StateCell(None, None)
-        db = ActorDb(database, cell)
+        db = ActorDb(database, cell, self.gate)
         self.ctx = ActorContext(
             actor_id=self.actor_id,
             name=definition.name,
@@ -130,7 +137,9 @@ class ActorInstance:
     async def _create(self, input: Any) -> None:
         hooks, ctx = self.definition.hooks, self.ctx
         if "create_state" in hooks:
-            ctx.state = await self._timed("create_state", hooks["create_state"](ctx, input), True)
+            ctx.state = await self._timed(
+                "create_state", hooks["create_state"](ctx, input), user=True
+            )
         else:
             ctx.state = self.definition.initial_state()
         if "on_create" in hooks:
@@ -142,6 +151,8 @@ class ActorInstance:
 
     async def _run_handler(self) -> None:
         """The optional long-running `run(ctx)`; it blocks idle sleep while it runs."""
+        if self.phase is not Phase.RUNNING or self._requested is not None:
+            return
         self._run_active = True
         try:
             with anyio.CancelScope() as scope:
@@ -160,15 +171,16 @@ class ActorInstance:
     # -- actions ----------------------------------------------------------------------------
 
     async def call(self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.phase is not Phase.RUNNING:
-            raise ActorStopped(f"actor {self.actor_id} is {self.phase.value}")
+        if not self.serving():
+            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
         fn = self.definition.actions.get(action)
         if fn is None:
             raise ActionNotFound(f"actor {self.definition.name!r} has no action {action!r}")
         self.active += 1
         try:
-            result = await fn(self.ctx, *args, **kwargs)
-            await self.ctx.db.save_state()
+            async with self.gate.shared():
+                result = await fn(self.ctx, *args, **kwargs)
+                await self.ctx.db.save_state()
             return result
         except (ActorTakenOver, ActorStopped):
             self._requested = "crash"
@@ -176,6 +188,9 @@ class ActorInstance:
         finally:
             self.active -= 1
             self.last_active = time.monotonic()
+            if self.active == 0:
+                self._idle.set()
+                self._idle = anyio.Event()
             if self._requested is not None and self.active == 0 and not self._run_active:
                 self.registry.spawn(self.stop, self._requested)
 
@@ -188,6 +203,8 @@ class ActorInstance:
 
     def request_sleep(self) -> None:
         self._requested = self._requested or "sleep"
+        if self._run_scope is not None:
+            self._run_scope.cancel()
 
     def request_destroy(self) -> None:
         if self._requested != "crash":
@@ -254,17 +271,27 @@ class ActorInstance:
             return
         self.phase = Phase.STOPPING
         with anyio.CancelScope(shield=True):
+            destroyed = False
             try:
                 if self._run_scope is not None:
                     self._run_scope.cancel()
+                with anyio.move_on_after(self.definition.stop_grace):
+                    while self.active:
+                        await self._idle.wait()
                 await self._stop_hooks(how)
             finally:
                 await self._close()
-                if how == "destroy":
-                    await anyio.to_thread.run_sync(
-                        lambda: self.kv.drop(fence=self.ctx.db.database.generation)
-                    )
-                self.registry.forget(self, destroyed=how == "destroy")
+                try:
+                    if how == "destroy":
+                        generation = self.ctx.db.database.generation
+                        await anyio.to_thread.run_sync(lambda: self.kv.drop(fence=generation))
+                        destroyed = True
+                except FenceMismatch as e:
+                    raise ActorTakenOver(
+                        f"actor {self.actor_id} was taken over elsewhere; not destroyed: {e}"
+                    ) from e
+                finally:
+                    await self.registry.forget(self, destroyed=destroyed)
 
     async def _stop_hooks(self, how: Stop) -> None:
         hooks, ctx = self.definition.hooks, self.ctx

@@ -19,13 +19,16 @@ import cbor2
 from anyio.abc import TaskGroup
 
 from pagekv.actor.definition import ActorDefinition
-from pagekv.actor.errors import ActorExists, ActorNotFound, UnknownActor
-from pagekv.actor.instance import ActorInstance
+from pagekv.actor.errors import ActorExists, ActorNotFound, ActorTakenOver, UnknownActor
+from pagekv.actor.instance import ActorInstance, NotServing
 from pagekv.kv import DEFAULT_URL, KvStore, open_kv, prefix_end
 
 REGISTRY_NAMESPACE = "pagekv-registry"
 _IDLE_CHECK_S = 0.05
 _WAKE_POLL_S = 0.5
+_CALL_ATTEMPTS = 3
+"""Wakes a call may take when an instance stops before the call reaches it (e.g. its run
+handler crashed right after the wake)."""
 _WAKE = b"wake/"
 log = logging.getLogger("pagekv.actor")
 
@@ -61,7 +64,7 @@ class Registry:
                 finally:
                     with anyio.CancelScope(shield=True):
                         for instance in list(self._instances.values()):
-                            await instance.stop("sleep")
+                            await instance.stop(instance.stop_reason())
                     tg.cancel_scope.cancel()
         finally:
             self._tg = None
@@ -151,28 +154,34 @@ class Registry:
                 if live.serving() and not must_be_new:
                     return live
                 await live.stop(live.stop_reason())
-            if await self.exists(name, key):
-                if must_be_new:
-                    raise ActorExists(f"actor {name!r} with key {key!r} already exists")
-            elif create:
+            exists = await self.exists(name, key)
+            if exists and must_be_new:
+                raise ActorExists(f"actor {name!r} with key {key!r} already exists")
+            if not exists and not create:
+                raise ActorNotFound(f"no actor {name!r} with key {key!r}")
+            namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
+            instance = ActorInstance(self, definition, aid, key, namespace)
+            await instance.start(input)
+            if not exists:
                 record = cbor2.dumps({"name": name, "key": key, "created": time.time()})
                 await anyio.to_thread.run_sync(
                     lambda: self._index.put({_index_key(name, key): record})
                 )
-            else:
-                raise ActorNotFound(f"no actor {name!r} with key {key!r}")
-            instance = ActorInstance(self, definition, aid, key, self.store.namespace(aid))
-            await instance.start(input)
             self._instances[aid] = instance
             return instance
 
-    def forget(self, instance: ActorInstance, *, destroyed: bool) -> None:
+    async def forget(self, instance: ActorInstance, *, destroyed: bool) -> None:
         if self._instances.get(instance.actor_id) is instance:
             del self._instances[instance.actor_id]
         if destroyed:
             prefix = _wake_prefix(instance.actor_id)
-            self._index.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
-            self._index.delete([_index_key(instance.definition.name, instance.key)])
+            index_key = _index_key(instance.definition.name, instance.key)
+
+            def remove() -> None:
+                self._index.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
+                self._index.delete([index_key])
+
+            await anyio.to_thread.run_sync(remove)
 
     def live(self) -> list[ActorInstance]:
         return list(self._instances.values())
@@ -188,12 +197,23 @@ class Registry:
         create: bool,
         input: Any = None,
     ) -> Any:
+        for _ in range(_CALL_ATTEMPTS - 1):
+            instance = await self.instance(name, key, create=create, input=input)
+            try:
+                return await instance.call(action, args, kwargs)
+            except NotServing:
+                continue
         instance = await self.instance(name, key, create=create, input=input)
         return await instance.call(action, args, kwargs)
 
     async def destroy(self, name: str, key: str) -> None:
+        """Destroy an actor; a stale local instance is replaced by a fresh one first."""
         instance = await self.instance(name, key, create=False)
-        await instance.stop("destroy")
+        try:
+            await instance.stop("destroy")
+        except ActorTakenOver:
+            instance = await self.instance(name, key, create=False)
+            await instance.stop("destroy")
 
     async def send(
         self, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any = None

@@ -9,10 +9,12 @@ carry the instance's fence, so a taken-over instance cannot write here either.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import anyio
 
-from pagekv.kv import ActorKv, prefix_end
+from pagekv.actor.errors import ActorTakenOver
+from pagekv.kv import ActorKv, FenceMismatch, prefix_end
 
 USER_PREFIX = b"\x02"
 
@@ -29,12 +31,16 @@ class UserKv:
         return await anyio.to_thread.run_sync(self._kv.get, keys)
 
     async def put(self, entries: Mapping[bytes, bytes]) -> None:
-        put = {USER_PREFIX + bytes(k): v for k, v in entries.items()}
-        await anyio.to_thread.run_sync(lambda: self._kv.write(put=put, fence=self._fence))
+        await self._write(put={USER_PREFIX + bytes(k): v for k, v in entries.items()})
 
     async def delete(self, keys: Sequence[bytes]) -> None:
-        delete = [USER_PREFIX + bytes(k) for k in keys]
-        await anyio.to_thread.run_sync(lambda: self._kv.write(delete=delete, fence=self._fence))
+        await self._write(delete=[USER_PREFIX + bytes(k) for k in keys])
+
+    async def _write(self, **batch: Any) -> None:
+        try:
+            await anyio.to_thread.run_sync(lambda: self._kv.write(**batch, fence=self._fence))
+        except FenceMismatch as e:
+            raise ActorTakenOver(f"another instance took this actor over: {e}") from e
 
     async def list(
         self, *, prefix: bytes = b"", limit: int | None = None, reverse: bool = False

@@ -121,12 +121,6 @@ async def test_concurrent_transactions_and_statements_are_serialised() -> None:
         assert view["log"] == ["b"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a failing ctx.db.transaction() restores the *whole* state to its snapshot from "
-    "BEGIN, wiping state changes that other actions made (and had acknowledged) while it was "
-    "open across an await",
-)
 async def test_rollback_keeps_other_actions_state_changes() -> None:
     events: list[str] = []
     gates = {"a": anyio.Event()}
@@ -243,13 +237,6 @@ class ThreadRecordingStore:
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Registry.instance() calls self.store.namespace(aid) on the event loop for "
-    "every wake; FileStore.namespace() runs a write transaction (waits up to its 30 s busy "
-    "timeout under another process's lock) and PostgresStore.namespace() a network round trip, "
-    "blocking every actor of the registry meanwhile",
-)
 async def test_waking_makes_no_kv_request_on_the_event_loop(wait_for) -> None:
     store = ThreadRecordingStore(threading.get_ident())
     registry = Registry([journal([], {})], kv=store)
@@ -260,12 +247,6 @@ async def test_waking_makes_no_kv_request_on_the_event_loop(wait_for) -> None:
     assert store.on_loop == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Registry.forget(destroyed=True) deletes the index and wake entries with "
-    "synchronous KV calls on the event loop (instance.stop -> forget), blocking every actor "
-    "for those round trips",
-)
 async def test_destroy_makes_no_kv_request_on_the_event_loop() -> None:
     store = ThreadRecordingStore(threading.get_ident())
     async with Registry([journal([], {})], kv=store).run() as client:

@@ -134,13 +134,6 @@ async def test_commit_lost_answer_is_atomic_state_and_sql_together() -> None:
         assert await handle.view() == (15, [10, 5])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ActorDb.transaction() restores the state snapshot only when the block raises, "
-    "not when COMMIT itself fails (here: the KV write fails before it is applied); the failed "
-    "transaction's state change stays in memory and the next save makes it durable without its "
-    "SQL rows",
-)
 async def test_commit_that_fails_before_applying_keeps_state_and_sql_together() -> None:
     store = FaultyStore()
     registry = Registry([bank()], kv=store)
@@ -155,13 +148,6 @@ async def test_commit_that_fails_before_applying_keeps_state_and_sql_together() 
     assert balance == sum(rows)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: when COMMIT fails with the transaction still open (a deferred foreign key), "
-    "ActorDb.transaction() neither rolls back nor restores the state: the connection stays in "
-    "the transaction, later autocommit statements of other actions land inside it, and closing "
-    "the database rolls them back, losing acknowledged writes",
-)
 async def test_failed_commit_does_not_leave_a_transaction_open(tmp_path: Path) -> None:
     a = bank()
 
@@ -225,11 +211,6 @@ async def test_user_sql_cannot_touch_reserved_tables(statement: str) -> None:
         assert await handle.sql("SELECT count(*) FROM _pagekv_state") == [(1,)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the Reserved authorizer checks only the old table name of ALTER TABLE ... "
-    "RENAME TO, so user SQL can rename its own table into the reserved _pagekv_ prefix",
-)
 async def test_user_sql_cannot_rename_into_the_reserved_prefix(attempt) -> None:
     async with Registry([bank()], kv="memory://").run() as client:
         handle = client.get_or_create("bank", "k")

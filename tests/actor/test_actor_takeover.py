@@ -200,12 +200,6 @@ async def test_sigkill_inside_a_transaction_leaves_neither_state_nor_sql(
         assert (await handle.add(2))["rows"] == [1, 2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ctx.kv writes of a taken-over instance fail with the raw kv FenceMismatch "
-    "instead of ActorTakenOver, and the instance is not torn down (Instance.call only reacts "
-    "to ActorTakenOver/ActorStopped), so it keeps serving stale state",
-)
 async def test_ctx_kv_write_of_a_stale_instance_fails_with_actor_taken_over(attempt) -> None:
     a = actor("kv-user")
 
@@ -225,13 +219,6 @@ async def test_ctx_kv_write_of_a_stale_instance_fails_with_actor_taken_over(atte
     assert live == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: destroying through a registry whose live instance is stale fails with the raw kv "
-    "FenceMismatch from kv.drop(fence=stale generation) in ActorInstance.stop; the actor is not "
-    "destroyed, its index entry stays, and Registry.forget is skipped so the STOPPED instance "
-    "stays in registry._instances",
-)
 async def test_destroy_through_a_registry_with_a_stale_instance(attempt) -> None:
     store = MemoryStore()
     first_registry = Registry([ledger], kv=store)

@@ -1,0 +1,69 @@
+"""The action gate: actions of one actor run together, a transaction runs alone.
+
+Actions may interleave at `await` points, but a `ctx.db.transaction()` snapshots the actor's state
+to restore it on rollback. If another action changed the state meanwhile, the restore would undo
+an acknowledged change, so a transaction waits until no other action runs, and new actions wait
+until it ends. The action that opens the transaction gives up its own share while it waits, so two
+actions opening transactions at once cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+
+_holding: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "pagekv_actor_gate", default=None
+)
+
+
+class Gate:
+    def __init__(self) -> None:
+        self._shared = 0
+        self._exclusive = False
+        self._exclusive_waiting = 0
+        self._changed = anyio.Event()
+
+    async def _wait(self) -> None:
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        """Held for the whole of one action."""
+        while self._exclusive or self._exclusive_waiting:
+            await self._wait()
+        self._shared += 1
+        token = _holding.set(self)
+        try:
+            yield
+        finally:
+            _holding.reset(token)
+            self._shared -= 1
+            self._notify()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Held for a transaction; the caller's own share (if any) is set aside meanwhile."""
+        own = 1 if _holding.get() is self else 0
+        self._shared -= own
+        self._exclusive_waiting += 1
+        self._notify()
+        try:
+            while self._exclusive or self._shared:
+                await self._wait()
+        finally:
+            self._exclusive_waiting -= 1
+        self._exclusive = True
+        try:
+            yield
+        finally:
+            self._exclusive = False
+            self._shared += own
+            self._notify()
