@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 
 from pagekv import __version__
+from pagekv.bench import add_bench_command
 from pagekv.fuzz.cli import add_fuzz_command
 from pagekv.kv import DEFAULT_URL, CountingKv, open_kv
 from pagekv.vfs import open_database
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--actor", default="demo", help="actor id (default demo)")
     demo.add_argument("--rows", type=int, default=200, help="one-row commits (default 200)")
     demo.set_defaults(run=_demo)
+    add_bench_command(commands)
     add_fuzz_command(commands)
     return parser
 

@@ -89,6 +89,8 @@ class PageStore:
                 "stage_batches",
                 "compactions",
                 "pages_compacted",
+                "compaction_bytes_written",
+                "compaction_round_trips",
                 "orphan_cleanups",
             ),
             0,
@@ -386,6 +388,8 @@ class PageStore:
             head = self.head
             if head.compacted == head.txid and self.index.base_limit >= head.pages:
                 return 0
+            stats = self.kv.stats  # compaction's own share of the traffic, for write amplification
+            written, round_trips = stats.bytes_written, stats.total
             try:
                 new_head, folded = compact(self.kv, self.generation, head, self.index)
             except (KvUnavailable, LimitError, StorageCorrupt) as e:
@@ -397,6 +401,8 @@ class PageStore:
             self.index.compacted(new_head.pages)
             self.counters["compactions"] += 1
             self.counters["pages_compacted"] += folded
+            self.counters["compaction_bytes_written"] += stats.bytes_written - written
+            self.counters["compaction_round_trips"] += stats.total - round_trips
             return folded
 
     def finish_commit(self) -> None:

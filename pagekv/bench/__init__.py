@@ -1,0 +1,53 @@
+"""`pagekv bench`: pagekv against native SQLite, interleaved in one run, with KV traffic counted.
+
+The pieces: `workloads` (one definition per workload, also used by the pytest-benchmark suite in
+`benchmarks/`), `systems` (pagekv and the native baselines matched in durability), `runner`
+(interleaved samples and their summaries), `targets` (the issue-4 targets), `report` (text and
+JSON), `command` (the argparse definition).
+"""
+
+from pagekv.bench.command import add_bench_command, run_bench
+from pagekv.bench.runner import (
+    Harness,
+    Progress,
+    Sample,
+    Summary,
+    SystemResult,
+    WorkloadResult,
+    WorkloadRun,
+)
+from pagekv.bench.systems import (
+    ALL_SYSTEMS,
+    PAGEKV,
+    Subject,
+    SystemSpec,
+    Workspace,
+    baselines_for,
+)
+from pagekv.bench.targets import TargetResult, evaluate
+from pagekv.bench.workloads import WORKLOADS, Prepare, Sizes, Workload, build
+
+__all__ = [
+    "ALL_SYSTEMS",
+    "PAGEKV",
+    "WORKLOADS",
+    "Harness",
+    "Prepare",
+    "Progress",
+    "Sample",
+    "Sizes",
+    "Subject",
+    "Summary",
+    "SystemResult",
+    "SystemSpec",
+    "TargetResult",
+    "Workload",
+    "WorkloadResult",
+    "WorkloadRun",
+    "Workspace",
+    "add_bench_command",
+    "baselines_for",
+    "build",
+    "evaluate",
+    "run_bench",
+]

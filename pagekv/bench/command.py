@@ -1,0 +1,191 @@
+"""`pagekv bench`: the argparse definition and the run that ties systems, workloads and report.
+
+Arguments are checked before anything runs (unknown workloads, a bad URL, a non-positive repeat
+count, an unwritable JSON path), so a typo costs a usage message, not a half-finished run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pagekv.bench.report import BenchReport, Config, Machine, now, print_report, write_json
+from pagekv.bench.runner import Progress, count_steps, run_workloads
+from pagekv.bench.systems import PAGEKV, Workspace, baselines_for
+from pagekv.bench.targets import evaluate
+from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection
+from pagekv.kv import KvError
+
+DEFAULT_KV = "memory://"
+DEFAULT_REPEAT = 5
+QUICK_REPEAT = 3
+
+
+def _workload_name(value: str) -> str:
+    if value not in WORKLOADS:
+        raise argparse.ArgumentTypeError(
+            f"unknown workload {value!r}; choose from: {', '.join(WORKLOADS)}"
+        )
+    return value
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _latency(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, got {value!r}") from None
+    if not ms >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return ms
+
+
+def add_bench_command(commands: Any) -> argparse.ArgumentParser:
+    """Register `bench` on the CLI's subparsers (`commands` is `add_subparsers()`'s result)."""
+    workloads = "\n".join(
+        f"  {name:<14} {w.describe(Sizes.full())}" + (" [--large]" if w.large_only else "")
+        for name, w in WORKLOADS.items()
+    )
+    bench = commands.add_parser(
+        "bench",
+        help="compare commit throughput and KV traffic with native SQLite",
+        description=(
+            "Run each workload on pagekv and on native SQLite matched in durability, interleaved "
+            "in the same run, and print medians, spreads, speed ratios, KV round trips and bytes, "
+            "write amplification and peak memory, with the issue-4 targets met or missed."
+        ),
+        epilog=f"workloads:\n{workloads}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument(
+        "--kv",
+        default=DEFAULT_KV,
+        metavar="URL",
+        help=(
+            f"store URL (default {DEFAULT_KV}): memory:// is compared with native "
+            "MEMORY/OFF/EXCLUSIVE and :memory:, anything else with native DELETE+FULL and WAL+FULL"
+        ),
+    )
+    bench.add_argument(
+        "--latency-ms",
+        type=_latency,
+        default=0.0,
+        metavar="N",
+        help="add N ms of simulated latency to every KV round trip (pagekv only)",
+    )
+    bench.add_argument(
+        "--workload",
+        action="extend",
+        nargs="+",
+        type=_workload_name,
+        metavar="NAME",
+        help="run only these workloads (repeatable; default: all)",
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help=f"smaller sizes, {QUICK_REPEAT} repetitions"
+    )
+    bench.add_argument(
+        "--large", action="store_true", help="also run the 50 MiB single-blob insert"
+    )
+    bench.add_argument(
+        "--repeat",
+        type=_positive_int,
+        metavar="N",
+        help=f"repetitions per workload (default {DEFAULT_REPEAT}, {QUICK_REPEAT} with --quick)",
+    )
+    bench.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    bench.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    bench.set_defaults(run=run_bench, bench_parser=bench)
+    return bench
+
+
+def redact(url: str) -> str:
+    """`url` with any password replaced by `***`: the command and URL are printed and saved."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def canonical_command(args: argparse.Namespace, workloads: list[str]) -> str:
+    """The command line that repeats this run, every choice spelled out (password redacted)."""
+    parts = ["pagekv", "bench", "--kv", redact(args.kv)]
+    if args.latency_ms:
+        parts += ["--latency-ms", f"{args.latency_ms:g}"]
+    if args.workload:
+        parts += ["--workload", *workloads]
+    if args.quick:
+        parts.append("--quick")
+    if args.large:
+        parts.append("--large")
+    if args.repeat is not None:
+        parts += ["--repeat", str(args.repeat)]
+    if args.json is not None:
+        parts += ["--json", str(args.json)]
+    return shlex.join(parts)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    parser: argparse.ArgumentParser = args.bench_parser
+    names = list(dict.fromkeys(args.workload or default_selection(large=args.large)))
+    if args.json is not None and not args.json.parent.is_dir():
+        parser.error(f"--json: directory {str(args.json.parent)!r} does not exist")
+    repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
+    sizes = (Sizes.quick() if args.quick else Sizes.full()).for_latency(args.latency_ms)
+    started_at, started = now(), time.perf_counter()
+    try:
+        workspace = Workspace(args.kv, args.latency_ms)
+    except (ValueError, KvError) as e:
+        parser.error(f"--kv: {e}")
+    try:
+        systems = (PAGEKV, *baselines_for(args.kv))
+        workloads = [WORKLOADS[n] for n in names]
+        machine = Machine.current()
+        config = Config(
+            kv=redact(args.kv),
+            latency_ms=args.latency_ms,
+            quick=args.quick,
+            large=args.large,
+            repeat=repeat,
+            workloads=names,
+            systems=[s.name for s in systems],
+            sizes=dataclasses.asdict(sizes),
+            scratch_dir=str(workspace.scratch),
+            scratch_filesystem=workspace.filesystem(),
+        )
+        progress = Progress(count_steps(workloads, systems, repeat), enabled=not args.no_progress)
+        results = run_workloads(workspace, workloads, systems, sizes, repeat, progress)
+        progress.finish()
+    finally:
+        workspace.close()
+    machine.load_average_end = Machine.current().load_average_start
+    report = BenchReport(
+        command=canonical_command(args, names),
+        argv=[redact(a) for a in sys.argv],
+        started=started_at,
+        elapsed_s=time.perf_counter() - started,
+        machine=machine,
+        config=config,
+        workloads=results,
+        targets=evaluate(results, args.kv, args.latency_ms, args.quick),
+    )
+    print_report(report)
+    if args.json is not None:
+        write_json(report, args.json)
+    return 0

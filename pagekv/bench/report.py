@@ -1,0 +1,289 @@
+"""The bench report: machine facts, the per-workload tables, the targets, and the JSON form.
+
+The text table and the JSON carry the same figures; the JSON adds every raw sample, so any summary
+(medians, ratios) can be recomputed from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from pagekv import __version__
+from pagekv.bench.runner import MEMORY_METHOD, SystemResult, WorkloadResult
+from pagekv.bench.targets import MET, MISSED, TargetResult, fmt_ratio
+
+SCHEMA_VERSION = 1
+RATIO_DEFINITION = (
+    "speed ratio = native median time per op ÷ pagekv median time per op "
+    "(> 1: pagekv faster; 0.5: pagekv at half native speed)"
+)
+
+
+@dataclass
+class Machine:
+    python: str
+    implementation: str
+    platform: str
+    cpu_count: int | None
+    cpu_model: str
+    apsw: str
+    sqlite: str
+    pagekv: str
+    load_average_start: list[float]
+    load_average_end: list[float] = field(default_factory=list)
+
+    @classmethod
+    def current(cls) -> Machine:
+        return cls(
+            python=platform.python_version(),
+            implementation=platform.python_implementation(),
+            platform=platform.platform(),
+            cpu_count=os.cpu_count(),
+            cpu_model=_cpu_model(),
+            apsw=apsw.apsw_version(),
+            sqlite=apsw.sqlite_lib_version(),
+            pagekv=__version__,
+            load_average_start=_load(),
+        )
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+@dataclass
+class Config:
+    kv: str
+    latency_ms: float
+    quick: bool
+    large: bool
+    repeat: int
+    workloads: list[str]
+    systems: list[str]
+    sizes: dict[str, int]
+    scratch_dir: str
+    scratch_filesystem: str
+    memory_method: str = MEMORY_METHOD
+    ratio_definition: str = RATIO_DEFINITION
+    interleaving: str = (
+        "each repetition runs every system once, back to back; the order rotates per repetition"
+    )
+
+
+@dataclass
+class BenchReport:
+    command: str
+    argv: list[str]
+    started: str
+    elapsed_s: float
+    machine: Machine
+    config: Config
+    workloads: list[WorkloadResult]
+    targets: list[TargetResult]
+    schema: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return _finite(dataclasses.asdict(self))
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def write_json(report: BenchReport, path: Path) -> None:
+    path.write_text(json.dumps(report.to_json(), indent=1, ensure_ascii=False) + "\n")
+
+
+# -- text -------------------------------------------------------------------------------------
+
+
+def fmt_time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:,.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:,.2f} ms"
+    return f"{s:,.2f} s"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _num(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _rate(result: SystemResult, unit: str) -> str:
+    s = result.summary
+    assert s is not None
+    if s.mib_per_s is not None:
+        return f"{s.mib_per_s:,.1f} MiB/s"
+    return f"{s.ops_per_s:,.0f} {unit}/s"
+
+
+_HEADERS = (
+    "system",
+    "median/op",
+    "spread: min..max",
+    "IQR",
+    "rate",
+    "pagekv speed",
+    "RT/op",
+    "KV wr/op",
+    "KV rd/op",
+    "WA",
+    "WA+comp",
+    "py peak",
+    "sqlite peak",
+)
+
+
+def workload_table(result: WorkloadResult, repeat: int) -> str:
+    rows: list[tuple[str, ...]] = []
+    ratio = {r.baseline: r for r in result.ratios}
+    for system in result.systems:
+        s = system.summary
+        if s is None:
+            rows.append((system.label, f"skipped: {system.skipped or 'no samples'}"))
+            continue
+        r = ratio.get(system.system)
+        speed = (
+            f"{fmt_ratio(r.speed_ratio)} ({fmt_ratio(r.paired_min)}..{fmt_ratio(r.paired_max)})"
+            if r is not None
+            else ""
+        )
+        mem = system.memory
+        rows.append(
+            (
+                system.label,
+                fmt_time(s.median_s_per_op),
+                f"{fmt_time(s.min_s_per_op)}..{fmt_time(s.max_s_per_op)}",
+                f"{fmt_time(s.q1_s_per_op)}..{fmt_time(s.q3_s_per_op)}",
+                _rate(system, result.unit),
+                speed,
+                _num(s.round_trips_per_op, ".3g"),
+                fmt_bytes(s.kv_bytes_written_per_op) if s.round_trips_per_op is not None else "-",
+                fmt_bytes(s.kv_bytes_read_per_op) if s.round_trips_per_op is not None else "-",
+                _num(s.write_amplification, ".3f"),
+                _num(s.write_amplification_with_compaction, ".3f"),
+                fmt_bytes(mem.python_peak_bytes) if mem else "-",
+                fmt_bytes(mem.sqlite_peak_bytes) if mem else "-",
+            )
+        )
+    full = [r for r in rows if len(r) == len(_HEADERS)]
+    widths = [max(len(h), *(len(r[i]) for r in full)) for i, h in enumerate(_HEADERS)]
+    lines = [
+        f"{result.name} — {result.title}; per {result.unit}, {repeat} interleaved repetitions",
+        "  "
+        + "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(_HEADERS, widths, strict=True))
+        ),
+    ]
+    for row in rows:
+        if len(row) != len(_HEADERS):
+            lines.append(f"  {row[0].ljust(widths[0])}  {row[1]}")
+            continue
+        lines.append(
+            "  "
+            + "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    pagekv = result.system("pagekv")
+    if pagekv and pagekv.summary and pagekv.summary.round_trips_by_op:
+        by_op = ", ".join(f"{op} {n:.3g}" for op, n in pagekv.summary.round_trips_by_op.items())
+        extra = f"  pagekv round trips per {result.unit}: {by_op}"
+        if pagekv.summary.compactions_per_sample:
+            extra += f"; compactions per sample: {pagekv.summary.compactions_per_sample:g}"
+        lines.append(extra)
+    return "\n".join(lines)
+
+
+def targets_table(targets: Sequence[TargetResult]) -> str:
+    mark = {MET: "met", MISSED: "MISSED"}
+    width = max(len(t.target) for t in targets)
+    lines = ["Targets (issue 4)"]
+    for t in targets:
+        status = mark.get(t.status, t.status)
+        line = f"  [{status:^12}] {t.target.ljust(width)}  {t.criterion}"
+        if t.measured:
+            line += f": {t.measured}"
+        if t.note:
+            line += f"  ({t.note})"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def header(report: BenchReport) -> str:
+    m, c = report.machine, report.config
+    latency = f", +{c.latency_ms:g} ms simulated latency per KV round trip" if c.latency_ms else ""
+    return "\n".join(
+        [
+            f"pagekv bench — {report.command}",
+            f"  store {c.kv}{latency}; native files in {c.scratch_dir} ({c.scratch_filesystem})",
+            f"  Python {m.python} ({m.implementation}), apsw {m.apsw}, SQLite {m.sqlite}, "
+            f"{m.cpu_count} CPUs ({m.cpu_model}), load average {m.load_average_start}",
+            f"  {RATIO_DEFINITION}",
+            "  spread: min..max and IQR of per-op times; RT: KV round trips; KV wr/rd: KV bytes "
+            "(keys + values) per op;",
+            "  WA: KV bytes written ÷ SQLite page bytes committed (compaction inside the body "
+            "excluded); WA+comp: with it and with a compaction pass right after the body;",
+            "  peak: memory above the start of the body, from " + MEMORY_METHOD,
+        ]
+    )
+
+
+def render(report: BenchReport) -> str:
+    parts = [header(report)]
+    parts += [workload_table(w, report.config.repeat) for w in report.workloads]
+    parts.append(targets_table(report.targets))
+    parts.append(f"total {report.elapsed_s:.1f} s")
+    return "\n\n".join(parts) + "\n"
+
+
+def print_report(report: BenchReport) -> None:
+    sys.stdout.write(render(report))
+    sys.stdout.flush()

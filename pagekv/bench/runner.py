@@ -1,0 +1,456 @@
+"""Running workloads on pagekv and its native baselines, interleaved, and summarising the samples.
+
+Why interleaved: the machine this runs on is shared and noisy, and noise drifts over seconds. Each
+repetition runs every system once, one after the other (the order rotates per repetition so no
+system always goes first), so slow phases hit every system alike; ratios come from those paired
+runs. Every per-sample figure (time, KV round trips, bytes, VFS counters) is kept, so the JSON can
+be re-analysed and the summary checked.
+
+Memory is measured in one extra, untimed pass per system, because tracing slows Python code down:
+peak Python heap (`tracemalloc`, allocations made during the body) and peak SQLite heap
+(`apsw.memory_high_water`, process-wide, above what SQLite held before the body). For `memory://`
+the Python figure includes the pages the in-process KV store keeps (see `python_retained_bytes`).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import apsw
+
+from pagekv.bench.systems import PAGE_SIZE, PAGEKV_COUNTERS, Subject, SystemSpec, Workspace
+from pagekv.bench.workloads import Prepare, Sizes, Workload, build
+
+MEMORY_METHOD = (
+    "one untimed pass per system: tracemalloc peak of allocations made during the body "
+    "(Python heap) and apsw.memory_high_water above its value before the body (SQLite heap)"
+)
+
+
+@dataclass
+class Sample:
+    """One timed run of a workload's body on one system."""
+
+    rep: int
+    order: int
+    """Position of this system within its repetition (0 = ran first)."""
+    seconds: float
+    ops: int
+    round_trips: dict[str, int] = field(default_factory=dict)
+    kv_bytes_written: int = 0
+    kv_bytes_read: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    """Changes of the VFS counters during the body (pagekv only)."""
+    final_compaction_bytes: int = 0
+    """KV bytes of the compaction pass run after the body (untimed), to fold what it committed."""
+
+    @property
+    def seconds_per_op(self) -> float:
+        return self.seconds / self.ops
+
+
+@dataclass
+class MemoryUse:
+    python_peak_bytes: int
+    python_retained_bytes: int
+    sqlite_peak_bytes: int
+
+
+@dataclass
+class Summary:
+    """Figures derived from the samples (the table's row)."""
+
+    median_s_per_op: float
+    min_s_per_op: float
+    max_s_per_op: float
+    q1_s_per_op: float
+    q3_s_per_op: float
+    ops_per_s: float
+    mib_per_s: float | None
+    round_trips_per_op: float | None = None
+    round_trips_per_op_max: float | None = None
+    round_trips_by_op: dict[str, float] | None = None
+    kv_bytes_written_per_op: float | None = None
+    kv_bytes_read_per_op: float | None = None
+    sqlite_page_bytes_per_op: float | None = None
+    write_amplification: float | None = None
+    """KV bytes written by the body, less compaction inside it, ÷ SQLite page bytes committed."""
+    write_amplification_with_compaction: float | None = None
+    """All KV bytes the body wrote plus those of a compaction pass right after it, ÷ the same."""
+    compactions_per_sample: float | None = None
+
+
+@dataclass
+class SystemResult:
+    system: str
+    label: str
+    kind: str
+    settings: str
+    samples: list[Sample] = field(default_factory=list)
+    summary: Summary | None = None
+    memory: MemoryUse | None = None
+    skipped: str | None = None
+
+
+@dataclass
+class Ratio:
+    """pagekv's speed relative to one baseline: `native time ÷ pagekv time` (> 1: pagekv faster).
+
+    `speed_ratio` is the ratio of the medians; `paired` holds the ratio of each repetition's two
+    samples, which ran back to back."""
+
+    baseline: str
+    baseline_label: str
+    speed_ratio: float
+    paired: list[float]
+    paired_min: float
+    paired_max: float
+
+
+@dataclass
+class WorkloadResult:
+    name: str
+    title: str
+    unit: str
+    prepare: str
+    payload_bytes_per_op: int | None
+    systems: list[SystemResult]
+    ratios: list[Ratio]
+    seconds: float
+    """Wall time spent on this workload, set-up and memory pass included."""
+
+    def system(self, name: str) -> SystemResult | None:
+        return next((s for s in self.systems if s.system == name), None)
+
+
+class Progress:
+    """One line per step on stderr; on a terminal the line is rewritten in place."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.total = total
+        self.done = 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.started = time.perf_counter()
+        self._tty = self.stream.isatty()
+
+    def step(self, text: str, *, count: bool = True) -> None:
+        if count:
+            self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.started
+        line = f"[{self.done:>3}/{self.total}] {elapsed:6.1f}s  {text}"
+        if self._tty:
+            self.stream.write("\r\x1b[2K" + line[:150])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.enabled and self._tty:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+
+
+def runnable(workload: Workload, systems: Sequence[SystemSpec]) -> list[SystemSpec]:
+    return [s for s in systems if s.can_reopen or not workload.needs_reopen]
+
+
+def count_steps(workloads: Sequence[Workload], systems: Sequence[SystemSpec], repeat: int) -> int:
+    """Progress steps: every sample, plus a build and a memory pass per system and workload."""
+    return sum(len(runnable(w, systems)) * (repeat + 2) for w in workloads)
+
+
+def _rotated(systems: list[SystemSpec], rep: int) -> list[SystemSpec]:
+    k = rep % len(systems)
+    return systems[k:] + systems[:k]
+
+
+def _fmt_seconds(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+class Harness:
+    """The databases of one workload on some systems, and their untimed preparation.
+
+    `open()` builds the databases that are reused across samples; `ready(spec)` hands out the
+    database for one sample, prepared as the workload says (fresh, reopened cold, or closed);
+    `done` disposes of it; `close()` deletes everything. `pagekv bench` and the pytest-benchmark
+    suite both time `workload.body` between `ready` and `done`.
+    """
+
+    def __init__(
+        self, workspace: Workspace, workload: Workload, systems: Sequence[SystemSpec], sizes: Sizes
+    ) -> None:
+        self.ws = workspace
+        self.workload = workload
+        self.systems = runnable(workload, systems)
+        self.sizes = sizes
+        self._kept: dict[str, Subject] = {}
+
+    def open(self, spec: SystemSpec) -> None:
+        """Build the reused database of `spec` (nothing to do for fresh-per-sample workloads)."""
+        if self.workload.prepare is not Prepare.FRESH:
+            self._kept[spec.name] = self._new_subject(spec)
+
+    def _new_subject(self, spec: SystemSpec) -> Subject:
+        subject = self.ws.subject(spec, self.workload.name)
+        try:
+            build(self.workload, subject, self.sizes)
+        except BaseException:
+            subject.destroy()
+            raise
+        return subject
+
+    def ready(self, spec: SystemSpec) -> Subject:
+        prepare = self.workload.prepare
+        if prepare is Prepare.FRESH:
+            return self._new_subject(spec)
+        subject = self._kept[spec.name]
+        if prepare is Prepare.COLD:
+            subject.reopen()
+        elif prepare is Prepare.CLOSED:
+            subject.close()
+        return subject
+
+    def done(self, subject: Subject) -> None:
+        if self.workload.prepare is Prepare.FRESH:
+            subject.destroy()
+
+    def close(self) -> None:
+        for subject in self._kept.values():
+            subject.destroy()
+        self._kept.clear()
+
+
+class WorkloadRun:
+    """Runs one workload on a list of systems: build, interleaved samples, memory pass."""
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        workload: Workload,
+        systems: Sequence[SystemSpec],
+        sizes: Sizes,
+        progress: Progress,
+        *,
+        memory: bool = True,
+    ) -> None:
+        self.workload = workload
+        self.all_systems = list(systems)
+        self.harness = Harness(workspace, workload, systems, sizes)
+        self.systems = self.harness.systems
+        self.sizes = sizes
+        self.progress = progress
+        self.memory = memory
+
+    def run(self, repeat: int) -> WorkloadResult:
+        w = self.workload
+        started = time.perf_counter()
+        results = {
+            s.name: SystemResult(s.name, s.label, s.kind, s.settings()) for s in self.all_systems
+        }
+        for spec in self.all_systems:
+            if spec not in self.systems:
+                results[spec.name].skipped = "a :memory: database cannot be closed and reopened"
+        try:
+            for spec in self.systems:
+                fresh = w.prepare is Prepare.FRESH
+                what = "fresh database per sample" if fresh else "building"
+                self.progress.step(f"{w.name}: {spec.label} ({what})")
+                self.harness.open(spec)
+            for rep in range(repeat):
+                data = w.inputs(self.sizes, random.Random(f"{w.name}:{rep}"))
+                for order, spec in enumerate(_rotated(self.systems, rep)):
+                    sample = self.sample(spec, data, rep, order)
+                    results[spec.name].samples.append(sample)
+                    self.progress.step(
+                        f"{w.name} rep {rep + 1}/{repeat} {spec.label}: "
+                        f"{_fmt_seconds(sample.seconds_per_op)}/{w.unit}"
+                    )
+                del data
+            for spec in self.systems:
+                if self.memory:
+                    data = w.inputs(self.sizes, random.Random(f"{w.name}:memory"))
+                    results[spec.name].memory = self.measure_memory(spec, data)
+                self.progress.step(f"{w.name}: memory pass on {spec.label}")
+        finally:
+            self.harness.close()
+        for result in results.values():
+            if result.samples:
+                result.summary = summarize(
+                    result.samples, w.payload_bytes(self.sizes) if w.payload_bytes else None
+                )
+        ordered = [results[s.name] for s in self.all_systems]
+        return WorkloadResult(
+            name=w.name,
+            title=w.describe(self.sizes),
+            unit=w.unit,
+            prepare=w.prepare.value,
+            payload_bytes_per_op=w.payload_bytes(self.sizes) if w.payload_bytes else None,
+            systems=ordered,
+            ratios=ratios(ordered),
+            seconds=time.perf_counter() - started,
+        )
+
+    def sample(self, spec: SystemSpec, data: object, rep: int, order: int) -> Sample:
+        subject = self.harness.ready(spec)
+        try:
+            # No gc.collect() here: measured, a full collection right before a sample makes the
+            # next native open ~3x slower (it empties free lists and returns arenas to the OS).
+            subject.kv_reset()
+            before = subject.counters()
+            started = time.perf_counter()
+            ops = self.workload.body(subject, data)
+            seconds = time.perf_counter() - started
+            kv = subject.kv_reset()
+            delta = subject.counters()
+            delta.subtract(before)
+            sample = Sample(rep=rep, order=order, seconds=seconds, ops=ops)
+            if kv is not None:
+                sample.round_trips = dict(sorted(kv.round_trips.items()))
+                sample.kv_bytes_written = kv.bytes_written
+                sample.kv_bytes_read = kv.bytes_read
+                sample.counters = {k: delta[k] for k in PAGEKV_COUNTERS}
+                if delta["pages_committed"]:
+                    sample.final_compaction_bytes = self._compaction_bytes(subject)
+            return sample
+        finally:
+            self.harness.done(subject)
+
+    @staticmethod
+    def _compaction_bytes(subject: Subject) -> int:
+        before = subject.counters()["compaction_bytes_written"]
+        subject.compact()
+        subject.kv_reset()
+        return subject.counters()["compaction_bytes_written"] - before
+
+    def measure_memory(self, spec: SystemSpec, data: object) -> MemoryUse:
+        subject = self.harness.ready(spec)
+        try:
+            apsw.memory_high_water(True)
+            sqlite_before = apsw.memory_used()
+            tracemalloc.start()
+            try:
+                self.workload.body(subject, data)
+                retained, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            sqlite_peak = apsw.memory_high_water(False) - sqlite_before
+            subject.kv_reset()
+            return MemoryUse(peak, retained, max(0, sqlite_peak))
+        finally:
+            self.harness.done(subject)
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
+def summarize(samples: list[Sample], payload_bytes: int | None) -> Summary:
+    per_op = [s.seconds_per_op for s in samples]
+    median = statistics.median(per_op)
+    q1, q3 = _quartiles(per_op)
+    summary = Summary(
+        median_s_per_op=median,
+        min_s_per_op=min(per_op),
+        max_s_per_op=max(per_op),
+        q1_s_per_op=q1,
+        q3_s_per_op=q3,
+        ops_per_s=1 / median if median else float("inf"),
+        mib_per_s=payload_bytes / median / 2**20 if payload_bytes and median else None,
+    )
+    if not any(s.round_trips or s.counters for s in samples):
+        return summary
+    ops = [s.ops for s in samples]
+
+    def per_op_median(values: Sequence[float]) -> float:
+        return statistics.median(v / n for v, n in zip(values, ops, strict=True))
+
+    totals = [sum(s.round_trips.values()) for s in samples]
+    summary.round_trips_per_op = per_op_median(totals)
+    summary.round_trips_per_op_max = max(t / n for t, n in zip(totals, ops, strict=True))
+    names = sorted({op for s in samples for op in s.round_trips})
+    summary.round_trips_by_op = {
+        op: per_op_median([s.round_trips.get(op, 0) for s in samples]) for op in names
+    }
+    summary.kv_bytes_written_per_op = per_op_median([s.kv_bytes_written for s in samples])
+    summary.kv_bytes_read_per_op = per_op_median([s.kv_bytes_read for s in samples])
+    page_bytes = [s.counters.get("pages_committed", 0) * PAGE_SIZE for s in samples]
+    summary.sqlite_page_bytes_per_op = per_op_median(page_bytes)
+    summary.compactions_per_sample = statistics.median(
+        s.counters.get("compactions", 0) for s in samples
+    )
+    if all(page_bytes):
+        summary.write_amplification = statistics.median(
+            (s.kv_bytes_written - s.counters.get("compaction_bytes_written", 0)) / p
+            for s, p in zip(samples, page_bytes, strict=True)
+        )
+        summary.write_amplification_with_compaction = statistics.median(
+            (s.kv_bytes_written + s.final_compaction_bytes) / p
+            for s, p in zip(samples, page_bytes, strict=True)
+        )
+    return summary
+
+
+def ratios(results: Sequence[SystemResult]) -> list[Ratio]:
+    """pagekv vs each native baseline, from the medians and from each repetition's pair."""
+    pagekv = next((r for r in results if r.kind == "pagekv" and r.summary), None)
+    if pagekv is None or pagekv.summary is None:
+        return []
+    own = {s.rep: s.seconds_per_op for s in pagekv.samples}
+    out: list[Ratio] = []
+    for native in results:
+        if native.kind != "native" or native.summary is None:
+            continue
+        paired = [
+            s.seconds_per_op / own[s.rep] for s in native.samples if s.rep in own and own[s.rep] > 0
+        ]
+        out.append(
+            Ratio(
+                baseline=native.system,
+                baseline_label=native.label,
+                speed_ratio=native.summary.median_s_per_op / pagekv.summary.median_s_per_op,
+                paired=paired,
+                paired_min=min(paired, default=float("nan")),
+                paired_max=max(paired, default=float("nan")),
+            )
+        )
+    return out
+
+
+def run_workloads(
+    workspace: Workspace,
+    workloads: Sequence[Workload],
+    systems: Sequence[SystemSpec],
+    sizes: Sizes,
+    repeat: int,
+    progress: Progress,
+    *,
+    memory: bool = True,
+    on_result: Callable[[WorkloadResult], None] | None = None,
+) -> list[WorkloadResult]:
+    results = []
+    for workload in workloads:
+        result = WorkloadRun(workspace, workload, systems, sizes, progress, memory=memory).run(
+            repeat
+        )
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
