@@ -5,19 +5,20 @@ elsewhere. One tracked *stream* grows its window (doubling up to `max_pages`) wh
 near its end; a miss elsewhere fetches a small window and is remembered as a *probe*, so that an
 interior page does not reset the stream, and a miss just past a probe starts a new stream.
 Positions advance by what a fetch really brought (a delta chunk holds more pages than asked).
-The first window is 64 pages (256 KiB): at remote-KV latencies a round trip costs far more than
-the bytes, so a cold read of ~100 pages takes two round trips.
+The first window is 128 pages (512 KiB) and the largest 512 (2 MiB): at remote-KV latencies a
+round trip costs far more than the bytes, so a cold read of ~100 pages takes two round trips and a
+50 MiB scan a few dozen (measured in `benchmarks/RESULTS.md`).
 """
 
 from __future__ import annotations
 
 
 class ReadAhead:
-    def __init__(self, first_pages: int = 64, max_pages: int = 256) -> None:
+    def __init__(self, first_pages: int = 128, max_pages: int = 512) -> None:
         self.first = first_pages
         self.max = max_pages
         self._window = first_pages
-        self._stream_end = 0
+        self._stream_end = -2 * (first_pages + max_pages)
         self._probe_end = -first_pages
         self._in_stream = False
 
