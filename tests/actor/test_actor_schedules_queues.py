@@ -1,0 +1,213 @@
+"""Schedules fire after sleep and after a whole-process restart; queue messages survive crashes
+and are redelivered until completed; limits fail clearly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from pagekv.actor import ActorContext, Registry, actor
+from pagekv.actor.queue import MAX_MESSAGE_BYTES, MessageTooLarge, QueueFull
+from pagekv.actor.schedule import TooManySchedules, next_due
+from pagekv.kv import MemoryStore
+
+pytestmark = pytest.mark.anyio
+WaitFor = Callable[..., Awaitable[None]]
+
+
+def _ticker(sleep_timeout: float = 0.2) -> Any:
+    a = actor("ticker", state={"ticks": [], "msgs": []}, sleep_timeout=sleep_timeout)
+
+    @a.action
+    async def arm(ctx: ActorContext, delay: float) -> str:
+        return await ctx.schedule.after(delay, "tick", "once")
+
+    @a.action
+    async def arm_every(ctx: ActorContext, every: float) -> str:
+        return await ctx.schedule.every(every, "tick", "again", name="beat")
+
+    @a.action
+    async def tick(ctx: ActorContext, label: str) -> None:
+        ctx.state["ticks"].append(label)
+
+    @a.action
+    async def ticks(ctx: ActorContext) -> list[str]:
+        return ctx.state["ticks"]
+
+    @a.action
+    async def pending(ctx: ActorContext) -> list[str]:
+        return [e.action for e in await ctx.schedule.list()]
+
+    return a
+
+
+async def test_a_schedule_wakes_a_sleeping_actor_and_fires_once(wait_for: WaitFor) -> None:
+    a = _ticker()
+    registry = Registry([a], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("ticker", "k")
+        await handle.arm(0.6)
+        await wait_for(lambda: not registry.live(), what="idle sleep before the schedule is due")
+        await wait_for(lambda: bool(registry.live()), what="the schedule waking the actor")
+        await wait_for(lambda: not registry.live(), what="sleep after the dispatch")
+        assert await handle.ticks() == ["once"]
+        assert await handle.pending() == []
+
+
+async def test_recurring_schedules_keep_their_cadence(wait_for: WaitFor) -> None:
+    a = _ticker(sleep_timeout=30)
+    registry = Registry([a], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("ticker", "k")
+        event = await handle.arm_every(0.15)
+        assert event == "every:beat"
+        assert await handle.arm_every(0.15) == event, "a named schedule upserts"
+        await wait_for(lambda: len(registry.live()[0].ctx.state["ticks"]) >= 3, what="3 ticks")
+        assert await handle.pending() == ["tick"]
+    assert next_due(10.0, 5.0, 31.0) == 35.0 and next_due(10.0, 5.0, 3.0) == 15.0
+
+
+async def test_schedules_survive_a_restart_of_the_whole_process(tmp_path: Path) -> None:
+    store = tmp_path / "kv"
+    program = textwrap.dedent(
+        f"""
+        import anyio, sys
+        from pagekv.actor import Registry, actor
+        a = actor("ticker", state={{"ticks": []}}, sleep_timeout=0.2)
+        @a.action
+        async def arm(ctx, delay): return await ctx.schedule.after(delay, "tick", "late")
+        @a.action
+        async def tick(ctx, label): ctx.state["ticks"].append(label)
+        @a.action
+        async def ticks(ctx): return ctx.state["ticks"]
+        async def main():
+            async with Registry([a], kv="file://{store}").run() as client:
+                if sys.argv[1] == "arm":
+                    await client.get_or_create("ticker", "k").arm(1.0)
+                else:
+                    for _ in range(100):
+                        await anyio.sleep(0.1)
+                        if {{"ticker/k"}} & {{i.actor_id for i in client.registry.live()}}:
+                            break
+                    await anyio.sleep(0.3)
+                    print(await client.get("ticker", "k").ticks())
+        anyio.run(main)
+        """
+    )
+    armed = subprocess.run([sys.executable, "-c", program, "arm"], capture_output=True, text=True)
+    assert armed.returncode == 0, armed.stderr
+    woken = subprocess.run(
+        [sys.executable, "-c", program, "wait"], capture_output=True, text=True, timeout=60
+    )
+    assert woken.returncode == 0, woken.stderr
+    assert woken.stdout.strip() == "['late']"
+
+
+def _mailbox() -> Any:
+    a = actor("mailbox", state={"seen": []}, sleep_timeout=30)
+
+    @a.action
+    async def take(ctx: ActorContext, complete: bool) -> Any:
+        message = await ctx.queue.next(["jobs"], timeout=0, completable=True)
+        if message is None:
+            return None
+        ctx.state["seen"].append(message.body)
+        if complete:
+            await message.complete()
+        return message.body
+
+    @a.action
+    async def size(ctx: ActorContext) -> int:
+        return await ctx.queue.size()
+
+    return a
+
+
+async def test_completable_messages_are_redelivered_after_a_crash_until_completed() -> None:
+    store = MemoryStore()
+    a = _mailbox()
+    async with Registry([a], kv=store).run() as client:
+        handle = client.get_or_create("mailbox", "k")
+        for n in range(3):
+            await handle.send("jobs", {"n": n})
+        assert await handle.take(False) == {"n": 0}
+    # The first registry is gone without completing message 0: a crash, as far as it knows.
+    async with Registry([a], kv=store).run() as client:
+        handle = client.get("mailbox", "k")
+        assert await handle.take(True) == {"n": 0}, "an uncompleted message is delivered again"
+        assert await handle.take(True) == {"n": 1}
+        assert await handle.take(True) == {"n": 2}
+        assert await handle.take(True) is None
+        assert await handle.size() == 0
+
+
+async def test_a_message_wakes_a_sleeping_actor_whose_run_handler_waits(wait_for: WaitFor) -> None:
+    a = actor("worker", state={"done": []}, sleep_timeout=0.2)
+
+    @a.run
+    async def run(ctx: ActorContext) -> None:
+        while True:
+            message = await ctx.queue.next(["work"])
+            assert message is not None
+            ctx.state["done"].append(message.body)
+            await ctx.db.save_state()
+
+    @a.action
+    async def done(ctx: ActorContext) -> list[Any]:
+        return ctx.state["done"]
+
+    registry = Registry([a], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("worker", "k")
+        assert await handle.done() == []
+        await wait_for(lambda: not registry.live(), what="sleep while the run handler waits")
+        await handle.send("work", "job-1")
+        await wait_for(
+            lambda: bool(registry.live()) and registry.live()[0].ctx.state["done"] == ["job-1"],
+            what="the woken run handler to take the message",
+        )
+
+
+async def test_queue_and_schedule_limits_fail_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pagekv.actor.queue as queue
+    import pagekv.actor.schedule as schedule
+
+    monkeypatch.setattr(queue, "MAX_MESSAGES", 3)
+    monkeypatch.setattr(schedule, "MAX_SCHEDULES", 2)
+    a = _ticker(sleep_timeout=30)
+
+    @a.action
+    async def enqueue(ctx: ActorContext, body: Any) -> int:
+        return await ctx.queue.send("q", body)
+
+    outcomes: list[Any] = []
+    async with Registry([a], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("ticker", "k")
+        for n in range(3):
+            await handle.enqueue(n)
+        for call in (
+            handle.enqueue(99),
+            handle.enqueue(b"x" * (MAX_MESSAGE_BYTES + 1)),
+        ):
+            try:
+                await call
+            except Exception as e:
+                outcomes.append(e)
+        await handle.arm(100)
+        await handle.arm(100)
+        try:
+            await handle.arm(100)
+        except Exception as e:
+            outcomes.append(e)
+        await anyio.sleep(0)
+    full, too_large, too_many = outcomes
+    assert isinstance(full, QueueFull) and "limit 3" in str(full)
+    assert isinstance(too_large, MessageTooLarge) and str(MAX_MESSAGE_BYTES) in str(too_large)
+    assert isinstance(too_many, TooManySchedules) and "limit 2" in str(too_many)
