@@ -48,18 +48,16 @@ class ActorDb:
             self.reserved.violation = None
             try:
                 return fn(self.database.connection)
-            except apsw.AuthError as e:
-                if self.reserved.violation:
+            except apsw.Error as e:
+                if self.database.is_dead:
+                    raise self.death() from e
+                if isinstance(e, apsw.ConnectionClosedError):
+                    raise ActorStopped("the actor stopped while this statement ran") from e
+                if isinstance(e, apsw.AuthError) and self.reserved.violation:
                     raise ReservedName(
                         f"{self.reserved.violation!r}: the table prefix '_pagekv_' is reserved "
                         "for the runtime's own tables"
                     ) from e
-                raise
-            except apsw.ConnectionClosedError as e:
-                raise ActorStopped("the actor stopped while this statement ran") from e
-            except apsw.Error as e:
-                if self.database.is_dead:
-                    raise self.death() from e
                 raise
             finally:
                 self.reserved.internal = False

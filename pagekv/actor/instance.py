@@ -177,13 +177,16 @@ class ActorInstance:
         if fn is None:
             raise ActionNotFound(f"actor {self.definition.name!r} has no action {action!r}")
         self.active += 1
+        self.registry.counters["actions"] += 1
         try:
             async with self.gate.shared():
                 result = await fn(self.ctx, *args, **kwargs)
                 await self.ctx.db.save_state()
             return result
-        except (ActorTakenOver, ActorStopped):
+        except (ActorTakenOver, ActorStopped) as e:
             self._requested = "crash"
+            if isinstance(e, ActorTakenOver):
+                self.registry.counters["takeovers"] += 1
             raise
         finally:
             self.active -= 1
@@ -291,7 +294,7 @@ class ActorInstance:
                         f"actor {self.actor_id} was taken over elsewhere; not destroyed: {e}"
                     ) from e
                 finally:
-                    await self.registry.forget(self, destroyed=destroyed)
+                    await self.registry.forget(self, how=how, destroyed=destroyed)
 
     async def _stop_hooks(self, how: Stop) -> None:
         hooks, ctx = self.definition.hooks, self.ctx

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -49,6 +50,8 @@ class Registry:
         self._instances: dict[str, ActorInstance] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._tg: TaskGroup | None = None
+        self.counters: Counter[str] = Counter()
+        """Wakes, sleeps, destroys, crashes, takeovers, actions, and startup phase times."""
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[Client]:
@@ -162,6 +165,9 @@ class Registry:
             namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
             instance = ActorInstance(self, definition, aid, key, namespace)
             await instance.start(input)
+            self.counters["wakes"] += 1
+            for phase, ms in instance.metrics.items():
+                self.counters[f"{phase}_total"] += ms
             if not exists:
                 record = cbor2.dumps({"name": name, "key": key, "created": time.time()})
                 await anyio.to_thread.run_sync(
@@ -170,9 +176,10 @@ class Registry:
             self._instances[aid] = instance
             return instance
 
-    async def forget(self, instance: ActorInstance, *, destroyed: bool) -> None:
+    async def forget(self, instance: ActorInstance, *, how: str, destroyed: bool) -> None:
         if self._instances.get(instance.actor_id) is instance:
             del self._instances[instance.actor_id]
+        self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         if destroyed:
             prefix = _wake_prefix(instance.actor_id)
             index_key = _index_key(instance.definition.name, instance.key)
@@ -185,6 +192,10 @@ class Registry:
 
     def live(self) -> list[ActorInstance]:
         return list(self._instances.values())
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since the registry started, plus the number of live actors."""
+        return {**self.counters, "live": len(self._instances)}
 
     async def call(
         self,

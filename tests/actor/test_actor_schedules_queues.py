@@ -211,3 +211,26 @@ async def test_queue_and_schedule_limits_fail_clearly(monkeypatch: pytest.Monkey
     assert isinstance(full, QueueFull) and "limit 3" in str(full)
     assert isinstance(too_large, MessageTooLarge) and str(MAX_MESSAGE_BYTES) in str(too_large)
     assert isinstance(too_many, TooManySchedules) and "limit 2" in str(too_many)
+
+
+async def test_registry_metrics_count_the_lifecycle(wait_for: WaitFor) -> None:
+    store = MemoryStore()
+    a = _ticker()
+    registry = Registry([a], kv=store)
+    async with registry.run() as client, Registry([a], kv=store).run() as other:
+        await client.get_or_create("ticker", "k").ticks()
+        await wait_for(lambda: not registry.live(), what="idle sleep")
+        await client.get("ticker", "k").ticks()
+        await other.get("ticker", "k").ticks()
+        try:
+            await client.get("ticker", "k").arm(100)
+        except Exception as e:
+            stale = e
+        await client.get_or_create("ticker", "gone").ticks()
+        await client.destroy("ticker", "gone")
+        metrics = registry.metrics()
+    assert type(stale).__name__ == "ActorTakenOver"
+    assert metrics["wakes"] == 3 and metrics["sleeps"] == 1 and metrics["destroys"] == 1
+    assert metrics["takeovers"] == 1 and metrics["crashes"] == 1
+    assert metrics["actions"] == 4 and metrics["internal.open_database_ms_total"] > 0
+    assert metrics["live"] == 0
