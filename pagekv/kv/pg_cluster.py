@@ -15,6 +15,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -187,8 +188,13 @@ class TempCluster:
         self.destroy()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
-    """Start a throwaway cluster, print its URL, and remove it on Enter or Ctrl-C."""
+    """Start a throwaway cluster, print its URL, and remove it on Enter, Ctrl-C or SIGTERM."""
+    signal.signal(signal.SIGTERM, _interrupt)
     with TempCluster(fsync="--fsync" in sys.argv) as cluster:
         print(cluster.url, flush=True)
         with contextlib.suppress(KeyboardInterrupt, EOFError):
