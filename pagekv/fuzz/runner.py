@@ -32,7 +32,16 @@ from pagekv.fuzz.steps import (
     Takeover,
     Txn,
 )
-from pagekv.kv import READ_OPS, WRITE_OPS, ActorKv, CountingKv, FaultyKv, KvUnavailable
+from pagekv.kv import (
+    READ_OPS,
+    WRITE_OPS,
+    ActorKv,
+    CountingKv,
+    FaultyKv,
+    KvUnavailable,
+    LimitError,
+)
+from pagekv.kv.limits import check_keys, check_write
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs import Database, open_database
 
@@ -90,29 +99,17 @@ class _Guard(KvWrapper):
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self.severed:
             raise KvUnavailable(f"fuzz: {self.name} has crashed")
-        if op == "write":
-            self._check_write(kwargs["put"], kwargs["delete"])
-        elif op == "get":
-            self._check_count(len(args[0]), "get")
+        try:
+            if op == "write":
+                check_write(self.limits, kwargs["put"], kwargs["delete"])
+            elif op == "get":
+                check_keys(self.limits, args[0])
+        except LimitError as e:
+            self.problems.append(f"{self.name}: the VFS sent a request over a limit: {e}")
         result = fn(*args, **kwargs)
         if op in WRITE_OPS and self.superseded:
             self.problems.append(f"{self.name} wrote ({op}) after it was superseded")
         return result
-
-    def _check_count(self, n: int, what: str) -> None:
-        if n > self.limits.max_batch_entries:
-            self.problems.append(f"{self.name}: {what} of {n} entries exceeds the limit")
-
-    def _check_write(self, put: Any, delete: list[bytes]) -> None:
-        items = list(put.items()) if isinstance(put, dict) else list(put)
-        limits = self.limits
-        self._check_count(len(items) + len(delete), "write")
-        size = sum(len(k) + len(v) for k, v in items) + sum(map(len, delete))
-        if size > limits.max_batch_bytes:
-            self.problems.append(f"{self.name}: write of {size} bytes exceeds the batch limit")
-        for key, value in items:
-            if len(key) > limits.max_key_bytes or len(value) > limits.max_value_bytes:
-                self.problems.append(f"{self.name}: entry of {len(key)}+{len(value)} bytes")
 
 
 @dataclass
