@@ -29,6 +29,8 @@ class ActorDefinition:
     """How long sleep and destroy wait for in-flight actions before closing the database."""
     actions: dict[str, Hook] = field(default_factory=dict)
     hooks: dict[str, Hook] = field(default_factory=dict)
+    workflow_fn: Hook | None = None
+    """The durable workflow that is this actor's run handler (see `pagekv.actor.workflow`)."""
 
     HOOKS = (
         "on_migrate",
@@ -62,8 +64,17 @@ class ActorDefinition:
         self.actions[fn.__name__] = fn
         return fn
 
+    def workflow(self, fn: F) -> F:
+        """Register `async def name(wf)` as the actor's run handler, run as a durable workflow."""
+        if "run" in self.hooks or self.workflow_fn is not None:
+            raise ValueError(f"actor {self.name!r} already has a run handler")
+        self.workflow_fn = fn
+        return fn
+
     def _hook(self, name: str) -> Callable[[F], F]:
         def register(fn: F) -> F:
+            if name == "run" and self.workflow_fn is not None:
+                raise ValueError(f"actor {self.name!r} already has a workflow as run handler")
             self.hooks[name] = fn
             return fn
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, assert_never
 
 import anyio
@@ -25,9 +26,10 @@ from pagekv.actor.errors import ActionNotFound, ActorStopped, ActorTakenOver
 from pagekv.actor.gate import Gate
 from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
 from pagekv.actor.queue import Queue
-from pagekv.actor.schedule import Schedule, next_due
+from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
+from pagekv.actor.workflow.runner import Runner
 from pagekv.kv import ActorKv, FenceMismatch
 from pagekv.vfs import open_database
 
@@ -67,8 +69,11 @@ class ActorInstance:
         self._requested: Stop | None = None
         self._run_scope: anyio.CancelScope | None = None
         self._run_active = False
-        self.queue_waits = 0
-        """Tasks waiting in `ctx.queue.next`; a run handler waiting there does not block sleep."""
+        self._run_ended = anyio.Event()
+        self.waits = 0
+        """Tasks waiting for a message or a workflow deadline; a run handler waiting there does
+        not block sleep."""
+        self.workflow: Runner | None = None
         self.next_due: float | None = None
         self._wake_written: object = _UNSET
         self._dispatching = False
@@ -109,8 +114,9 @@ class ActorInstance:
             input=input,
         )
         try:
-            await self._timed("migrate_internal", db.run(migrate, internal=True))
-            initialized, stored = await self._timed("load", db.run(load, internal=True))
+            initialized, stored = await self._timed(
+                "migrate_and_load", db.run(lambda c: (migrate(c), load(c))[1], internal=True)
+            )
             cell.restore((stored, encode_state(stored) if initialized else None))
             hooks = definition.hooks
             if "on_migrate" in hooks:
@@ -131,8 +137,9 @@ class ActorInstance:
                 await self._close()
             raise
         self.phase = Phase.RUNNING
-        if "run" in definition.hooks:
-            self.registry.spawn(self._run_handler)
+        if definition.workflow_fn is not None:
+            self.workflow = Runner(self, definition.workflow_fn)
+        self.start_run()
 
     async def _create(self, input: Any) -> None:
         hooks, ctx = self.definition.hooks, self.ctx
@@ -149,21 +156,41 @@ class ActorInstance:
         await ctx.db.run(lambda c: mark_initialized(c, name, key, data), internal=True)
         ctx._cell.mark_saved(data)
 
+    def start_run(self) -> None:
+        """Start the run handler (a `run` hook or the workflow) unless it is running already."""
+        has_run = "run" in self.definition.hooks or self.workflow is not None
+        if has_run and not self._run_active and self.serving() and self._requested is None:
+            self._run_active = True
+            self._run_ended = anyio.Event()
+            self.registry.spawn(self._run_handler)
+
+    async def stop_run(self) -> None:
+        """Cancel the run handler and wait until it has ended."""
+        if self._run_active:
+            if self._run_scope is not None:
+                self._run_scope.cancel()
+            await self._run_ended.wait()
+
     async def _run_handler(self) -> None:
-        """The optional long-running `run(ctx)`; it blocks idle sleep while it runs."""
-        if self.phase is not Phase.RUNNING or self._requested is not None:
-            return
-        self._run_active = True
+        """The optional long-running `run(ctx)`; it blocks idle sleep while it runs (unless it
+        waits, see `waiting`). Never runs twice at once: `start_run` is its only way in."""
         try:
             with anyio.CancelScope() as scope:
                 self._run_scope = scope
-                await self.definition.hooks["run"](self.ctx)
+                if not self.serving() or self._requested is not None:
+                    return
+                if self.workflow is not None:
+                    await self.workflow.run()
+                else:
+                    await self.definition.hooks["run"](self.ctx)
                 await self.ctx.db.save_state()
         except Exception:
             log.exception("actor %s: run handler failed; tearing the instance down", self.actor_id)
             self._requested = "crash"
         finally:
+            self._run_scope = None
             self._run_active = False
+            self._run_ended.set()
             self.last_active = time.monotonic()
         if self._requested is not None and self.active == 0:
             await self.stop(self._requested)
@@ -215,10 +242,20 @@ class ActorInstance:
         if self._run_scope is not None:
             self._run_scope.cancel()
 
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around a wait for a message or a deadline: the actor may sleep meanwhile."""
+        self.waits += 1
+        try:
+            yield
+        finally:
+            self.waits -= 1
+            self.last_active = time.monotonic()
+
     def idle_for(self) -> float | None:
         """Seconds idle, or None while an action, a dispatch or the run handler (unless it
-        waits for queue messages) keeps it awake."""
-        busy_run = self._run_active and not self.queue_waits
+        waits for a message or a deadline) keeps it awake."""
+        busy_run = self._run_active and not self.waits
         if self.phase is not Phase.RUNNING or self.active or busy_run or self._dispatching:
             return None
         return time.monotonic() - self.last_active
@@ -252,7 +289,10 @@ class ActorInstance:
             )
             for event_id, when, action, args, every in due:
                 try:
-                    await self.call(action, tuple(cbor2.loads(args)), {})
+                    if action == WORKFLOW_WAKE:
+                        self.start_run()
+                    else:
+                        await self.call(action, tuple(cbor2.loads(args)), {})
                 except (ActorTakenOver, ActorStopped):
                     raise
                 except Exception:
@@ -276,9 +316,8 @@ class ActorInstance:
         with anyio.CancelScope(shield=True):
             destroyed = False
             try:
-                if self._run_scope is not None:
-                    self._run_scope.cancel()
                 with anyio.move_on_after(self.definition.stop_grace):
+                    await self.stop_run()
                     while self.active:
                         await self._idle.wait()
                 await self._stop_hooks(how)

@@ -14,7 +14,7 @@ import cbor2
 
 from pagekv.actor.errors import ActorError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PREFIX = "_pagekv_"
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -27,6 +27,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE _pagekv_queue(id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
         "body BLOB NOT NULL, created REAL NOT NULL)",
         "CREATE INDEX _pagekv_queue_name ON _pagekv_queue(name, id)",
+    ),
+    2: (
+        "CREATE TABLE _pagekv_workflow(key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+        "CREATE TABLE _pagekv_workflow_names(idx INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
+        "CREATE TABLE _pagekv_workflow_history(location TEXT PRIMARY KEY, seq INTEGER NOT NULL "
+        "UNIQUE, name TEXT NOT NULL, kind TEXT NOT NULL, data BLOB NOT NULL, status TEXT NOT "
+        "NULL, attempts INTEGER NOT NULL, error TEXT, created REAL NOT NULL, last_attempt REAL, "
+        "completed REAL, rollback_completed REAL, rollback_error TEXT) WITHOUT ROWID",
     ),
 }
 

@@ -8,7 +8,7 @@ waiting in `next()` does not keep the actor awake; a message sent to a sleeping 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,14 +38,14 @@ class Message:
     name: str
     body: Any
     created: float
-    _queue: Queue | None = field(default=None, repr=False)
+    _complete: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
 
     async def complete(self) -> None:
         """Remove a completable message for good (one commit)."""
-        if self._queue is None:
+        if self._complete is None:
             raise ActorError("this message was not received as completable, or is complete")
-        queue, self._queue = self._queue, None
-        await queue._delete(self.id)
+        complete, self._complete = self._complete, None
+        await complete()
 
 
 class Queue:
@@ -53,6 +53,10 @@ class Queue:
         self._instance = instance
         self._arrived = anyio.Event()
         self._in_flight: set[int] = set()
+
+    def arrival(self) -> anyio.Event:
+        """An event set by the next `send`; take it before looking, so no message is missed."""
+        return self._arrived
 
     async def send(self, name: str, body: Any) -> int:
         """Append a message; returns its id."""
@@ -79,7 +83,8 @@ class Queue:
                 return c.last_insert_rowid()
 
         message_id = await self._instance.ctx.db.locked(send, internal=True)
-        self._arrived.set()
+        arrived, self._arrived = self._arrived, anyio.Event()
+        arrived.set()
         return message_id
 
     async def next(
@@ -92,23 +97,17 @@ class Queue:
         """The oldest message (of `names`, if given); waits up to `timeout` s (None: forever,
         0: only look)."""
         deadline = None if timeout is None else anyio.current_time() + timeout
-        self._instance.queue_waits += 1
-        try:
+        with self._instance.waiting():
             while True:
-                self._arrived = anyio.Event()
+                arrival = self.arrival()
                 message = await self._take(names, completable)
                 if message is not None:
                     return message
-                if deadline is None:
-                    await self._arrived.wait()
-                    continue
-                remaining = deadline - anyio.current_time()
-                if remaining <= 0:
+                remaining = None if deadline is None else deadline - anyio.current_time()
+                if remaining is not None and remaining <= 0:
                     return None
                 with anyio.move_on_after(remaining):
-                    await self._arrived.wait()
-        finally:
-            self._instance.queue_waits -= 1
+                    await arrival.wait()
 
     async def _take(self, names: Sequence[str] | None, completable: bool) -> Message | None:
         skip = sorted(self._in_flight)
@@ -134,7 +133,7 @@ class Queue:
         message = Message(row[0], row[1], cbor2.loads(row[2]), row[3])
         if completable:
             self._in_flight.add(message.id)
-            message._queue = self
+            message._complete = lambda: self._delete(message.id)
         return message
 
     async def _delete(self, message_id: int) -> None:

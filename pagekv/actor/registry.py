@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import ActorExists, ActorNotFound, ActorTakenOver, UnknownActor
 from pagekv.actor.instance import ActorInstance, NotServing
+from pagekv.actor.workflow.handle import WorkflowHandle
 from pagekv.kv import DEFAULT_URL, KvStore, open_kv, prefix_end
 
 REGISTRY_NAMESPACE = "pagekv-registry"
@@ -261,6 +262,13 @@ class ActorHandle:
         """Append a message to the actor's queue `queue`; returns the message id."""
         return await self._registry.send(
             self.name, self.key, queue, body, create=self._create, input=self._input
+        )
+
+    @property
+    def workflow(self) -> WorkflowHandle:
+        """The actor's durable workflow (its run handler)."""
+        return WorkflowHandle(
+            self._registry, self.name, self.key, create=self._create, input=self._input
         )
 
     def __getattr__(self, action: str) -> Callable[..., Awaitable[Any]]:

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from pagekv.actor.instance import ActorInstance
 
 MAX_SCHEDULES = 1000
+WORKFLOW_WAKE = "_pagekv.workflow"
+"""Id and action of the row that holds the workflow's earliest deadline (see the workflow runner);
+dispatching it resumes the workflow instead of calling an action."""
 
 
 class TooManySchedules(ActorError):

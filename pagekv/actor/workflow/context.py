@@ -1,0 +1,667 @@
+"""`wf`: the replayable primitives a workflow is written with.
+
+Every primitive is an entry at a location (scope + name). On each execution the workflow runs from
+the top: a primitive whose entry is recorded returns the recorded outcome, the first one that is
+not executes for real. Replay checks the kind and the name at every location, refuses a name used
+twice in one scope, and refuses to make progress past recorded entries that the code skipped
+(`HistoryDiverged`, before any side effect); `removed` is how code retires an operation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, assert_never
+
+import anyio
+import cbor2
+
+from pagekv.actor.errors import ActorStopped, ActorTakenOver
+from pagekv.actor.workflow.errors import (
+    Critical,
+    EntryInProgress,
+    HistoryDiverged,
+    JoinError,
+    RaceError,
+    RollbackCheckpointError,
+    StepCritical,
+    StepError,
+    StepExhausted,
+    StepTimeout,
+)
+from pagekv.actor.workflow.history import (
+    Entry,
+    Kind,
+    Status,
+    child,
+    iteration_scope,
+    subtree_range,
+)
+from pagekv.actor.workflow.step import FailureKind, StepContext, StepFailure, StepResult
+
+if TYPE_CHECKING:
+    from pagekv.actor.queue import Message
+    from pagekv.actor.workflow.runner import Runner
+
+T = TypeVar("T")
+StepFn = Callable[[StepContext], Awaitable[Any]]
+RollbackFn = Callable[[StepContext, Any], Awaitable[None]]
+BranchFn = Callable[["WorkflowContext"], Awaitable[Any]]
+_FAILURES: dict[str, type[StepError]] = {
+    "critical": StepCritical,
+    "timeout": StepTimeout,
+    "exhausted": StepExhausted,
+}
+
+
+class _TimedOut(Exception):
+    """A step attempt ran past its timeout (and was cancelled)."""
+
+
+class RollbackStop(BaseException):
+    """Rollback replay reached the first operation without a recorded outcome; internal.
+
+    A BaseException so that workflow code catching `Exception` cannot swallow it.
+    """
+
+
+CONTROL = (HistoryDiverged, EntryInProgress, RollbackCheckpointError, RollbackStop)
+"""Errors that end an execution instead of being a branch's or a step's failure, by priority."""
+
+
+@dataclass(frozen=True)
+class RaceResult:
+    winner: str
+    value: Any
+
+
+def describe_error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def check_encodable(value: Any, what: str) -> None:
+    try:
+        cbor2.dumps(value)
+    except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
+        raise TypeError(f"{what} must be CBOR-serialisable: {e}") from e
+
+
+class WorkflowContext:
+    """One scope of a workflow: the root, a loop iteration, or a join/race branch.
+
+    At most one primitive may be pending per context at a time (`EntryInProgress`); run work
+    concurrently through `join` and `race`, whose branches get contexts of their own.
+    """
+
+    def __init__(self, runner: Runner, scope: str) -> None:
+        self._runner = runner
+        self._scope = scope
+        self._busy = False
+        self._used: set[str] = set()
+        self._open_loop: Loop | None = None
+        self.queue = WorkflowQueue(self)
+
+    @property
+    def actor_id(self) -> str:
+        return self._runner.instance.actor_id
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    @contextmanager
+    def _op(self, name: str) -> Iterator[str]:
+        if self._busy:
+            raise EntryInProgress(
+                f"{name!r} started while another operation of this workflow context is pending"
+            )
+        self._close_loop()
+        if name in self._used:
+            raise HistoryDiverged(f"the name {name!r} is used twice in one scope")
+        self._used.add(name)
+        self._busy = True
+        try:
+            yield child(self._scope, self._runner.history.name_index(name))
+        finally:
+            self._busy = False
+
+    def _recorded(self, location: str, name: str, kind: Kind) -> Entry | None:
+        entry = self._runner.history.entries.get(location)
+        if entry is None:
+            return None
+        if entry.kind is not kind:
+            raise HistoryDiverged(
+                f"the code runs {kind.value} {name!r} where the history recorded a "
+                f"{entry.kind.value}; use wf.removed({name!r}, {entry.kind.value!r}) to retire it"
+            )
+        self._runner.history.unvisited[self._scope].discard(location)
+        return entry
+
+    def _fresh(self, location: str, name: str, kind: Kind, data: dict[str, Any]) -> Entry:
+        """A new entry; refused while recorded entries of this scope were skipped."""
+        self._refuse_skipped(f"{kind.value} {name!r}")
+        if self._runner.rollback_mode:
+            raise RollbackStop
+        return self._runner.history.new_entry(location, name, kind, data)
+
+    def _refuse_skipped(self, what: str) -> None:
+        skipped = self._runner.history.unvisited[self._scope]
+        if skipped:
+            names = sorted(self._runner.history.entries[loc].name for loc in skipped)
+            raise HistoryDiverged(
+                f"{what} is new, but the history has operations the code no longer reaches in "
+                f"this scope: {names}; retire them with wf.removed(name, kind)"
+            )
+
+    def _close_loop(self) -> None:
+        """A primitive on this context while one of its loops is open means the loop was left."""
+        if self._open_loop is not None:
+            loop, self._open_loop = self._open_loop, None
+            loop.leave()
+
+    def _finish(self) -> None:
+        """The scope's code has ended: close its open loop, and every entry must be visited."""
+        self._close_loop()
+        self._refuse_skipped("the end of the scope")
+
+    # -- primitives --------------------------------------------------------------------------
+
+    async def step(
+        self,
+        name: str,
+        fn: StepFn,
+        *,
+        max_retries: int = 3,
+        backoff: float = 0.1,
+        backoff_max: float = 30.0,
+        timeout: float | None = 30.0,
+        retry_on_timeout: bool = False,
+        rollback: RollbackFn | None = None,
+    ) -> Any:
+        """Run `fn(step_ctx)` once, durably: its result, state and SQL changes commit together.
+
+        A failed attempt is rolled back and retried up to `max_retries` times after
+        `backoff * 2**(attempt-1)` seconds (at most `backoff_max`; deterministic). Raising
+        `Critical` fails the step at once; a timeout fails it unless `retry_on_timeout`.
+        """
+        result = await self._step(
+            name, fn, max_retries, backoff, backoff_max, timeout, retry_on_timeout, rollback
+        )
+        if result.failure is not None:
+            failure = result.failure
+            raise _FAILURES[failure.kind](failure.step, failure.attempts, failure.error)
+        return result.value
+
+    async def try_step(
+        self,
+        name: str,
+        fn: StepFn,
+        *,
+        catch: Sequence[FailureKind] = ("critical", "timeout", "exhausted"),
+        max_retries: int = 3,
+        backoff: float = 0.1,
+        backoff_max: float = 30.0,
+        timeout: float | None = 30.0,
+        retry_on_timeout: bool = False,
+        rollback: RollbackFn | None = None,
+    ) -> StepResult:
+        """`step`, returning a `StepResult` for the failure kinds in `catch` instead of raising."""
+        result = await self._step(
+            name, fn, max_retries, backoff, backoff_max, timeout, retry_on_timeout, rollback
+        )
+        if result.failure is not None and result.failure.kind not in catch:
+            failure = result.failure
+            raise _FAILURES[failure.kind](failure.step, failure.attempts, failure.error)
+        return result
+
+    async def _step(
+        self,
+        name: str,
+        fn: StepFn,
+        max_retries: int,
+        backoff: float,
+        backoff_max: float,
+        timeout: float | None,
+        retry_on_timeout: bool,
+        rollback: RollbackFn | None,
+    ) -> StepResult:
+        runner = self._runner
+        with self._op(name) as location:
+            if rollback is not None and not runner.checkpointed:
+                raise RollbackCheckpointError(
+                    f"step {name!r} has a rollback handler but runs before any "
+                    "wf.rollback_checkpoint(...)"
+                )
+            entry = self._recorded(location, name, Kind.STEP)
+            if entry is None:
+                entry = self._fresh(location, name, Kind.STEP, {})
+            match entry.status:
+                case Status.COMPLETED:
+                    if rollback is not None:
+                        runner.register_rollback(entry, rollback)
+                    return StepResult(True, entry.data.get("output"))
+                case Status.EXHAUSTED:
+                    return _failed(entry)
+                case Status.PENDING | Status.RUNNING | Status.FAILED:
+                    if runner.rollback_mode:
+                        raise RollbackStop
+                case _:
+                    assert_never(entry.status)
+            while True:
+                if entry.status is Status.FAILED:
+                    await runner.wait(entry.data["retry_at"])
+                settled = await self._attempt(entry, fn, timeout, retry_on_timeout, max_retries)
+                if settled.status is Status.COMPLETED:
+                    if rollback is not None:
+                        runner.register_rollback(settled, rollback)
+                    return StepResult(True, settled.data.get("output"))
+                if settled.status is Status.EXHAUSTED:
+                    return _failed(settled)
+                settled.data["retry_at"] = settled.last_attempt + min(  # type: ignore[operator]
+                    backoff_max, backoff * 2 ** (settled.attempts - 1)
+                )
+                entry = settled
+
+    async def _attempt(
+        self,
+        entry: Entry,
+        fn: StepFn,
+        timeout: float | None,
+        retry_on_timeout: bool,
+        max_retries: int,
+    ) -> Entry:
+        """One attempt in one transaction; returns the entry as recorded afterwards."""
+        runner = self._runner
+        attempt = entry.attempts + 1
+        step_ctx = StepContext(runner.instance.ctx, entry.name, attempt)
+        started = time.time()
+        kind: FailureKind | None = None
+        try:
+            async with runner.transaction() as staged:
+                with anyio.move_on_after(timeout) as deadline:
+                    value = await fn(step_ctx)
+                if deadline.cancelled_caught:
+                    raise _TimedOut(f"timed out after {timeout}s")
+                try:
+                    check_encodable(value, f"the result of step {entry.name!r}")
+                except TypeError as e:
+                    raise Critical(str(e)) from e
+                staged.append(
+                    entry.settled(
+                        data={"output": value}, attempts=attempt, last_attempt=started, error=None
+                    )
+                )
+            return staged[0]
+        except (ActorTakenOver, ActorStopped):
+            raise
+        except _TimedOut as e:
+            error: BaseException = e
+            kind = None if retry_on_timeout else "timeout"
+        except Critical as e:
+            error, kind = e, "critical"
+        except Exception as e:
+            error = e
+        finally:
+            step_ctx.close()
+        entry.attempts, entry.last_attempt = attempt, started
+        entry.error = describe_error(error)
+        if kind is None and attempt <= max_retries:
+            entry.status = Status.FAILED
+        else:
+            entry.status = Status.EXHAUSTED
+            entry.data = {"failure": kind or "exhausted"}
+        runner.history.put(entry)
+        return entry
+
+    async def sleep(self, name: str, seconds: float) -> None:
+        """Sleep durably; the actor may sleep meanwhile and is woken on time."""
+        await self._sleep(name, lambda: time.time() + seconds)
+
+    async def sleep_until(self, name: str, timestamp: float) -> None:
+        await self._sleep(name, lambda: timestamp)
+
+    async def _sleep(self, name: str, deadline: Callable[[], float]) -> None:
+        runner = self._runner
+        with self._op(name) as location:
+            entry = self._recorded(location, name, Kind.SLEEP)
+            if entry is not None and entry.status is Status.COMPLETED:
+                return
+            if entry is None:
+                entry = self._fresh(location, name, Kind.SLEEP, {"deadline": deadline()})
+                runner.history.put(entry)
+            elif runner.rollback_mode:
+                raise RollbackStop
+            await runner.wait(entry.data["deadline"])
+            entry.status, entry.completed = Status.COMPLETED, time.time()
+            runner.history.put(entry)
+
+    def loop(
+        self, name: str, *, state: Any = None, history_size: int = 20, prune_every: int = 20
+    ) -> Loop:
+        """`async for it in wf.loop(name, state=...)`: a durable loop.
+
+        Each iteration gets a context `it` of its own (`it.step(...)`, ...) with `it.index` and
+        `it.state`; set `it.state` to carry state into the next iteration, `break` to leave.
+        Only the last `history_size` iterations keep their history (pruned every
+        `prune_every`), so a loop may run forever in bounded space.
+        """
+        if history_size < 1 or prune_every < 1:
+            raise ValueError("history_size and prune_every must be >= 1")
+        return Loop(self, name, state, history_size, prune_every)
+
+    async def join(self, name: str, branches: Mapping[str, BranchFn]) -> dict[str, Any]:
+        """Run every branch concurrently, each in a context of its own; all their outputs.
+
+        Raises `JoinError` naming the failed branches once all have settled.
+        """
+        runner = self._runner
+        with self._op(name) as location:
+            entry = self._recorded(location, name, Kind.JOIN)
+            if entry is None:
+                pending = {b: {"status": Status.PENDING.value} for b in branches}
+                entry = self._fresh(location, name, Kind.JOIN, {"branches": pending})
+                runner.history.put(entry)
+                await runner.flush()
+            statuses: dict[str, dict[str, Any]] = entry.data["branches"]
+            control: list[BaseException] = []
+
+            async def run(branch: str, fn: BranchFn) -> None:
+                status = statuses.setdefault(branch, {"status": Status.PENDING.value})
+                if status["status"] in (Status.COMPLETED.value, Status.FAILED.value):
+                    return
+                outcome = await self._branch(location, branch, fn, control)
+                if outcome is not None:
+                    status.clear()
+                    status.update(outcome)
+                    runner.history.put(entry)
+
+            async with anyio.create_task_group() as tg:
+                for branch, fn in branches.items():
+                    tg.start_soon(run, branch, fn)
+            _raise_control(control)
+            errors = {
+                b: s["error"] for b, s in statuses.items() if s["status"] == Status.FAILED.value
+            }
+            entry.status, entry.completed = Status.COMPLETED, time.time()
+            runner.history.put(entry)
+            await runner.flush()
+            if errors:
+                raise JoinError(name, errors)
+            return {b: statuses[b].get("output") for b in branches}
+
+    async def race(
+        self, name: str, branches: Mapping[str, BranchFn] | Sequence[BranchFn]
+    ) -> RaceResult:
+        """Run the branches concurrently; the first to succeed wins and the others are
+        cancelled (their history is deleted). Raises `RaceError` if all fail."""
+        runner = self._runner
+        named = (
+            dict(branches) if isinstance(branches, Mapping) else {f.__name__: f for f in branches}
+        )
+        with self._op(name) as location:
+            entry = self._recorded(location, name, Kind.RACE)
+            if entry is not None and entry.status is Status.COMPLETED:
+                winner = entry.data["winner"]
+                return RaceResult(winner, entry.data["branches"][winner].get("output"))
+            if entry is None:
+                pending = {b: {"status": Status.PENDING.value} for b in named}
+                data = {"winner": None, "branches": pending}
+                entry = self._fresh(location, name, Kind.RACE, data)
+                runner.history.put(entry)
+                await runner.flush()
+            elif runner.rollback_mode:
+                raise RollbackStop
+            statuses: dict[str, dict[str, Any]] = entry.data["branches"]
+            control: list[BaseException] = []
+            won: list[str] = []
+
+            async def run(branch: str, fn: BranchFn, scope: anyio.CancelScope) -> None:
+                outcome = await self._branch(location, branch, fn, control)
+                if outcome is None:
+                    return
+                statuses[branch] = outcome
+                if outcome["status"] == Status.COMPLETED.value and not won:
+                    won.append(branch)
+                    scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                for branch, fn in named.items():
+                    tg.start_soon(run, branch, fn, tg.cancel_scope)
+            _raise_control(control)
+            if not won:
+                runner.history.put(entry)
+                await runner.flush()
+                raise RaceError(name, {b: s.get("error", "cancelled") for b, s in statuses.items()})
+            winner = won[0]
+            for branch in named:
+                if branch != winner:
+                    index = runner.history.name_index(branch)
+                    runner.history.delete_range(*subtree_range(child(location, index)))
+                    statuses[branch] = {"status": "cancelled"}
+            entry.data["winner"] = winner
+            entry.status, entry.completed = Status.COMPLETED, time.time()
+            runner.history.put(entry)
+            await runner.flush()
+            return RaceResult(winner, statuses[winner].get("output"))
+
+    async def _branch(
+        self, location: str, branch: str, fn: BranchFn, control: list[BaseException]
+    ) -> dict[str, Any] | None:
+        """Run one branch; its outcome as a status record, or None if it hit a control error."""
+        scope = child(location, self._runner.history.name_index(branch))
+        context = WorkflowContext(self._runner, scope)
+        try:
+            value = await fn(context)
+            context._finish()
+            check_encodable(value, f"the output of branch {branch!r}")
+        except CONTROL as e:
+            control.append(e)
+            return None
+        except (ActorTakenOver, ActorStopped):
+            raise
+        except Exception as e:
+            return {"status": Status.FAILED.value, "error": describe_error(e)}
+        return {"status": Status.COMPLETED.value, "output": value}
+
+    async def rollback_checkpoint(self, name: str) -> None:
+        """From here on, a failure of the workflow runs the rollback handlers of the steps that
+        completed, newest first."""
+        with self._op(name) as location:
+            if self._recorded(location, name, Kind.ROLLBACK_CHECKPOINT) is None:
+                entry = self._fresh(location, name, Kind.ROLLBACK_CHECKPOINT, {})
+                entry.status, entry.completed = Status.COMPLETED, time.time()
+                self._runner.history.put(entry)
+            self._runner.checkpointed = True
+
+    async def removed(self, name: str, kind: str) -> None:
+        """Retire an operation the code no longer runs: accepts its recorded entry of `kind`."""
+        original = Kind(kind)
+        with self._op(name) as location:
+            entry = self._runner.history.entries.get(location)
+            if entry is not None and entry.kind not in (original, Kind.REMOVED):
+                raise HistoryDiverged(
+                    f"removed({name!r}, {kind!r}) but the history has a {entry.kind.value} there"
+                )
+            if entry is not None:
+                self._runner.history.unvisited[self._scope].discard(location)
+                return
+            if self._runner.rollback_mode:
+                return
+            entry = self._runner.history.new_entry(
+                location, name, Kind.REMOVED, {"original_kind": kind}
+            )
+            entry.status, entry.completed = Status.COMPLETED, time.time()
+            self._runner.history.put(entry)
+
+    async def get_version(self, name: str, latest: int) -> int:
+        """The code version this execution follows at this point: `latest` for a run that had
+        not got here before the change, 1 for one that already ran past it with older code."""
+        if latest < 1:
+            raise ValueError(f"latest must be >= 1, got {latest}")
+        runner = self._runner
+        with self._op(name) as location:
+            entry = self._recorded(location, name, Kind.VERSION_CHECK)
+            if entry is not None:
+                return int(entry.data["resolved"])
+            if runner.rollback_mode:
+                raise RollbackStop
+            resolved = 1 if runner.history.unvisited[self._scope] else latest
+            data = {"resolved": resolved, "latest": latest}
+            entry = runner.history.new_entry(location, name, Kind.VERSION_CHECK, data)
+            entry.status, entry.completed = Status.COMPLETED, time.time()
+            runner.history.put(entry)
+            await runner.flush()
+            return resolved
+
+
+class LoopIteration(WorkflowContext):
+    """The context of one loop iteration."""
+
+    def __init__(self, runner: Runner, scope: str, index: int, state: Any) -> None:
+        super().__init__(runner, scope)
+        self.index = index
+        self.state = state
+
+
+class Loop:
+    """The async iterator behind `wf.loop`; see there.
+
+    The loop entry records the current iteration and the state it started with. A completed
+    loop replays only its last iteration (whose history is always kept), so the code after the
+    loop sees the same local variables as the first time.
+    """
+
+    def __init__(
+        self, parent: WorkflowContext, name: str, state: Any, history_size: int, prune_every: int
+    ) -> None:
+        self._parent = parent
+        self._name = name
+        self._initial = state
+        self._history_size = history_size
+        self._prune_every = prune_every
+        self._entry: Entry | None = None
+        self._current: LoopIteration | None = None
+        self._left = False
+
+    def __aiter__(self) -> Loop:
+        return self
+
+    async def __anext__(self) -> LoopIteration:
+        parent, runner = self._parent, self._parent._runner
+        if self._left:
+            raise HistoryDiverged(
+                f"loop {self._name!r} was already left; inside a loop body use the iteration "
+                "context (`it.step(...)`), not the enclosing one"
+            )
+        if self._entry is None:
+            with parent._op(self._name) as location:
+                entry = parent._recorded(location, self._name, Kind.LOOP)
+                if entry is None:
+                    check_encodable(self._initial, f"the state of loop {self._name!r}")
+                    data = {"state": self._initial, "iteration": 0, "pruned": 0}
+                    entry = parent._fresh(location, self._name, Kind.LOOP, data)
+                    runner.history.put(entry)
+            self._entry = entry
+            parent._open_loop = self
+            return self._iteration(entry.data["iteration"], entry.data["state"])
+        entry, current = self._entry, self._current
+        assert current is not None
+        current._finish()
+        if entry.status is Status.COMPLETED:
+            raise HistoryDiverged(
+                f"loop {self._name!r} ended at iteration {current.index} in the history, but "
+                "the code continued it"
+            )
+        if runner.rollback_mode:
+            raise RollbackStop
+        check_encodable(current.state, f"the state of loop {self._name!r}")
+        index = current.index + 1
+        entry.data.update(state=current.state, iteration=index)
+        keep_from = index - self._history_size
+        if keep_from - entry.data["pruned"] >= self._prune_every:
+            low = iteration_scope(entry.location, entry.data["pruned"])
+            runner.history.delete_range(low, iteration_scope(entry.location, keep_from))
+            entry.data["pruned"] = keep_from
+        runner.history.put(entry)
+        return self._iteration(index, current.state)
+
+    def _iteration(self, index: int, state: Any) -> LoopIteration:
+        entry = self._entry
+        assert entry is not None
+        scope = iteration_scope(entry.location, index)
+        self._current = LoopIteration(self._parent._runner, scope, index, state)
+        return self._current
+
+    def leave(self) -> None:
+        """The code left the loop (`break`, or carried on after it): the loop is complete."""
+        self._left = True
+        entry, current = self._entry, self._current
+        assert entry is not None and current is not None
+        current._finish()
+        if entry.status is not Status.COMPLETED and not self._parent._runner.rollback_mode:
+            entry.status, entry.completed = Status.COMPLETED, time.time()
+            self._parent._runner.history.put(entry)
+
+
+class WorkflowQueue:
+    """`wf.queue`: receiving messages as recorded operations."""
+
+    def __init__(self, context: WorkflowContext) -> None:
+        self._context = context
+
+    async def next(
+        self,
+        name: str,
+        *,
+        names: Sequence[str] | None = None,
+        timeout: float | None = None,
+        completable: bool = False,
+    ) -> Message | None:
+        """The oldest message (of queues `names`, if given), or None after `timeout` seconds."""
+        batch = await self.next_batch(
+            name, count=1, names=names, timeout=timeout, completable=completable
+        )
+        return batch[0] if batch else None
+
+    async def next_batch(
+        self,
+        name: str,
+        *,
+        count: int = 1,
+        names: Sequence[str] | None = None,
+        timeout: float | None = None,
+        completable: bool = False,
+    ) -> list[Message]:
+        """Up to `count` messages, waiting until at least one arrives or `timeout` passes.
+
+        A received message is removed from the queue in the same transaction that records it,
+        unless `completable`: then it stays queued until `message.complete()`.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        context, runner = self._context, self._context._runner
+        with context._op(name) as location:
+            entry = context._recorded(location, name, Kind.MESSAGE)
+            if entry is not None and entry.status is Status.COMPLETED:
+                return runner.messages(entry)
+            if entry is None:
+                deadline = None if timeout is None else time.time() + timeout
+                data = {"deadline": deadline, "messages": []}
+                entry = context._fresh(location, name, Kind.MESSAGE, data)
+                if deadline is not None:
+                    runner.history.put(entry)
+            elif runner.rollback_mode:
+                raise RollbackStop
+            return await runner.receive(entry, names, count, completable)
+
+
+def _failed(entry: Entry) -> StepResult:
+    failure = StepFailure(entry.data["failure"], entry.name, entry.attempts, entry.error or "")
+    return StepResult(False, failure=failure)
+
+
+def _raise_control(errors: list[BaseException]) -> None:
+    for kind in CONTROL:
+        for error in errors:
+            if isinstance(error, kind):
+                raise error

@@ -1,0 +1,55 @@
+"""`handle.workflow`: reading and steering an actor's workflow from outside the actor."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pagekv.actor.errors import ActorError
+from pagekv.actor.workflow.history import describe
+from pagekv.actor.workflow.runner import Runner, WorkflowStatus
+
+if TYPE_CHECKING:
+    from pagekv.actor.registry import Registry
+
+
+class WorkflowHandle:
+    """Like `ActorHandle`, re-resolves (and wakes) the actor on every call."""
+
+    def __init__(self, registry: Registry, name: str, key: str, *, create: bool, input: Any):
+        self._registry = registry
+        self._address = (name, key)
+        self._create = create
+        self._input = input
+
+    async def _runner(self) -> Runner:
+        instance = await self._registry.instance(
+            *self._address, create=self._create, input=self._input
+        )
+        if instance.workflow is None:
+            raise ActorError(f"actor {self._address[0]!r} has no workflow")
+        return instance.workflow
+
+    async def status(self) -> WorkflowStatus:
+        """The workflow's state, output (once completed) and error (once failed)."""
+        return await (await self._runner()).status()
+
+    async def history(self) -> dict[str, Any] | None:
+        """The recorded history as inspectors show it (see `describe`)."""
+        runner = await self._runner()
+        return await runner.db.locked(describe, internal=True)
+
+    async def send(self, queue: str, body: Any) -> int:
+        """A message for `wf.queue.next`; returns its id."""
+        runner = await self._runner()
+        return await runner.instance.ctx.queue.send(queue, body)
+
+    async def wake(self) -> None:
+        """Make sure the actor is awake and its workflow running (no-op if it is)."""
+        (await self._runner()).instance.start_run()
+
+    async def cancel(self) -> None:
+        await (await self._runner()).cancel()
+
+    async def replay(self, location: str | None = None) -> None:
+        """Run again from the entry at `location` (or from the start); see `Runner.replay`."""
+        await (await self._runner()).replay(location)

@@ -1,0 +1,345 @@
+"""A workflow's history: entries keyed by location, stored in the actor's own database.
+
+Tables (created by internal schema version 2, see `pagekv.actor.internal`):
+
+- `_pagekv_workflow(key, value)`: `format_version`, and the workflow's `state`, `output` and
+  `error` (CBOR).
+- `_pagekv_workflow_names(idx, name)`: the append-only name registry; locations refer to names by
+  index so that keys stay short however long the names are.
+- `_pagekv_workflow_history(location, seq, ...)`: one row per entry, with its metadata (status,
+  attempts, error, timing, rollback progress) in columns and its kind-specific data as CBOR.
+
+A location is the path of name indexes from the root, joined by `/`; a loop iteration adds a
+segment `~` + the zero-padded iteration number, so that one key range covers a run of old
+iterations (history pruning is one `DELETE ... WHERE location >= ? AND location < ?`).
+
+Invariant: the in-memory `History` is the truth and the database lags it by the `pending` writes,
+which the runner writes inside its next transaction; `pending` is cleared only once that
+transaction committed, so a rolled-back transaction loses nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import apsw
+import cbor2
+
+from pagekv.actor.workflow.errors import WorkflowFormatError
+
+FORMAT_VERSION = 1
+"""The encoding of entries in `_pagekv_workflow_history`; a newer one is refused."""
+
+
+class Kind(enum.Enum):
+    STEP = "step"
+    LOOP = "loop"
+    SLEEP = "sleep"
+    MESSAGE = "message"
+    ROLLBACK_CHECKPOINT = "rollback_checkpoint"
+    JOIN = "join"
+    RACE = "race"
+    REMOVED = "removed"
+    VERSION_CHECK = "version_check"
+
+
+class Status(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXHAUSTED = "exhausted"
+
+
+class WorkflowState(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ROLLING_BACK = "rolling_back"
+
+
+@dataclass
+class Entry:
+    """One durable operation of the workflow and its metadata."""
+
+    location: str
+    seq: int
+    """Creation order, unique; replay-from-step deletes an entry and every later one."""
+    name: str
+    kind: Kind
+    data: dict[str, Any]
+    status: Status = Status.PENDING
+    attempts: int = 0
+    error: str | None = None
+    created: float = field(default_factory=time.time)
+    last_attempt: float | None = None
+    completed: float | None = None
+    rollback_completed: float | None = None
+    rollback_error: str | None = None
+
+    def settled(self, **changes: Any) -> Entry:
+        """A completed copy (the original stays as it is until the copy is committed)."""
+        return replace(self, status=Status.COMPLETED, completed=time.time(), **changes)
+
+
+def child(scope: str, segment: int | str) -> str:
+    return f"{scope}/{segment}" if scope else str(segment)
+
+
+def iteration_scope(loop_location: str, iteration: int) -> str:
+    return f"{loop_location}/~{iteration:010d}"
+
+
+def scope_of(location: str) -> str:
+    return location.rpartition("/")[0]
+
+
+def subtree_range(scope: str) -> tuple[str, str]:
+    """The key range of every location strictly below `scope` (`/` + 1 is `0`)."""
+    return f"{scope}/", f"{scope}0"
+
+
+_COLUMNS = (
+    "location, seq, name, kind, data, status, attempts, error, created, last_attempt, "
+    "completed, rollback_completed, rollback_error"
+)
+
+
+class History:
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+        self.names: dict[str, int] = {}
+        self.state = WorkflowState.PENDING
+        self.output: Any = None
+        self.error: dict[str, Any] | None = None
+        self.next_seq = 1
+        self.unvisited: defaultdict[str, set[str]] = defaultdict(set)
+        """Per scope, the recorded entries this execution has not reached yet."""
+        self._pending_puts: dict[str, None] = {}
+        self._pending_deletes: list[tuple[str, str]] = []
+        self._pending_names: list[tuple[int, str]] = []
+        self._meta_dirty = False
+
+    # -- loading ----------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, connection: apsw.Connection) -> History:
+        history = cls()
+        meta = dict(connection.execute("SELECT key, value FROM _pagekv_workflow").fetchall())
+        version = meta.get("format_version", FORMAT_VERSION)
+        if version > FORMAT_VERSION:
+            raise WorkflowFormatError(
+                f"the workflow history has format version {version}; this pagekv reads up to "
+                f"{FORMAT_VERSION}. Upgrade pagekv."
+            )
+        if "state" in meta:
+            history.state = WorkflowState(meta["state"])
+            history.output = cbor2.loads(meta["output"]) if meta.get("output") else None
+            history.error = cbor2.loads(meta["error"]) if meta.get("error") else None
+        history.names = {
+            name: idx
+            for idx, name in connection.execute("SELECT idx, name FROM _pagekv_workflow_names")
+        }
+        for row in connection.execute(f"SELECT {_COLUMNS} FROM _pagekv_workflow_history"):
+            entry = _entry(row)
+            history.entries[entry.location] = entry
+            history.unvisited[scope_of(entry.location)].add(entry.location)
+            history.next_seq = max(history.next_seq, entry.seq + 1)
+        return history
+
+    def restart(self) -> None:
+        """A new execution from the top: every recorded entry is unvisited again."""
+        self.unvisited.clear()
+        for location in self.entries:
+            self.unvisited[scope_of(location)].add(location)
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def name_index(self, name: str) -> int:
+        idx = self.names.get(name)
+        if idx is None:
+            idx = self.names[name] = len(self.names)
+            self._pending_names.append((idx, name))
+        return idx
+
+    def new_entry(self, location: str, name: str, kind: Kind, data: dict[str, Any]) -> Entry:
+        """A fresh entry, not yet recorded (put it, or stage it with a transaction)."""
+        entry = Entry(location, self.next_seq, name, kind, data)
+        self.next_seq += 1
+        return entry
+
+    def put(self, entry: Entry) -> None:
+        self.entries[entry.location] = entry
+        self._pending_puts[entry.location] = None
+
+    def delete_range(self, low: str, high: str) -> list[Entry]:
+        gone = [e for loc, e in self.entries.items() if low <= loc < high]
+        for entry in gone:
+            self._forget(entry.location)
+        self._pending_deletes.append((low, high))
+        return gone
+
+    def delete_from(self, seq: int) -> None:
+        """Delete every entry created at or after `seq`."""
+        for entry in [e for e in self.entries.values() if e.seq >= seq]:
+            self._forget(entry.location)
+            self._pending_deletes.append((entry.location, entry.location + "\x00"))
+
+    def _forget(self, location: str) -> None:
+        del self.entries[location]
+        self._pending_puts.pop(location, None)
+        self.unvisited[scope_of(location)].discard(location)
+
+    def set_outcome(
+        self, state: WorkflowState, *, output: Any = None, error: dict[str, Any] | None = None
+    ) -> None:
+        self.state, self.output, self.error = state, output, error
+        self._meta_dirty = True
+
+    def set_state(self, state: WorkflowState) -> None:
+        if state is not self.state:
+            self.state = state
+            self._meta_dirty = True
+
+    def dirty(self) -> bool:
+        return bool(
+            self._pending_puts or self._pending_deletes or self._pending_names or self._meta_dirty
+        )
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def write(self, connection: apsw.Connection, staged: list[Entry]) -> None:
+        """Write the pending changes and `staged` inside the caller's transaction.
+
+        Deletes go first, then puts of entries still present: that order yields the current
+        in-memory history whatever order the changes were made in.
+        """
+        for low, high in self._pending_deletes:
+            connection.execute(
+                "DELETE FROM _pagekv_workflow_history WHERE location >= ? AND location < ?",
+                (low, high),
+            )
+        rows = [_row(self.entries[loc]) for loc in self._pending_puts if loc in self.entries]
+        rows += [_row(entry) for entry in staged]
+        if rows:
+            connection.executemany(
+                f"INSERT OR REPLACE INTO _pagekv_workflow_history({_COLUMNS}) "
+                f"VALUES ({', '.join('?' * 13)})",
+                rows,
+            )
+        if self._pending_names:
+            connection.executemany(
+                "INSERT INTO _pagekv_workflow_names(idx, name) VALUES (?, ?)", self._pending_names
+            )
+        if self._meta_dirty:
+            connection.executemany(
+                "INSERT OR REPLACE INTO _pagekv_workflow(key, value) VALUES (?, ?)",
+                [
+                    ("format_version", FORMAT_VERSION),
+                    ("state", self.state.value),
+                    ("output", cbor2.dumps(self.output)),
+                    ("error", cbor2.dumps(self.error) if self.error is not None else None),
+                ],
+            )
+
+    def committed(self, staged: list[Entry]) -> None:
+        """The transaction that wrote the pending changes and `staged` has committed."""
+        for entry in staged:
+            self.entries[entry.location] = entry
+        self._pending_puts.clear()
+        self._pending_deletes.clear()
+        self._pending_names.clear()
+        self._meta_dirty = False
+
+
+def _row(entry: Entry) -> tuple[Any, ...]:
+    return (
+        entry.location,
+        entry.seq,
+        entry.name,
+        entry.kind.value,
+        cbor2.dumps(entry.data),
+        entry.status.value,
+        entry.attempts,
+        entry.error,
+        entry.created,
+        entry.last_attempt,
+        entry.completed,
+        entry.rollback_completed,
+        entry.rollback_error,
+    )
+
+
+def _entry(row: tuple[Any, ...]) -> Entry:
+    location, seq, name, kind, data, status, attempts, error, created, *rest = row
+    last_attempt, completed, rollback_completed, rollback_error = rest
+    return Entry(
+        location,
+        seq,
+        name,
+        Kind(kind),
+        cbor2.loads(data),
+        Status(status),
+        attempts,
+        error,
+        created,
+        last_attempt,
+        completed,
+        rollback_completed,
+        rollback_error,
+    )
+
+
+def readable(location: str, names: dict[int, str]) -> str:
+    """`3/~0000000002/5` as `retry/~2/charge`."""
+    return "/".join(
+        f"~{int(s[1:])}" if s.startswith("~") else names[int(s)] for s in location.split("/")
+    )
+
+
+def describe(connection: apsw.Connection) -> dict[str, Any] | None:
+    """The workflow's state, outcome and history for inspectors; None if it never ran.
+
+    Read-only and JSON-friendly (CBOR values decoded; locations spelled with names).
+    """
+    exists = connection.execute(
+        "SELECT 1 FROM sqlite_schema WHERE name = '_pagekv_workflow'"
+    ).fetchall()
+    if not exists:
+        return None
+    history = History.load(connection)
+    if not history.entries and "state" not in dict(
+        connection.execute("SELECT key, value FROM _pagekv_workflow").fetchall()
+    ):
+        return None
+    names = {idx: name for name, idx in history.names.items()}
+    return {
+        "state": history.state.value,
+        "format_version": FORMAT_VERSION,
+        "output": history.output,
+        "error": history.error,
+        "entries": [
+            {
+                "location": readable(e.location, names),
+                "name": e.name,
+                "kind": e.kind.value,
+                "status": e.status.value,
+                "attempts": e.attempts,
+                "error": e.error,
+                "created": e.created,
+                "last_attempt": e.last_attempt,
+                "completed": e.completed,
+                "rollback_completed": e.rollback_completed,
+                "rollback_error": e.rollback_error,
+                "data": e.data,
+            }
+            for e in sorted(history.entries.values(), key=lambda e: e.seq)
+        ],
+    }

@@ -1,0 +1,419 @@
+"""Running a workflow as its actor's `run` handler: execution, waits, outcome, rollback.
+
+One runner per live instance, and the instance runs at most one run handler at a time, so a
+workflow never executes twice concurrently; a wake that races a due deadline only finds the
+handler running (or starts it once). Waits (sleeps, retry backoff, message waits) happen in place
+and do not keep the actor awake: the earliest deadline is a row of the actor's ordinary schedule
+table (`WORKFLOW_WAKE`), written in the same transaction as the entry that waits, so a sleeping
+or restarted actor is woken on time by the same mechanism as any schedule, and neither can
+overwrite the other's deadline. After a wake the workflow replays from the top.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, assert_never
+
+import anyio
+import apsw
+import cbor2
+
+from pagekv.actor.errors import ActorError, ActorStopped, ActorTakenOver
+from pagekv.actor.queue import Message
+from pagekv.actor.schedule import WORKFLOW_WAKE
+from pagekv.actor.workflow.context import (
+    RollbackFn,
+    RollbackStop,
+    WorkflowContext,
+    check_encodable,
+    describe_error,
+)
+from pagekv.actor.workflow.errors import EntryInProgress, HistoryDiverged, RollbackCheckpointError
+from pagekv.actor.workflow.history import Entry, History, Kind, Status, WorkflowState, readable
+from pagekv.actor.workflow.step import StepContext
+
+if TYPE_CHECKING:
+    from pagekv.actor.database import ActorDb
+    from pagekv.actor.instance import ActorInstance
+
+WorkflowFn = Callable[[WorkflowContext], Awaitable[Any]]
+log = logging.getLogger("pagekv.actor.workflow")
+_CODE_ERRORS = (HistoryDiverged, EntryInProgress, RollbackCheckpointError)
+"""The code does not fit its history: the workflow fails, and is tried again on the next wake
+(a deploy with `wf.removed(...)` may have fixed it); detected before any side effect."""
+_KEEP = object()
+
+
+@dataclass(frozen=True)
+class WorkflowStatus:
+    state: WorkflowState
+    output: Any
+    error: dict[str, Any] | None
+
+
+class Runner:
+    def __init__(self, instance: ActorInstance, fn: WorkflowFn) -> None:
+        self.instance = instance
+        self.fn = fn
+        self.history = History()
+        self.loaded = False
+        self.rollback_mode = False
+        self.checkpointed = False
+        self._rollbacks: list[tuple[Entry, RollbackFn]] = []
+        self._deadlines: list[float] = []
+        self._wake_due: float | None = None
+        self._held: set[int] = set()
+        """Queue ids received as completable and not completed yet: never delivered twice."""
+
+    @property
+    def db(self) -> ActorDb:
+        return self.instance.ctx.db
+
+    async def load(self) -> None:
+        """Read the history; only while the run handler is not running (it owns `history`)."""
+        self.history, self._wake_due = await self.db.locked(_load, internal=True)
+        self._held = {
+            m["id"]
+            for e in self.history.entries.values()
+            if e.kind is Kind.MESSAGE and e.data.get("completable")
+            for m in e.data["messages"]
+            if not m["completed"]
+        }
+        self.loaded = True
+
+    # -- the run handler --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Execute or resume the workflow until it settles or the instance stops."""
+        await self.load()
+        state = self.history.state
+        match state:
+            case WorkflowState.COMPLETED | WorkflowState.CANCELLED:
+                return
+            case WorkflowState.FAILED:
+                if not (self.history.error or {}).get("code_error"):
+                    return
+            case WorkflowState.ROLLING_BACK:
+                await self._resume_rollback()
+                return
+            case WorkflowState.PENDING | WorkflowState.RUNNING | WorkflowState.SLEEPING:
+                pass
+            case _:
+                assert_never(state)
+        await self._execute()
+
+    async def _execute(self) -> None:
+        history = self.history
+        history.restart()
+        self.rollback_mode, self.checkpointed = False, False
+        self._rollbacks.clear()
+        history.set_state(WorkflowState.RUNNING)
+        wf = WorkflowContext(self, "")
+        try:
+            try:
+                output = await self.fn(wf)
+            except BaseExceptionGroup as group:
+                raise _sole(group) from None
+            wf._finish()
+            check_encodable(output, "the workflow's output")
+        except _CODE_ERRORS as e:
+            log.error("actor %s: workflow does not fit its history: %s", self.instance.actor_id, e)
+            history.set_outcome(WorkflowState.FAILED, error=_error(e, code_error=True))
+        except (ActorTakenOver, ActorStopped):
+            raise
+        except Exception as e:
+            log.warning("actor %s: workflow failed: %s", self.instance.actor_id, e)
+            if self.checkpointed and self._rollbacks:
+                history.set_outcome(WorkflowState.ROLLING_BACK, error=_error(e))
+                await self.flush()
+                await self._run_rollbacks()
+                return
+            history.set_outcome(WorkflowState.FAILED, error=_error(e))
+        else:
+            history.set_outcome(WorkflowState.COMPLETED, output=output)
+        await self._settle()
+
+    async def _settle(self) -> None:
+        """Write the outcome and drop the workflow's wake row, in one transaction."""
+        self._deadlines.clear()
+        async with self.transaction(wake=None):
+            pass
+
+    # -- rollback ---------------------------------------------------------------------------
+
+    def register_rollback(self, entry: Entry, handler: RollbackFn) -> None:
+        self._rollbacks.append((entry, handler))
+
+    async def _resume_rollback(self) -> None:
+        """After a restart mid-rollback: replay (recorded outcomes only) to find the handlers."""
+        self.history.restart()
+        self.rollback_mode, self.checkpointed = True, False
+        self._rollbacks.clear()
+        try:
+            await self.fn(WorkflowContext(self, ""))
+        except RollbackStop:
+            pass
+        except (ActorTakenOver, ActorStopped):
+            raise
+        except Exception as e:
+            log.debug("actor %s: rollback replay ended with %s", self.instance.actor_id, e)
+        await self._run_rollbacks()
+
+    async def _run_rollbacks(self) -> None:
+        """Run the handlers newest completion first; each success is recorded as it happens."""
+        history = self.history
+        order = sorted(self._rollbacks, key=lambda r: (r[0].completed or 0, r[0].seq))
+        for registered, handler in reversed(order):
+            entry = history.entries[registered.location]
+            if entry.rollback_completed is not None:
+                continue
+            step_ctx = StepContext(self.instance.ctx, entry.name, 1)
+            try:
+                async with self.transaction() as staged:
+                    await handler(step_ctx, entry.data.get("output"))
+                    staged.append(replace(entry, rollback_completed=time.time()))
+            except (ActorTakenOver, ActorStopped):
+                raise
+            except Exception as e:
+                entry.rollback_error = describe_error(e)
+                history.put(entry)
+                error = {**(history.error or {}), "rollback_error": entry.rollback_error}
+                history.set_outcome(WorkflowState.FAILED, error=error)
+                await self._settle()
+                return
+            finally:
+                step_ctx.close()
+        history.set_outcome(WorkflowState.FAILED, error=history.error)
+        await self._settle()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self, *, wake: object = _KEEP) -> AsyncIterator[list[Entry]]:
+        """A database transaction that also writes the pending history, the `staged` entries
+        (applied to memory only once committed) and the wake row (`wake=None` deletes it)."""
+        if wake is _KEEP and self._deadlines:
+            wake = min(self._deadlines)
+        if wake == self._wake_due:
+            wake = _KEEP
+        staged: list[Entry] = []
+        async with self.db.transaction():
+            yield staged
+            await self.db.run(lambda c: self._write(c, staged, wake), internal=True)
+        self.history.committed(staged)
+        if wake is not _KEEP:
+            self._wake_due = wake  # type: ignore[assignment]
+            await self.instance.refresh_wake()
+
+    def _write(self, connection: apsw.Connection, staged: list[Entry], wake: object) -> None:
+        self.history.write(connection, staged)
+        if wake is None:
+            connection.execute("DELETE FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,))
+        elif wake is not _KEEP:
+            connection.execute(
+                "INSERT OR REPLACE INTO _pagekv_schedule VALUES (?, ?, ?, ?, NULL, ?)",
+                (WORKFLOW_WAKE, wake, WORKFLOW_WAKE, cbor2.dumps([]), time.time()),
+            )
+
+    async def flush(self) -> None:
+        """Make the pending history durable now (no-op if nothing changed)."""
+        wake = min(self._deadlines) if self._deadlines else None
+        if self.history.dirty() or (wake is not None and wake != self._wake_due):
+            async with self.transaction():
+                pass
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def wait(self, deadline: float | None, arrival: anyio.Event | None = None) -> None:
+        """Wait until `deadline` (or `arrival` is set), letting the actor sleep meanwhile."""
+        if deadline is not None:
+            self._deadlines.append(deadline)
+        try:
+            self.history.set_state(WorkflowState.SLEEPING)
+            await self.flush()
+            remaining = None if deadline is None else max(0.0, deadline - time.time())
+            with self.instance.waiting(), anyio.move_on_after(remaining):
+                if arrival is None:
+                    await anyio.sleep_forever()
+                else:
+                    await arrival.wait()
+        finally:
+            if deadline is not None:
+                self._deadlines.remove(deadline)
+        self.history.set_state(WorkflowState.RUNNING)
+
+    # -- messages ---------------------------------------------------------------------------
+
+    async def receive(
+        self, entry: Entry, names: Sequence[str] | None, count: int, completable: bool
+    ) -> list[Message]:
+        queue = self.instance.ctx.queue
+        while True:
+            arrival = queue.arrival()
+            batch = await self._take(entry, names, count, completable)
+            if batch is not None:
+                return batch
+            deadline = entry.data["deadline"]
+            if deadline is not None and time.time() >= deadline:
+                entry.status, entry.completed = Status.COMPLETED, time.time()
+                self.history.put(entry)
+                return []
+            await self.wait(deadline, arrival)
+
+    async def _take(
+        self, entry: Entry, names: Sequence[str] | None, count: int, completable: bool
+    ) -> list[Message] | None:
+        """Receive and record in one transaction: a message leaves the queue exactly when its
+        history entry is written (unless completable: then at `complete()`)."""
+        where, params = "1", []
+        if self._held:
+            where += f" AND id NOT IN ({','.join('?' * len(self._held))})"
+            params += sorted(self._held)
+        if names is not None:
+            where += f" AND name IN ({','.join('?' * len(names))})"
+            params += list(names)
+        select = (
+            f"SELECT id, name, body, created FROM _pagekv_queue WHERE {where} ORDER BY id LIMIT ?"
+        )
+        params.append(count)
+        peek = await self.db.locked(lambda c: c.execute(select, params).fetchall(), internal=True)
+        if not peek:
+            return None
+
+        def take(connection: apsw.Connection) -> list[tuple[Any, ...]]:
+            rows = connection.execute(select, params).fetchall()
+            if not completable:
+                connection.executemany(
+                    "DELETE FROM _pagekv_queue WHERE id = ?", [(r[0],) for r in rows]
+                )
+            return rows
+
+        async with self.transaction() as staged:
+            rows = await self.db.run(take, internal=True)
+            records = [
+                {
+                    "id": i,
+                    "name": n,
+                    "body": cbor2.loads(b),
+                    "created": c,
+                    "completed": not completable,
+                }
+                for i, n, b, c in rows
+            ]
+            data = {**entry.data, "messages": records, "completable": completable}
+            staged.append(entry.settled(data=data))
+        if completable:
+            self._held.update(r["id"] for r in records)
+        return self.messages(staged[0])
+
+    def messages(self, entry: Entry) -> list[Message]:
+        completable = entry.data.get("completable", False)
+        return [
+            Message(
+                record["id"],
+                record["name"],
+                record["body"],
+                record["created"],
+                _complete=(
+                    _done
+                    if record["completed"]
+                    else (lambda i=index: self._complete(entry.location, i))
+                )
+                if completable
+                else None,
+            )
+            for index, record in enumerate(entry.data["messages"])
+        ]
+
+    async def _complete(self, location: str, index: int) -> None:
+        """Delete a completable message and mark it completed in its entry, in one commit."""
+        entry = self.history.entries[location]
+        message_id = entry.data["messages"][index]["id"]
+        async with self.transaction() as staged:
+            await self.db.run(
+                lambda c: c.execute("DELETE FROM _pagekv_queue WHERE id = ?", (message_id,)),
+                internal=True,
+            )
+            data = copy.deepcopy(entry.data)
+            data["messages"][index]["completed"] = True
+            staged.append(replace(entry, data=data))
+        self._held.discard(message_id)
+
+    # -- handle operations ------------------------------------------------------------------
+
+    async def status(self) -> WorkflowStatus:
+        """From memory once the run handler loaded the history (it is ahead of the database),
+        else from the database; never replaces the history the run handler works on."""
+        history = self.history
+        if not self.loaded:
+            history, _ = await self.db.locked(_load, internal=True)
+        return WorkflowStatus(history.state, history.output, history.error)
+
+    async def cancel(self) -> None:
+        """Stop the workflow for good: later wakes do not run it."""
+        await self.instance.stop_run()
+        await self.load()
+        self.history.set_outcome(WorkflowState.CANCELLED)
+        await self._settle()
+
+    async def replay(self, location: str | None = None) -> None:
+        """Forget the entry at `location` (as `describe` spells it, e.g. `retry/~2/charge`; if
+        inside a loop, the innermost loop) and every entry created after it, then run again.
+        None replays the whole workflow."""
+        await self.instance.stop_run()
+        await self.load()
+        history = self.history
+        if location is None:
+            history.delete_from(0)
+        else:
+            history.delete_from(self._target(location).seq)
+        history.set_outcome(WorkflowState.PENDING)
+        await self._settle()
+        self.instance.start_run()
+
+    def _target(self, path: str) -> Entry:
+        names = {idx: name for name, idx in self.history.names.items()}
+        by_path = {readable(loc, names): e for loc, e in self.history.entries.items()}
+        if path not in by_path:
+            raise ActorError(f"the workflow history has no entry {path!r}")
+        segments = path.split("/")
+        loops = [i for i, s in enumerate(segments) if s.startswith("~")]
+        if loops:
+            return by_path["/".join(segments[: loops[-1]])]
+        return by_path[path]
+
+
+def _load(connection: apsw.Connection) -> tuple[History, float | None]:
+    row = connection.execute(
+        "SELECT due FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,)
+    ).fetchall()
+    return History.load(connection), row[0][0] if row else None
+
+
+def _sole(group: BaseExceptionGroup) -> BaseException:
+    """A task group's only error as itself (so that it is classified like any other)."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        error = stack.pop()
+        if isinstance(error, BaseExceptionGroup):
+            stack.extend(error.exceptions)
+        else:
+            leaves.append(error)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+def _error(error: BaseException, *, code_error: bool = False) -> dict[str, Any]:
+    record: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+    if code_error:
+        record["code_error"] = True
+    return record
+
+
+async def _done() -> None:
+    """`complete()` of a message whose completion is already recorded."""

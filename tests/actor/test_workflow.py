@@ -1,0 +1,590 @@
+"""Durable workflows: every primitive's recording and replay, waits that let the actor sleep,
+divergence checks, rollback, the handle (state, cancel, replay), and the inspector data."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from pagekv.actor import ActorContext, ActorHandle, Registry, actor
+from pagekv.actor.workflow import (
+    Critical,
+    StepContext,
+    StepContextClosed,
+    StepExhausted,
+    StepResult,
+    WorkflowContext,
+    WorkflowState,
+    WorkflowStatus,
+)
+from pagekv.kv import MemoryStore
+
+pytestmark = pytest.mark.anyio
+Flow = Callable[[WorkflowContext], Awaitable[Any]]
+TERMINAL = (WorkflowState.COMPLETED, WorkflowState.FAILED, WorkflowState.CANCELLED)
+
+
+def flow_actor(fn: Flow, *, sleep_timeout: float = 30.0, state: Any = None):
+    """An actor `wf` whose workflow is `fn`, with a `poke` action to wake it and `view`."""
+    a = actor("wf", state=state if state is not None else {"n": 0}, sleep_timeout=sleep_timeout)
+    a.workflow(fn)
+
+    @a.action
+    async def view(ctx: ActorContext) -> Any:
+        return ctx.state
+
+    @a.action
+    async def rows(ctx: ActorContext) -> list[Any]:
+        await ctx.db.execute("CREATE TABLE IF NOT EXISTS log(v)")
+        return [r[0] for r in await ctx.db.execute("SELECT v FROM log ORDER BY rowid")]
+
+    return a
+
+
+async def settle(handle: ActorHandle, *states: WorkflowState, timeout: float = 10.0):
+    wanted = states or TERMINAL
+    with anyio.fail_after(timeout):
+        while True:
+            status = await handle.workflow.status()
+            if status.state in wanted:
+                return status
+            await anyio.sleep(0.02)
+
+
+def counting(calls: Counter[str], name: str, result: Any = None):
+    async def fn(step: StepContext) -> Any:
+        calls[name] += 1
+        return result if result is not None else name
+
+    return fn
+
+
+async def test_steps_run_once_and_replay_their_recorded_results() -> None:
+    calls: Counter[str] = Counter()
+
+    async def flow(wf: WorkflowContext) -> Any:
+        a = await wf.step("a", counting(calls, "a", {"x": 1}))
+        await wf.sleep("pause", 0.3)
+        b = await wf.step("b", counting(calls, "b"))
+        return [a, b]
+
+    registry = Registry([flow_actor(flow, sleep_timeout=0.1)], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("wf", "k")
+        await handle.view()
+        with anyio.fail_after(5):
+            while registry.live():
+                await anyio.sleep(0.02)
+        slept_at = time.time()
+        with anyio.fail_after(5):
+            while not registry.live():
+                await anyio.sleep(0.02)
+        woke_at = time.time()
+        status = await settle(handle)
+    assert status == WorkflowStatus(WorkflowState.COMPLETED, [{"x": 1}, "b"], None)
+    assert calls == {"a": 1, "b": 1}, "a replayed from history after the wake, not re-run"
+    assert woke_at - slept_at < 1.5, "the sleep's deadline woke the sleeping actor on time"
+
+
+async def test_a_step_commits_state_sql_and_result_together_or_not_at_all() -> None:
+    attempts: list[int] = []
+
+    async def write(step: StepContext) -> int:
+        attempts.append(step.attempt)
+        await step.db.execute("CREATE TABLE IF NOT EXISTS log(v)")
+        await step.db.execute("INSERT INTO log VALUES (?)", (step.attempt,))
+        step.state["n"] += 10
+        if step.attempt == 1:
+            raise RuntimeError("flaky")
+        return step.state["n"]
+
+    async def flow(wf: WorkflowContext) -> Any:
+        return await wf.step("write", write, backoff=0.01)
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        status = await settle(handle)
+        history = await handle.workflow.history()
+        assert await handle.view() == {"n": 10}
+        assert await handle.rows() == [2], "the failed attempt's row was rolled back"
+    assert attempts == [1, 2]
+    assert status.output == 10
+    (entry,) = history["entries"]
+    assert (entry["status"], entry["attempts"], entry["error"]) == ("completed", 2, None)
+
+
+async def test_retries_back_off_deterministically_then_exhaust() -> None:
+    tries: list[float] = []
+
+    async def failing(step: StepContext) -> None:
+        tries.append(time.time())
+        raise ValueError(f"attempt {step.attempt}")
+
+    async def flow(wf: WorkflowContext) -> Any:
+        result = await wf.try_step("flaky", failing, max_retries=2, backoff=0.1)
+        assert isinstance(result, StepResult)
+        try:
+            await wf.step("again", failing, max_retries=0)
+        except StepExhausted as e:
+            return [result.ok, result.failure and result.failure.kind, result.failure.attempts, e.attempts]
+        return None
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        status = await settle(handle)
+        history = await handle.workflow.history()
+    assert status.output == [False, "exhausted", 3, 1]
+    gaps = [b - a for a, b in zip(tries[:2], tries[1:3], strict=True)]
+    assert gaps[0] >= 0.1 and gaps[1] >= 0.2, f"backoff 0.1 * 2**(attempt-1): {gaps}"
+    flaky = history["entries"][0]
+    assert (flaky["status"], flaky["attempts"]) == ("exhausted", 3)
+    assert flaky["error"] == "ValueError: attempt 3"
+
+
+async def test_critical_errors_and_timeouts_fail_a_step_without_retries() -> None:
+    started: Counter[str] = Counter()
+
+    async def critical(step: StepContext) -> None:
+        started["critical"] += 1
+        raise Critical("card declined")
+
+    async def slow(step: StepContext) -> None:
+        started["slow"] += 1
+        await step.db.execute("CREATE TABLE IF NOT EXISTS log(v)")
+        await step.db.execute("INSERT INTO log VALUES ('slow')")
+        await anyio.sleep(5)
+
+    async def unencodable(step: StepContext) -> object:
+        return object()
+
+    async def flow(wf: WorkflowContext) -> Any:
+        a = await wf.try_step("critical", critical)
+        b = await wf.try_step("slow", slow, timeout=0.1)
+        c = await wf.try_step("unencodable", unencodable)
+        return [(r.failure.kind, r.failure.attempts) for r in (a, b, c) if r.failure]
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        status = await settle(handle)
+        assert await handle.rows() == [], "the timed-out step's write was rolled back"
+    assert status.output == [("critical", 1), ("timeout", 1), ("critical", 1)]
+    assert started == {"critical": 1, "slow": 1}
+
+
+async def test_a_step_context_is_dead_once_its_step_settled() -> None:
+    kept: list[StepContext] = []
+
+    async def keep(step: StepContext) -> int:
+        kept.append(step)
+        return 1
+
+    async def flow(wf: WorkflowContext) -> Any:
+        await wf.step("keep", keep)
+        try:
+            kept[0].state["n"] = 99
+        except StepContextClosed as e:
+            return str(e)
+        return "allowed"
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        status = await settle(handle)
+        assert await handle.view() == {"n": 0}
+    assert "only valid while that step runs" in status.output
+
+
+async def test_a_long_loop_keeps_its_history_bounded_and_resumes_its_state() -> None:
+    iterations = 10_000
+
+    async def flow(wf: WorkflowContext) -> Any:
+        total = None
+        async for it in wf.loop("count", state=0, history_size=5, prune_every=10):
+            if it.index % 1000 == 999:
+                await it.step("mark", counting(Counter(), "mark", it.index))
+            it.state = it.state + it.index
+            if it.index == iterations - 1:
+                total = it.state
+                break
+        await wf.sleep("after", 0.01)
+        return total
+
+    registry = Registry([flow_actor(flow)], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("wf", "k")
+        status = await settle(handle, timeout=60)
+        history = await handle.workflow.history()
+    assert status.output == sum(range(iterations))
+    loop = next(e for e in history["entries"] if e["kind"] == "loop")
+    assert loop["status"] == "completed" and loop["data"]["iteration"] == iterations - 1
+    locations = [e["location"] for e in history["entries"]]
+    assert locations == ["count", "count/~9999/mark", "after"], "old iterations were pruned"
+
+
+async def test_a_loop_resumes_from_its_recorded_iteration_after_a_wake() -> None:
+    ran: list[int] = []
+
+    async def flow(wf: WorkflowContext) -> Any:
+        async for it in wf.loop("poll", state=[]):
+
+            async def visit(step: StepContext, i: int = it.index) -> int:
+                ran.append(i)
+                return i
+
+            await it.step("visit", visit)
+            if it.index == 2:
+                await it.sleep("nap", 0.3)
+            it.state = [*it.state, it.index]
+            if it.index == 4:
+                final = it.state
+                break
+        return final
+
+    registry = Registry([flow_actor(flow, sleep_timeout=0.05)], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("wf", "k")
+        await handle.view()
+        with anyio.fail_after(5):
+            while registry.live():
+                await anyio.sleep(0.01)
+        status = await settle(handle)
+    assert status.output == [0, 1, 2, 3, 4]
+    assert ran == [0, 1, 2, 3, 4], "no iteration's step ran twice across the sleep"
+
+
+async def test_messages_are_received_in_order_filtered_and_time_out() -> None:
+    async def flow(wf: WorkflowContext) -> Any:
+        first = await wf.queue.next("first", names=["orders"])
+        batch = await wf.queue.next_batch("batch", count=5, names=["orders"], timeout=0.2)
+        none = await wf.queue.next("none", names=["never"], timeout=0.1)
+        return [first.body, [m.body for m in batch], none]
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        await settle(handle, WorkflowState.SLEEPING)
+        await handle.send("other", "ignored")
+        for n in range(3):
+            await handle.send("orders", n)
+        status = await settle(handle)
+        history = await handle.workflow.history()
+    assert status.output == [0, [1, 2], None]
+    kinds = [(e["name"], e["status"]) for e in history["entries"]]
+    assert kinds == [("first", "completed"), ("batch", "completed"), ("none", "completed")]
+
+
+async def test_a_completable_message_stays_queued_until_completed() -> None:
+    seen: list[Any] = []
+
+    async def flow(wf: WorkflowContext) -> Any:
+        message = await wf.queue.next("job", completable=True)
+        seen.append(message.body)
+        await wf.sleep("work", 0.2)
+        await message.complete()
+        return message.body
+
+    a = flow_actor(flow)
+
+    @a.action
+    async def queued(ctx: ActorContext) -> int:
+        return await ctx.queue.size()
+
+    store = MemoryStore()
+    async with Registry([a], kv=store).run() as client:
+        handle = client.get_or_create("wf", "k")
+        await handle.send("job", "payload")
+        await settle(handle, WorkflowState.SLEEPING)
+        with anyio.fail_after(5):
+            while not seen:
+                await anyio.sleep(0.01)
+        assert await handle.queued() == 1, "received but not completed: still queued"
+    async with Registry([a], kv=store).run() as client:
+        handle = client.get("wf", "k")
+        status = await settle(handle)
+        assert await handle.queued() == 0
+    assert status.output == "payload"
+    assert seen == ["payload", "payload"], "replayed from history after the restart"
+
+
+async def test_join_runs_branches_concurrently_and_names_the_failed_ones() -> None:
+    async def napper(wf: WorkflowContext) -> str:
+        await wf.sleep("nap", 0.3)
+        return "rested"
+
+    async def doomed(wf: WorkflowContext) -> str:
+        await wf.step("boom", _raise(Critical("no")))
+        return "unreachable"
+
+    async def flow(wf: WorkflowContext) -> Any:
+        started = time.time()
+        both = await wf.join("pair", {"a": napper, "b": napper})
+        elapsed = time.time() - started
+        try:
+            await wf.join("mixed", {"ok": napper, "bad": doomed})
+        except Exception as e:
+            return [both, elapsed < 0.55, sorted(e.errors)]  # type: ignore[attr-defined]
+        return None
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        status = await settle(client.get_or_create("wf", "k"))
+    assert status.output == [{"a": "rested", "b": "rested"}, True, ["bad"]]
+
+
+async def test_race_returns_the_first_winner_and_forgets_the_losers() -> None:
+    async def fast(wf: WorkflowContext) -> str:
+        return await wf.step("quick", counting(Counter(), "quick", "fast"))
+
+    async def slow(wf: WorkflowContext) -> str:
+        await wf.sleep("long", 30)
+        return "slow"
+
+    async def flow(wf: WorkflowContext) -> Any:
+        result = await wf.race("pick", [slow, fast])
+        return [result.winner, result.value]
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        status = await settle(handle)
+        history = await handle.workflow.history()
+    assert status.output == ["fast", "fast"]
+    locations = [e["location"] for e in history["entries"]]
+    assert "pick/fast/quick" in locations and not any("slow" in loc for loc in locations)
+
+
+async def test_rollback_handlers_run_newest_first_after_a_failure() -> None:
+    undone: list[str] = []
+
+    def undo(label: str):
+        async def handler(step: StepContext, output: Any) -> None:
+            undone.append(f"{label}:{output}")
+            step.state["n"] -= 1
+
+        return handler
+
+    async def bump(step: StepContext) -> int:
+        step.state["n"] += 1
+        return step.state["n"]
+
+    async def flow(wf: WorkflowContext) -> Any:
+        await wf.step("before", bump)
+        await wf.rollback_checkpoint("checkpoint")
+        await wf.step("reserve", bump, rollback=undo("reserve"))
+        await wf.step("charge", bump, rollback=undo("charge"))
+        await wf.step("ship", _raise(Critical("no truck")))
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        status = await settle(handle)
+        assert await handle.view() == {"n": 1}, "both handlers undid their step's state change"
+        history = await handle.workflow.history()
+    assert undone == ["charge:3", "reserve:2"]
+    assert status.state is WorkflowState.FAILED and status.error["type"] == "StepCritical"
+    rolled = {e["name"]: e["rollback_completed"] is not None for e in history["entries"]}
+    assert rolled == {
+        "before": False,
+        "checkpoint": False,
+        "reserve": True,
+        "charge": True,
+        "ship": False,
+    }
+
+
+async def test_a_rollback_handler_before_a_checkpoint_fails_the_workflow() -> None:
+    async def flow(wf: WorkflowContext) -> Any:
+        await wf.step("reserve", counting(Counter(), "r"), rollback=_raise(RuntimeError()))
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        status = await settle(client.get_or_create("wf", "k"))
+    assert status.state is WorkflowState.FAILED
+    assert status.error["type"] == "RollbackCheckpointError"
+
+
+async def test_divergent_code_is_refused_before_side_effects_and_removed_migrates() -> None:
+    store = MemoryStore()
+    calls: Counter[str] = Counter()
+
+    async def v1(wf: WorkflowContext) -> Any:
+        await wf.step("a", counting(calls, "a"))
+        await wf.step("b", counting(calls, "b"))
+        await wf.sleep("wait", 30)
+
+    async def v2(wf: WorkflowContext) -> Any:
+        await wf.step("a", counting(calls, "a"))
+        await wf.step("c", counting(calls, "c"))
+        await wf.sleep("wait", 30)
+
+    async def v3(wf: WorkflowContext) -> Any:
+        await wf.step("a", counting(calls, "a"))
+        await wf.removed("b", "step")
+        await wf.removed("wait", "sleep")
+        await wf.step("c", counting(calls, "c"))
+        return "migrated"
+
+    async with Registry([flow_actor(v1)], kv=store).run() as client:
+        await settle(client.get_or_create("wf", "k"), WorkflowState.SLEEPING)
+    async with Registry([flow_actor(v2)], kv=store).run() as client:
+        status = await settle(client.get("wf", "k"))
+    assert status.state is WorkflowState.FAILED and status.error["type"] == "HistoryDiverged"
+    assert "['b', 'wait']" in status.error["message"]
+    assert calls == {"a": 1, "b": 1}, "c never ran: the divergence was caught first"
+    async with Registry([flow_actor(v3)], kv=store).run() as client:
+        status = await settle(client.get("wf", "k"), WorkflowState.COMPLETED)
+    assert status.output == "migrated", "a diverged workflow is tried again with new code"
+    assert status.error is None
+
+
+async def test_a_different_kind_at_a_location_is_history_divergence() -> None:
+    store = MemoryStore()
+
+    async def v1(wf: WorkflowContext) -> Any:
+        await wf.step("x", counting(Counter(), "x"))
+        await wf.sleep("hold", 30)
+
+    async def v2(wf: WorkflowContext) -> Any:
+        await wf.sleep("x", 0)
+
+    async with Registry([flow_actor(v1)], kv=store).run() as client:
+        await settle(client.get_or_create("wf", "k"), WorkflowState.SLEEPING)
+    async with Registry([flow_actor(v2)], kv=store).run() as client:
+        status = await settle(client.get("wf", "k"))
+    assert status.error["type"] == "HistoryDiverged"
+    assert "runs sleep 'x' where the history recorded a step" in status.error["message"]
+
+
+async def test_names_are_unique_per_scope_and_one_op_at_a_time() -> None:
+    async def twice(wf: WorkflowContext) -> Any:
+        await wf.step("same", counting(Counter(), "1"))
+        await wf.step("same", counting(Counter(), "2"))
+
+    async def concurrent(wf: WorkflowContext) -> Any:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wf.sleep, "one", 0.2)
+            tg.start_soon(wf.sleep, "two", 0.2)
+
+    for fn, error in ((twice, "HistoryDiverged"), (concurrent, "EntryInProgress")):
+        async with Registry([flow_actor(fn)], kv=MemoryStore()).run() as client:
+            status = await settle(client.get_or_create("wf", "k"))
+        assert status.state is WorkflowState.FAILED
+        assert error in (status.error["type"], status.error["message"]), status.error
+
+
+async def test_get_version_keeps_old_runs_on_the_old_path() -> None:
+    store = MemoryStore()
+
+    async def v1(wf: WorkflowContext) -> Any:
+        await wf.step("charge", counting(Counter(), "charge"))
+        await wf.sleep("hold", 0.3)
+        return "v1"
+
+    async def v2(wf: WorkflowContext) -> Any:
+        version = await wf.get_version("fraud-check", 2)
+        if version >= 2:
+            await wf.step("fraud", counting(Counter(), "fraud"))
+        await wf.step("charge", counting(Counter(), "charge"))
+        await wf.sleep("hold", 0.3)
+        return f"v{version}"
+
+    async with Registry([flow_actor(v1)], kv=store).run() as client:
+        await settle(client.get_or_create("wf", "old"), WorkflowState.SLEEPING)
+    async with Registry([flow_actor(v2)], kv=store).run() as client:
+        old = await settle(client.get("wf", "old"))
+        new = await settle(client.get_or_create("wf", "new"))
+    assert (old.output, new.output) == ("v1", "v2")
+
+
+async def test_replay_from_a_step_reruns_it_and_everything_after() -> None:
+    calls: Counter[str] = Counter()
+
+    async def flow(wf: WorkflowContext) -> Any:
+        for name in ("a", "b", "c"):
+            await wf.step(name, counting(calls, name))
+        return dict(calls)
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        await settle(handle)
+        await handle.workflow.replay("b")
+        with anyio.fail_after(5):
+            while calls["c"] < 2:
+                await anyio.sleep(0.01)
+        status = await settle(handle)
+    assert calls == {"a": 1, "b": 2, "c": 2}
+    assert status.output == {"a": 1, "b": 2, "c": 2}
+
+
+async def test_cancel_stops_a_sleeping_workflow_for_good() -> None:
+    store = MemoryStore()
+    calls: Counter[str] = Counter()
+
+    async def flow(wf: WorkflowContext) -> Any:
+        await wf.sleep("long", 0.5)
+        await wf.step("after", counting(calls, "after"))
+
+    a = flow_actor(flow)
+
+    @a.action
+    async def schedules(ctx: ActorContext) -> int:
+        return len(await ctx.schedule.list())
+
+    async with Registry([a], kv=store).run() as client:
+        handle = client.get_or_create("wf", "k")
+        await settle(handle, WorkflowState.SLEEPING)
+        assert await handle.schedules() == 1, "the sleep's deadline is a schedule row"
+        await handle.workflow.cancel()
+        assert await handle.schedules() == 0
+        await anyio.sleep(0.8)
+        status = await handle.workflow.status()
+    async with Registry([a], kv=store).run() as client:
+        await client.get("wf", "k").view()
+        await anyio.sleep(0.2)
+        again = await client.get("wf", "k").workflow.status()
+    assert status.state is again.state is WorkflowState.CANCELLED
+    assert calls["after"] == 0
+
+
+async def test_a_workflow_never_runs_twice_concurrently() -> None:
+    inside = 0
+    peak = 0
+
+    async def guarded(step: StepContext) -> None:
+        nonlocal inside, peak
+        inside += 1
+        peak = max(peak, inside)
+        await anyio.sleep(0.01)
+        inside -= 1
+
+    async def flow(wf: WorkflowContext) -> Any:
+        for i in range(20):
+            await wf.step(f"s{i}", guarded)
+            await wf.sleep(f"z{i}", 0.01)
+        return "done"
+
+    registry = Registry([flow_actor(flow)], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("wf", "k")
+        with anyio.fail_after(20):
+            while (await handle.workflow.status()).state not in TERMINAL:
+                await handle.workflow.wake()
+                instance = registry.live()[0]
+                await instance.dispatch_due()
+        status = await handle.workflow.status()
+    assert status.output == "done" and peak == 1
+
+
+async def test_actor_state_is_reachable_only_through_steps() -> None:
+    async def flow(wf: WorkflowContext) -> Any:
+        return [hasattr(wf, attr) for attr in ("state", "db", "kv", "vars", "schedule")]
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        status = await settle(client.get_or_create("wf", "k"))
+    assert status.output == [False] * 5
+
+
+def _raise(error: Exception):
+    async def fn(*args: Any) -> None:
+        raise error
+
+    return fn
