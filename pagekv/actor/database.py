@@ -48,7 +48,7 @@ class ActorDb:
             self.reserved.violation = None
             try:
                 return fn(self.database.connection)
-            except apsw.Error as e:
+            except Exception as e:
                 if self.database.is_dead:
                     raise self.death() from e
                 if isinstance(e, apsw.ConnectionClosedError):

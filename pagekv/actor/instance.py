@@ -184,6 +184,9 @@ class ActorInstance:
                 else:
                     await self.definition.hooks["run"](self.ctx)
                 await self.ctx.db.save_state()
+        except ActorTakenOver as e:
+            log.info("actor %s: run handler ended by a takeover: %s", self.actor_id, e)
+            self._requested = "crash"
         except Exception:
             log.exception("actor %s: run handler failed; tearing the instance down", self.actor_id)
             self._requested = "crash"
@@ -301,6 +304,9 @@ class ActorInstance:
                     lambda c, i=event_id, w=when, e=every: _settle(c, i, w, e), internal=True
                 )
             await self.refresh_wake()
+        except (ActorTakenOver, ActorStopped) as e:
+            log.info("actor %s: dispatch ended by the instance stopping: %s", self.actor_id, e)
+            self._requested = "crash" if isinstance(e, ActorTakenOver) else self._requested
         finally:
             self._dispatching = False
             self.last_active = time.monotonic()

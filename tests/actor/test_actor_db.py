@@ -9,6 +9,7 @@ from typing import Any
 
 import apsw
 import pytest
+from faulty import FaultyStore
 
 from pagekv.actor import (
     ActionNotFound,
@@ -22,7 +23,7 @@ from pagekv.actor import (
     UnknownActor,
     actor,
 )
-from pagekv.kv import ActorKv, FaultKind, FaultyKv, MemoryStore
+from pagekv.kv import FaultKind
 
 pytestmark = pytest.mark.anyio
 
@@ -99,24 +100,6 @@ async def test_transactions_do_not_nest() -> None:
         with pytest.raises(RuntimeError, match="does not nest"):
             await client.get_or_create("bank", "k").nested()
         assert await client.get("bank", "k").view() == (0, [])
-
-
-class FaultyStore:
-    """A memory store whose actor namespaces are wrapped in `FaultyKv` (kept in `faulty`)."""
-
-    def __init__(self) -> None:
-        self.inner = MemoryStore()
-        self.faulty: dict[str, FaultyKv] = {}
-
-    def namespace(self, actor_id: str) -> ActorKv:
-        kv = self.inner.namespace(actor_id)
-        if actor_id == "pagekv-registry":
-            return kv
-        self.faulty[actor_id] = FaultyKv(kv)
-        return self.faulty[actor_id]
-
-    def close(self) -> None:
-        pass
 
 
 async def test_commit_lost_answer_is_atomic_state_and_sql_together() -> None:

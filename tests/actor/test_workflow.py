@@ -3,6 +3,7 @@ divergence checks, rollback, the handle (state, cancel, replay), and the inspect
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -131,7 +132,12 @@ async def test_retries_back_off_deterministically_then_exhaust() -> None:
         try:
             await wf.step("again", failing, max_retries=0)
         except StepExhausted as e:
-            return [result.ok, result.failure and result.failure.kind, result.failure.attempts, e.attempts]
+            return [
+                result.ok,
+                result.failure and result.failure.kind,
+                result.failure.attempts,
+                e.attempts,
+            ]
         return None
 
     async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
@@ -139,7 +145,7 @@ async def test_retries_back_off_deterministically_then_exhaust() -> None:
         status = await settle(handle)
         history = await handle.workflow.history()
     assert status.output == [False, "exhausted", 3, 1]
-    gaps = [b - a for a, b in zip(tries[:2], tries[1:3], strict=True)]
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
     assert gaps[0] >= 0.1 and gaps[1] >= 0.2, f"backoff 0.1 * 2**(attempt-1): {gaps}"
     flaky = history["entries"][0]
     assert (flaky["status"], flaky["attempts"]) == ("exhausted", 3)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import anyio
+import apsw
 import cbor2
 
 from pagekv.actor.errors import ActorStopped, ActorTakenOver
@@ -40,6 +41,7 @@ from pagekv.actor.workflow.history import (
     subtree_range,
 )
 from pagekv.actor.workflow.step import FailureKind, StepContext, StepFailure, StepResult
+from pagekv.kv import KvError
 
 if TYPE_CHECKING:
     from pagekv.actor.queue import Message
@@ -66,6 +68,10 @@ class RollbackStop(BaseException):
     A BaseException so that workflow code catching `Exception` cannot swallow it.
     """
 
+
+INFRASTRUCTURE = (ActorTakenOver, ActorStopped, KvError, apsw.IOError)
+"""Storage failures: never a step's or the workflow's failure. They end the run handler, which
+tears the instance down; the next wake replays from what was committed."""
 
 CONTROL = (HistoryDiverged, EntryInProgress, RollbackCheckpointError, RollbackStop)
 """Errors that end an execution instead of being a branch's or a step's failure, by priority."""
@@ -292,7 +298,7 @@ class WorkflowContext:
                     )
                 )
             return staged[0]
-        except (ActorTakenOver, ActorStopped):
+        except INFRASTRUCTURE:
             raise
         except _TimedOut as e:
             error: BaseException = e
@@ -343,7 +349,9 @@ class WorkflowContext:
         Each iteration gets a context `it` of its own (`it.step(...)`, ...) with `it.index` and
         `it.state`; set `it.state` to carry state into the next iteration, `break` to leave.
         Only the last `history_size` iterations keep their history (pruned every
-        `prune_every`), so a loop may run forever in bounded space.
+        `prune_every`), so a loop may run forever in bounded space. A replay resumes at the
+        recorded iteration (a completed loop replays its last one), so carry data from one
+        iteration to the next in `it.state`, not in local variables.
         """
         if history_size < 1 or prune_every < 1:
             raise ValueError("history_size and prune_every must be >= 1")
@@ -457,7 +465,7 @@ class WorkflowContext:
         except CONTROL as e:
             control.append(e)
             return None
-        except (ActorTakenOver, ActorStopped):
+        except INFRASTRUCTURE:
             raise
         except Exception as e:
             return {"status": Status.FAILED.value, "error": describe_error(e)}

@@ -23,17 +23,23 @@ import anyio
 import apsw
 import cbor2
 
-from pagekv.actor.errors import ActorError, ActorStopped, ActorTakenOver
+from pagekv.actor.errors import ActorError
 from pagekv.actor.queue import Message
 from pagekv.actor.schedule import WORKFLOW_WAKE
 from pagekv.actor.workflow.context import (
+    INFRASTRUCTURE,
     RollbackFn,
     RollbackStop,
     WorkflowContext,
     check_encodable,
     describe_error,
 )
-from pagekv.actor.workflow.errors import EntryInProgress, HistoryDiverged, RollbackCheckpointError
+from pagekv.actor.workflow.errors import (
+    EntryInProgress,
+    HistoryDiverged,
+    RollbackCheckpointError,
+    WorkflowFormatError,
+)
 from pagekv.actor.workflow.history import Entry, History, Kind, Status, WorkflowState, readable
 from pagekv.actor.workflow.step import StepContext
 
@@ -90,7 +96,11 @@ class Runner:
 
     async def run(self) -> None:
         """Execute or resume the workflow until it settles or the instance stops."""
-        await self.load()
+        try:
+            await self.load()
+        except WorkflowFormatError as e:
+            log.error("actor %s: workflow not run: %s", self.instance.actor_id, e)
+            return
         state = self.history.state
         match state:
             case WorkflowState.COMPLETED | WorkflowState.CANCELLED:
@@ -124,7 +134,7 @@ class Runner:
         except _CODE_ERRORS as e:
             log.error("actor %s: workflow does not fit its history: %s", self.instance.actor_id, e)
             history.set_outcome(WorkflowState.FAILED, error=_error(e, code_error=True))
-        except (ActorTakenOver, ActorStopped):
+        except INFRASTRUCTURE:
             raise
         except Exception as e:
             log.warning("actor %s: workflow failed: %s", self.instance.actor_id, e)
@@ -158,7 +168,7 @@ class Runner:
             await self.fn(WorkflowContext(self, ""))
         except RollbackStop:
             pass
-        except (ActorTakenOver, ActorStopped):
+        except INFRASTRUCTURE:
             raise
         except Exception as e:
             log.debug("actor %s: rollback replay ended with %s", self.instance.actor_id, e)
@@ -177,7 +187,7 @@ class Runner:
                 async with self.transaction() as staged:
                     await handler(step_ctx, entry.data.get("output"))
                     staged.append(replace(entry, rollback_completed=time.time()))
-            except (ActorTakenOver, ActorStopped):
+            except INFRASTRUCTURE:
                 raise
             except Exception as e:
                 entry.rollback_error = describe_error(e)

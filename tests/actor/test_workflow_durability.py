@@ -1,0 +1,218 @@
+"""Workflows under faults: a KV write failing at every point of a workflow, a takeover by a
+second registry mid-workflow, a restart of everything while a workflow sleeps, and the stored
+format (fixtures of released versions open and continue; a newer format is refused)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import cbor2
+import pytest
+from faulty import FaultyStore
+
+from pagekv.actor import ActorContext, ActorHandle, ActorStopped, ActorTakenOver, Registry, actor
+from pagekv.actor.workflow import (
+    StepContext,
+    WorkflowContext,
+    WorkflowFormatError,
+    WorkflowState,
+    WorkflowStatus,
+)
+from pagekv.kv import FaultKind, MemoryStore
+from pagekv.vfs import open_database
+
+pytestmark = pytest.mark.anyio
+FIXTURES = Path(__file__).with_name("fixtures")
+
+
+async def settle(handle: ActorHandle, state: WorkflowState, timeout: float = 15.0):
+    """Poll until the workflow reaches `state`; a call that meets a dying instance is retried."""
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                status = await handle.workflow.status()
+                if status.state is state:
+                    return status
+            except (ActorStopped, ActorTakenOver):
+                pass
+            await anyio.sleep(0.02)
+
+
+def ledger_flow(steps: int, *, pause: float = 0.0):
+    """Each step appends a row and bumps the state in one transaction and returns the count."""
+    a = actor("flow", state={"count": 0})
+
+    @a.on_migrate
+    async def schema(ctx: ActorContext) -> None:
+        await ctx.db.execute("CREATE TABLE IF NOT EXISTS log(i INTEGER)")
+
+    @a.workflow
+    async def run(wf: WorkflowContext) -> Any:
+        await wf.queue.next("start", names=["go"])
+        for i in range(steps):
+
+            async def write(step: StepContext, i: int = i) -> int:
+                await step.db.execute("INSERT INTO log VALUES (?)", (i,))
+                step.state["count"] += 1
+                return step.state["count"]
+
+            assert await wf.step(f"write-{i}", write) == i + 1
+            if pause:
+                await wf.sleep(f"pause-{i}", pause)
+        return "done"
+
+    @a.action
+    async def view(ctx: ActorContext) -> Any:
+        rows = await ctx.db.execute("SELECT i FROM log ORDER BY rowid")
+        return [ctx.state["count"], [r[0] for r in rows]]
+
+    return a
+
+
+async def _run_with_fault(at: int | None, kind: FaultKind) -> tuple[int, WorkflowStatus, Any]:
+    """Start the workflow; fail the `at`-th KV write after the start message (None: no fault).
+
+    Returns the number of KV writes after the start message (of a clean run), the final status
+    and the actor's view.
+    """
+    store = FaultyStore()
+    async with Registry([ledger_flow(2)], kv=store).run() as client:
+        handle = client.get_or_create("flow", "k")
+        await settle(handle, WorkflowState.SLEEPING)
+        counting, faulty = store.counting["flow/k"], store.faulty["flow/k"]
+        await handle.send("go", True)
+        counting.reset()
+        if at is not None:
+            faulty.arm(kind, after=at)
+        status = await settle(handle, WorkflowState.COMPLETED)
+        writes = counting.stats.writes
+        view = await handle.view()
+        if at is not None:
+            assert faulty.fired_count(kind) == 1, "the injected fault fired"
+    return writes, status, view
+
+
+@pytest.mark.parametrize("kind", [FaultKind.FAIL_BEFORE, FaultKind.APPLY_THEN_RAISE])
+async def test_a_failed_kv_write_at_any_point_never_half_records_a_step(kind: FaultKind) -> None:
+    """Every write of the workflow fails once in turn; the instance dies and a fresh one
+    replays. Each step is then recorded with its state and row exactly once, or re-executed."""
+    clean_writes, clean, view = await _run_with_fault(None, kind)
+    assert clean.output == "done" and view == [2, [0, 1]]
+    assert clean_writes >= 3, "receive, two steps and the outcome are commits"
+    for at in range(clean_writes):
+        _, status, view = await _run_with_fault(at, kind)
+        assert status.output == "done", at
+        assert view == [2, [0, 1]], f"fault at write {at}: state and rows {view}"
+
+
+async def test_a_second_registry_takes_over_mid_workflow_and_continues(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store"
+    steps = 12
+    definition = ledger_flow(steps, pause=0.05)
+    async with Registry([definition], kv=url).run() as first:
+        old = first.get_or_create("flow", "k")
+        await old.send("go", True)
+        with anyio.fail_after(10):
+            while (await old.view())[0] < 3:
+                await anyio.sleep(0.02)
+        async with Registry([definition], kv=url).run() as second:
+            new = second.get("flow", "k")
+            taken_at = (await new.view())[0]
+            status = await settle(new, WorkflowState.COMPLETED)
+            count, rows = await new.view()
+    assert taken_at >= 3 and status.output == "done"
+    assert (count, rows) == (steps, list(range(steps))), "every step exactly once, in order"
+
+
+async def test_a_sleeping_workflow_survives_a_restart_of_everything(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store"
+
+    a = actor("sleeper", state=None)
+
+    @a.workflow
+    async def run(wf: WorkflowContext) -> str:
+        await wf.sleep("night", 1.0)
+        return "morning"
+
+    @a.action
+    async def ping(ctx: ActorContext) -> None:
+        return None
+
+    async with Registry([a], kv=url).run() as client:
+        handle = client.get_or_create("sleeper", "k")
+        with anyio.fail_after(10):
+            while ((await handle.workflow.history()) or {}).get("state") != "sleeping":
+                await anyio.sleep(0.02)
+    registry = Registry([a], kv=url)
+    async with registry.run() as client:
+        with anyio.fail_after(10):
+            while not registry.live():
+                await anyio.sleep(0.02)
+        status = await settle(client.get("sleeper", "k"), WorkflowState.COMPLETED)
+    assert status.output == "morning", "the restarted registry woke the actor on its own"
+
+
+def fixture_flow():
+    """The workflow of `fixtures/make_internal_v2.py`, with step bodies that would return
+    different values: a replay must use the recorded ones."""
+    a = actor("orders", state={"steps": 0})
+
+    async def fresh(step: StepContext) -> str:
+        return "re-executed"
+
+    @a.workflow
+    async def fulfil(wf: WorkflowContext) -> Any:
+        order = await wf.step("load", fresh)
+        seen = []
+        async for it in wf.loop("poll", state=0):
+            seen.append(await it.step("check", fresh))
+            it.state += 1
+            if it.index == 2:
+                break
+        both = await wf.join(
+            "fan", {"a": lambda w: w.step("x", fresh), "b": lambda w: w.step("y", fresh)}
+        )
+        approval = await wf.queue.next("approval", names=["approve"])
+        return [order, seen, both, approval.body if approval else None]
+
+    return a
+
+
+def _load(version: int) -> MemoryStore:
+    store = MemoryStore()
+    dump = cbor2.loads((FIXTURES / f"internal_v{version}.cbor").read_bytes())
+    for namespace, entries in dump.items():
+        kv = store.namespace(namespace)
+        for key, value in entries:
+            kv.put({key: value})
+    return store
+
+
+async def test_a_workflow_of_format_1_continues_with_the_current_code() -> None:
+    store = _load(2)
+    async with Registry([fixture_flow()], kv=store).run() as client:
+        handle = client.get("orders", "fixture")
+        await settle(handle, WorkflowState.SLEEPING)
+        await handle.send("approve", "yes")
+        status = await settle(handle, WorkflowState.COMPLETED)
+    recorded = "recorded"
+    assert status.output == [
+        recorded,
+        [recorded],  # a completed loop replays its last iteration only
+        {"a": recorded, "b": recorded},
+        "yes",
+    ]
+
+
+async def test_a_newer_workflow_format_is_refused_clearly() -> None:
+    store = _load(2)
+    with open_database(store.namespace("orders/fixture")) as db:
+        db.execute("UPDATE _pagekv_workflow SET value = 99 WHERE key = 'format_version'")
+    async with Registry([fixture_flow()], kv=store).run() as client:
+        handle = client.get("orders", "fixture")
+        with pytest.raises(
+            WorkflowFormatError, match="format version 99; this pagekv reads up to 1"
+        ):
+            await handle.workflow.status()
