@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from pagekv import __version__
 from pagekv.bench import add_bench_command
 from pagekv.fuzz.cli import add_fuzz_command
+from pagekv.inspect_command import add_inspect_command
 from pagekv.kv import DEFAULT_URL, CountingKv, open_kv
+from pagekv.server.command import add_serve_command
 from pagekv.vfs import open_database
 
 
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--actor", default="demo", help="actor id (default demo)")
     demo.add_argument("--rows", type=int, default=200, help="one-row commits (default 200)")
     demo.set_defaults(run=_demo)
+    add_serve_command(commands)
+    add_inspect_command(commands)
     add_bench_command(commands)
     add_fuzz_command(commands)
     return parser

@@ -12,6 +12,7 @@ import contextvars
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -87,11 +88,14 @@ class ActorDb:
         await self.locked(lambda c: c.executemany(sql, rows).fetchall())
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[ActorDb]:
+    async def transaction(
+        self, *, before_commit: Callable[[apsw.Connection], None] | None = None
+    ) -> AsyncIterator[ActorDb]:
         """BEGIN ... COMMIT around the block, with the actor's state saved in the same commit.
 
         If the block raises or the commit fails, the SQL is rolled back and the state restored
         to what it was at BEGIN. No other action runs meanwhile (see `gate.py`).
+        `before_commit(connection)` runs internal writes in the commit's own worker hop.
         """
         if _in_transaction.get() is self:
             raise RuntimeError("ctx.db.transaction() does not nest; use SAVEPOINT inside it")
@@ -102,7 +106,8 @@ class ActorDb:
                 await self.run(lambda c: c.execute("BEGIN IMMEDIATE").fetchall())
                 try:
                     yield self
-                    self.state.mark_saved(await self.run(self._commit, internal=True))
+                    commit = partial(self._commit, before=before_commit)
+                    self.state.mark_saved(await self.run(commit, internal=True))
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         self.state.restore(snapshot)
@@ -112,7 +117,13 @@ class ActorDb:
             finally:
                 _in_transaction.reset(token)
 
-    def _commit(self, connection: apsw.Connection) -> bytes | None:
+    def _commit(
+        self,
+        connection: apsw.Connection,
+        before: Callable[[apsw.Connection], None] | None = None,
+    ) -> bytes | None:
+        if before is not None:
+            before(connection)
         written = self.state.write_if_changed(connection)
         connection.execute("COMMIT")
         return written

@@ -142,7 +142,7 @@ class Registry:
             raise UnknownActor(f"no actor named {name!r} (known: {known})") from None
 
     async def exists(self, name: str, key: str) -> bool:
-        raw = await anyio.to_thread.run_sync(self._index.get, [_index_key(name, key)])
+        raw = await anyio.to_thread.run_sync(self._index.get, [index_key(name, key)])
         return raw[0] is not None
 
     async def instance(
@@ -172,7 +172,7 @@ class Registry:
             if not exists:
                 record = cbor2.dumps({"name": name, "key": key, "created": time.time()})
                 await anyio.to_thread.run_sync(
-                    lambda: self._index.put({_index_key(name, key): record})
+                    lambda: self._index.put({index_key(name, key): record})
                 )
             self._instances[aid] = instance
             return instance
@@ -183,11 +183,11 @@ class Registry:
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         if destroyed:
             prefix = _wake_prefix(instance.actor_id)
-            index_key = _index_key(instance.definition.name, instance.key)
+            record = index_key(instance.definition.name, instance.key)
 
             def remove() -> None:
                 self._index.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
-                self._index.delete([index_key])
+                self._index.delete([record])
 
             await anyio.to_thread.run_sync(remove)
 
@@ -235,7 +235,7 @@ class Registry:
         return await instance.ctx.queue.send(queue, body)
 
 
-def _index_key(name: str, key: str) -> bytes:
+def index_key(name: str, key: str) -> bytes:
     return b"actor/" + actor_id(name, key).encode()
 
 

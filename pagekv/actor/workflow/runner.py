@@ -212,9 +212,8 @@ class Runner:
         if wake == self._wake_due:
             wake = _KEEP
         staged: list[Entry] = []
-        async with self.db.transaction():
+        async with self.db.transaction(before_commit=lambda c: self._write(c, staged, wake)):
             yield staged
-            await self.db.run(lambda c: self._write(c, staged, wake), internal=True)
         self.history.committed(staged)
         if wake is not _KEEP:
             self._wake_due = wake  # type: ignore[assignment]

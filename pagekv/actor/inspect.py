@@ -1,0 +1,297 @@
+"""Read-only views of actors, for the HTTP inspector and `pagekv inspect`.
+
+Which actors exist comes from the registry's index; what an actor holds comes from a read-only
+snapshot of its database (`open_database(..., read_only=True)`): a consistent view of what is
+committed in the KV, which never takes the actor over and never writes, so it is safe beside a
+live instance in this or any other process. It shows durable data, not the uncommitted changes
+of an action in flight: exactly what a crash right now would leave.
+
+Nothing here creates a namespace that does not exist yet: `open_index` and `snapshot` check
+first, so inspecting a store (or a mistyped actor) leaves it untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import apsw
+import cbor2
+
+from pagekv.actor.errors import ActorError, ActorNotFound
+from pagekv.actor.internal import PREFIX
+from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id, index_key
+from pagekv.kv import ActorKv, KvStore, prefix_end
+from pagekv.vfs import Database, SnapshotExpired, open_database
+
+T = TypeVar("T")
+_ACTOR = b"actor/"
+_READ_OPS = {apsw.SQLITE_SELECT, apsw.SQLITE_READ, apsw.SQLITE_FUNCTION, apsw.SQLITE_RECURSIVE}
+_READ_PRAGMAS = {
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+    "page_count",
+    "freelist_count",
+}
+"""Pragmas that only report; a pragma that sets anything is refused with every other one."""
+_PROGRESS_STEPS = 1000
+
+
+@runtime_checkable
+class ListableStore(Protocol):
+    """A store that can say which namespaces exist (every backend of `pagekv.kv` can)."""
+
+    def actor_ids(self) -> list[str]: ...
+
+
+class InspectError(ActorError, ValueError):
+    """A read-only request that cannot be answered as asked (the message says why)."""
+
+
+class QueryRefused(InspectError):
+    """Read-only SQL that tried to write, attach, set a pragma, ran more than one statement or
+    ran out of time."""
+
+
+class TableNotFound(InspectError, LookupError):
+    """No table of that name in the actor's database."""
+
+
+@dataclass(frozen=True)
+class ActorRecord:
+    """One entry of the registry's index: an actor that exists."""
+
+    name: str
+    key: str
+    created: float
+
+    @property
+    def actor_id(self) -> str:
+        return actor_id(self.name, self.key)
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    name: str
+    internal: bool
+    """A runtime table (`_pagekv_` prefix), not one of the actor's own."""
+    columns: list[str]
+    rows: int
+
+
+@dataclass(frozen=True)
+class Rows:
+    columns: list[str]
+    rows: list[list[Any]]
+    truncated: bool = False
+    """More rows matched than were returned."""
+
+
+def open_index(store: KvStore) -> ActorKv | None:
+    """The registry's index namespace, or None if no registry ever ran on this store."""
+    if isinstance(store, ListableStore) and REGISTRY_NAMESPACE not in store.actor_ids():
+        return None
+    return store.namespace(REGISTRY_NAMESPACE)
+
+
+def _record(value: bytes) -> ActorRecord:
+    entry = cbor2.loads(value)
+    return ActorRecord(entry["name"], entry["key"], entry["created"])
+
+
+def list_actors(
+    index: ActorKv, *, limit: int, name: str | None = None, after: str | None = None
+) -> list[ActorRecord]:
+    """Up to `limit` actors (of type `name`, if given) in actor-id order, after the actor id
+    `after`."""
+    prefix = _ACTOR + (actor_id(name, "").encode() if name is not None else b"")
+    start = prefix if after is None else max(prefix, _ACTOR + after.encode() + b"\x00")
+    rows = index.list(start=start, end=prefix_end(prefix), limit=limit)
+    return [_record(value) for _, value in rows]
+
+
+def find_actor(index: ActorKv, name: str, key: str) -> ActorRecord:
+    value = index.get([index_key(name, key)])[0]
+    if value is None:
+        raise ActorNotFound(f"no actor {name!r} with key {key!r}")
+    return _record(value)
+
+
+@contextmanager
+def snapshot(store: KvStore, record: ActorRecord) -> Iterator[Database]:
+    """A read-only, consistent snapshot of an existing actor's database."""
+    database = open_database(store.namespace(record.actor_id), read_only=True)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def read_snapshot(store: KvStore, record: ActorRecord, fn: Callable[[Database], T]) -> T:
+    """`fn(database)` on a fresh snapshot; reopened once if the writer compacted past it."""
+    try:
+        with snapshot(store, record) as database:
+            return fn(database)
+    except SnapshotExpired:
+        with snapshot(store, record) as database:
+            return fn(database)
+
+
+def _has_table(connection: apsw.Connection, name: str) -> bool:
+    rows = connection.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (name,)
+    ).fetchall()
+    return bool(rows)
+
+
+def read_state(connection: apsw.Connection) -> Any:
+    """The actor's committed state (None before its first commit)."""
+    if not _has_table(connection, "_pagekv_state"):
+        return None
+    rows = connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall()
+    return cbor2.loads(rows[0][0]) if rows else None
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def list_tables(connection: apsw.Connection) -> list[TableInfo]:
+    names = [
+        name
+        for (name,) in connection.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+            "ORDER BY name"
+        )
+    ]
+    tables = []
+    for name in names:
+        columns = [row[1] for row in connection.execute(f"PRAGMA table_info({_quote(name)})")]
+        (count,) = connection.execute(f"SELECT count(*) FROM {_quote(name)}").fetchall()[0]
+        tables.append(TableInfo(name, name.startswith(PREFIX), columns, count))
+    return tables
+
+
+def read_rows(connection: apsw.Connection, table: str, *, limit: int, offset: int) -> Rows:
+    """One page of a table's rows in storage order (rowid, or primary key WITHOUT ROWID)."""
+    if not _has_table(connection, table):
+        raise TableNotFound(f"no table {table!r} in this actor's database")
+    cursor = connection.execute(
+        f"SELECT * FROM {_quote(table)} LIMIT ? OFFSET ?", (limit + 1, offset)
+    )
+    columns = _description(cursor)
+    rows = [list(row) for row in cursor]
+    if not columns:
+        columns = [row[1] for row in connection.execute(f"PRAGMA table_info({_quote(table)})")]
+    return Rows(columns, rows[:limit], truncated=len(rows) > limit)
+
+
+def read_queue(connection: apsw.Connection, *, limit: int) -> Rows:
+    """Messages waiting in the actor's queue, oldest first, bodies decoded."""
+    columns = ["id", "name", "body", "created"]
+    if not _has_table(connection, "_pagekv_queue"):
+        return Rows(columns, [])
+    rows = connection.execute(
+        "SELECT id, name, body, created FROM _pagekv_queue ORDER BY id LIMIT ?", (limit + 1,)
+    ).fetchall()
+    decoded = [[i, name, cbor2.loads(body), created] for i, name, body, created in rows]
+    return Rows(columns, decoded[:limit], truncated=len(decoded) > limit)
+
+
+def read_schedules(connection: apsw.Connection) -> Rows:
+    """Pending schedules, soonest first, arguments decoded."""
+    columns = ["id", "due", "action", "args", "every", "created"]
+    if not _has_table(connection, "_pagekv_schedule"):
+        return Rows(columns, [])
+    rows = connection.execute(
+        "SELECT id, due, action, args, every, created FROM _pagekv_schedule ORDER BY due, id"
+    ).fetchall()
+    return Rows(columns, [[i, d, a, cbor2.loads(b), e, c] for i, d, a, b, e, c in rows])
+
+
+def read_workflow(connection: apsw.Connection) -> dict[str, Any] | None:
+    """The actor's workflow state and history, or None if it has none."""
+    from pagekv.actor.workflow import describe
+
+    return describe(connection)
+
+
+class _ReadOnly:
+    """Authorizer of `query`: reads only; names what it refused in `refused`."""
+
+    def __init__(self) -> None:
+        self.refused: str | None = None
+
+    def __call__(self, op: int, p1: str | None, p2: str | None, db: str | None, trig: str | None):
+        if op in _READ_OPS or (op == apsw.SQLITE_PRAGMA and p1 in _READ_PRAGMAS):
+            return apsw.SQLITE_OK
+        what = apsw.mapping_authorizer_function.get(op, str(op))
+        self.refused = f"{what} {p1 or ''}".strip()
+        return apsw.SQLITE_DENY
+
+
+def query(
+    connection: apsw.Connection,
+    sql: str,
+    params: Sequence[Any] | dict[str, Any],
+    *,
+    max_rows: int,
+    timeout_s: float,
+) -> Rows:
+    """Run one read-only statement on a snapshot connection.
+
+    Writes are refused three times over: the connection is a snapshot opened read-only, an
+    authorizer allows nothing but reads (no ATTACH, no pragmas that set, no transactions), and a
+    statement tracer lets only one statement run. A progress handler stops it after `timeout_s`.
+    """
+    guard = _ReadOnly()
+    deadline = time.monotonic() + timeout_s
+    statements = 0
+
+    def one_statement(cursor: apsw.Cursor, statement: str, bindings: Any) -> bool:
+        nonlocal statements
+        statements += 1
+        return statements == 1
+
+    connection.authorizer = guard
+    connection.set_progress_handler(lambda: time.monotonic() > deadline, _PROGRESS_STEPS)
+    cursor = connection.cursor()
+    cursor.exec_trace = one_statement
+    try:
+        cursor.execute(sql, params)
+        columns = _description(cursor)
+        rows: list[list[Any]] = []
+        for row in cursor:
+            if len(rows) == max_rows:
+                return Rows(columns, rows, truncated=True)
+            rows.append(list(row))
+        return Rows(columns, rows)
+    except apsw.AuthError as e:
+        raise QueryRefused(f"read-only query refused: {guard.refused or e}") from e
+    except apsw.ExecTraceAbort as e:
+        raise QueryRefused("read-only query refused: send exactly one statement") from e
+    except apsw.InterruptError as e:
+        raise QueryRefused(f"read-only query refused: it ran longer than {timeout_s} s") from e
+    except apsw.ReadOnlyError as e:
+        raise QueryRefused(f"read-only query refused: {e}") from e
+    except (apsw.SQLError, apsw.BindingsError) as e:
+        raise InspectError(f"invalid query: {e}") from e
+    finally:
+        connection.authorizer = None
+        connection.set_progress_handler(None)
+
+
+def _description(cursor: apsw.Cursor) -> list[str]:
+    """Column names of the running statement ([] once it has finished: no rows)."""
+    try:
+        return [column[0] for column in cursor.get_description()]
+    except apsw.ExecutionCompleteError:
+        return []

@@ -1,0 +1,105 @@
+"""The ASGI application: routes, middleware, error answers, and the registry's lifetime.
+
+The registry runs inside the app's lifespan: it starts (store opened, registry index ready)
+before the server accepts a single connection and stops (every awake actor put to sleep) after
+the last request, so there is no lazy initialisation for concurrent first requests to race on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from pagekv.actor import ActorDefinition, Registry
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.kv import KvStore, open_kv
+from pagekv.server import gateway, inspector
+from pagekv.server.auth import BearerAuth, ScopedCors
+from pagekv.server.codec import answer, error_answer
+from pagekv.server.config import ServerConfig
+from pagekv.server.errors import HttpError, classify
+from pagekv.server.metrics import KvMeter, MeteredStore, render
+from pagekv.server.protocol import ErrorCode
+from pagekv.server.runtime import Runtime, runtime
+
+
+async def health(request: Request) -> Response:
+    return answer(request, {"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    rt = runtime(request)
+    instances = rt.registry.live()
+    storage = await anyio.to_thread.run_sync(
+        lambda: [i.ctx.db.database.metrics() for i in instances]
+    )
+    text = render(rt.registry.metrics(), rt.meter, rt.latency, storage)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HttpError)
+    return error_answer(request, error)
+
+
+async def _routing_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(
+        error.status_code, ErrorCode.INVALID_PARAMETER
+    )
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    return error_answer(request, HttpError(error.status_code, code, message))
+
+
+async def _internal_error(request: Request, error: Exception) -> Response:
+    return error_answer(request, classify(error, in_action=False))
+
+
+def create_app(
+    actors: Iterable[ActorDefinition], *, kv: str | KvStore, config: ServerConfig
+) -> Starlette:
+    """An app serving `actors` on the store `kv` (a URL is opened and closed by the app)."""
+    definitions = list(actors)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        store = await anyio.to_thread.run_sync(open_kv, kv) if isinstance(kv, str) else kv
+        try:
+            meter = KvMeter()
+            registry = Registry(definitions, kv=MeteredStore(store, meter))
+            async with registry.run():
+                index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)
+                yield {"runtime": Runtime(config, registry, store, index, meter)}
+        finally:
+            if isinstance(kv, str):
+                store.close()
+
+    middleware = []
+    if config.cors_origins:
+        middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
+    if config.token is not None:
+        middleware.append(Middleware(BearerAuth, token=config.token))
+    return Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            *gateway.ROUTES,
+            *inspector.ROUTES,
+        ],
+        middleware=middleware,
+        exception_handlers={
+            HttpError: _http_error,
+            HTTPException: _routing_error,
+            Exception: _internal_error,
+        },
+        lifespan=lifespan,
+    )

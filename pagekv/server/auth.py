@@ -1,0 +1,71 @@
+"""Bearer-token authentication and explicitly scoped CORS, as ASGI middleware.
+
+Every route needs `Authorization: Bearer <token>` except `/health` (which reveals nothing but
+liveness). The token is compared in constant time and only ever read from that header: a token in
+the query string or a cookie authenticates nothing. CORS answers exist only for origins configured
+by name, only on the browser-facing prefixes (the gateway and the inspector), and without
+`Access-Control-Allow-Credentials` (a bearer token is not an ambient credential), so no arbitrary
+Origin is ever reflected.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pagekv.server.codec import error_answer
+from pagekv.server.errors import HttpError
+from pagekv.server.protocol import ErrorCode
+
+OPEN_PATHS = frozenset({"/health"})
+CORS_PREFIXES = ("/actors/", "/inspect/")
+
+
+class BearerAuth:
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = token.encode()
+
+    def _authorized(self, scope: Scope) -> bool:
+        values = [v for k, v in scope["headers"] if k == b"authorization"]
+        if len(values) != 1:
+            return False
+        scheme, _, given = values[0].partition(b" ")
+        # Compare even on a wrong scheme so the time taken says nothing about the token.
+        matches = hmac.compare_digest(given.strip(), self._expected)
+        return matches and scheme.lower() == b"bearer"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        error = HttpError(
+            401,
+            ErrorCode.UNAUTHORIZED,
+            "missing or wrong token: send Authorization: Bearer <token>",
+        )
+        await error_answer(Request(scope), error)(scope, receive, send)
+
+
+class ScopedCors:
+    """Starlette's CORS middleware for the browser-facing prefixes only, for listed origins."""
+
+    def __init__(self, app: ASGIApp, origins: tuple[str, ...]) -> None:
+        self.app = app
+        self.cors = CORSMiddleware(
+            app,
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["authorization", "content-type", "accept"],
+            allow_credentials=False,
+            max_age=600,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(CORS_PREFIXES):
+            await self.cors(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)

@@ -1,0 +1,136 @@
+"""Reading requests and writing answers: bounded bodies, media types, strict query parameters.
+
+Invariants: a body is never read past `max_body_bytes` (a declared or streamed excess is a 413
+naming the limit); a query parameter the route does not know, or one given twice, is a 400 that
+names it, so nothing unexpected can ride along into an actor call.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import cbor2
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pagekv.server.errors import HttpError
+from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
+
+
+def _is_count(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", JSON).split(";")[0].strip().lower()
+
+
+async def read_body(request: Request, max_bytes: int) -> Any:
+    """The decoded body; None when it is empty. Raises `HttpError` for every bad body."""
+    too_large = HttpError(
+        413,
+        ErrorCode.BODY_TOO_LARGE,
+        f"request body exceeds the limit of {max_bytes} bytes",
+        limit="max_body_bytes",
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and _is_count(declared) and int(declared) > max_bytes:
+        raise too_large
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > max_bytes:
+            raise too_large
+    if not data:
+        return None
+    media_type = _media_type(request)
+    if media_type not in (JSON, CBOR):
+        raise HttpError(
+            415,
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            f"unsupported Content-Type {media_type!r}; send {JSON} or {CBOR}",
+        )
+    try:
+        return decode(bytes(data), media_type)
+    except BodyError as e:
+        raise HttpError(400, ErrorCode.MALFORMED_BODY, str(e)) from e
+
+
+def read_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    """A body that must be a map whose keys are all in `allowed` (an empty body is `{}`)."""
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise HttpError(
+            400, ErrorCode.INVALID_BODY, f"the body must be an object, not {type(body).__name__}"
+        )
+    unknown = sorted(str(k) for k in body if k not in allowed)
+    if unknown:
+        raise HttpError(
+            400,
+            ErrorCode.INVALID_BODY,
+            f"unknown body field(s) {unknown}; allowed: {sorted(allowed)}",
+        )
+    return body
+
+
+def answer(request: Request, value: Any, status: int = 200) -> Response:
+    """`value` encoded as the client asked (`Accept: application/cbor`, else JSON)."""
+    media_type = CBOR if CBOR in request.headers.get("accept", "") else JSON
+    try:
+        content = encode(value, media_type)
+    except (TypeError, ValueError, cbor2.CBOREncodeError) as e:
+        error = HttpError(500, ErrorCode.UNENCODABLE_RESULT, f"cannot encode the result: {e}")
+        return error_answer(request, error)
+    return Response(content, status_code=status, media_type=media_type)
+
+
+def error_answer(request: Request, error: HttpError) -> Response:
+    media_type = CBOR if CBOR in request.headers.get("accept", "") else JSON
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return Response(
+        encode(error.body(), media_type),
+        status_code=error.status,
+        media_type=media_type,
+        headers=headers,
+    )
+
+
+def query_params(request: Request, allowed: Mapping[str, bool]) -> dict[str, str]:
+    """The query parameters, each at most once and all known; `allowed` maps name -> required."""
+    items = request.query_params.multi_items()
+    counts = Counter(name for name, _ in items)
+    known = ", ".join(allowed) or "none"
+    unknown = sorted(name for name in counts if name not in allowed)
+    if unknown:
+        raise HttpError(
+            400,
+            ErrorCode.INVALID_PARAMETER,
+            f"unknown query parameter(s) {unknown}; this route takes: {known}",
+        )
+    repeated = sorted(name for name, count in counts.items() if count > 1)
+    if repeated:
+        raise HttpError(
+            400, ErrorCode.INVALID_PARAMETER, f"query parameter(s) {repeated} given more than once"
+        )
+    missing = sorted(name for name, required in allowed.items() if required and name not in counts)
+    if missing:
+        raise HttpError(
+            400, ErrorCode.INVALID_PARAMETER, f"missing required query parameter(s) {missing}"
+        )
+    return dict(items)
+
+
+def int_param(params: Mapping[str, str], name: str, *, default: int, low: int, high: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if not _is_count(raw) or not low <= int(raw) <= high:
+        raise HttpError(
+            400,
+            ErrorCode.INVALID_PARAMETER,
+            f"query parameter {name!r} must be an integer from {low} to {high}, got {raw!r}",
+        )
+    return int(raw)

@@ -1,0 +1,95 @@
+"""`pagekv serve app.py[:registry]`: the command line of the server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import anyio
+
+from pagekv.kv import DEFAULT_URL
+from pagekv.server.config import ConfigError, ServerConfig
+from pagekv.server.loader import AppNotFound, load_registry
+from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, TOKEN_ENV
+from pagekv.server.run import serve
+
+
+def _serve(args: argparse.Namespace) -> int:
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    try:
+        config = ServerConfig(
+            token=token,
+            unauthenticated=args.unauthenticated,
+            max_body_bytes=args.max_body_bytes,
+            cors_origins=tuple(args.cors_origin),
+        )
+        registry = load_registry(args.app)
+    except (ConfigError, AppNotFound) as e:
+        print(f"pagekv serve: {e}", file=sys.stderr)
+        return 2
+    auth = "unauthenticated" if config.unauthenticated else "token required"
+    print(
+        f"pagekv serve: {len(registry.definitions)} actor type(s) "
+        f"({', '.join(sorted(registry.definitions))}) on {args.kv}, "
+        f"http://{args.host}:{args.port} ({auth})",
+        file=sys.stderr,
+        flush=True,
+    )
+    options: dict[str, Any] = {
+        "kv": args.kv,
+        "config": config,
+        "host": args.host,
+        "port": args.port,
+        "log_level": args.log_level,
+    }
+    try:
+        anyio.run(lambda: serve(registry.definitions.values(), **options))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def add_serve_command(commands: Any) -> None:
+    serve_cmd = commands.add_parser(
+        "serve",
+        help="serve a registry's actors over HTTP (gateway, inspector, /metrics)",
+        description=(
+            "Serve the actors of APP (a Python file defining `registry = Registry([...])`; "
+            "APP:NAME picks another attribute) over HTTP. A token is required "
+            f"(--token or ${TOKEN_ENV}) unless --unauthenticated is given."
+        ),
+    )
+    serve_cmd.add_argument("app", help="path/to/app.py[:registry]")
+    serve_cmd.add_argument("--kv", default=DEFAULT_URL, help=f"store URL (default {DEFAULT_URL})")
+    serve_cmd.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)"
+    )
+    serve_cmd.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
+    )
+    auth = serve_cmd.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--token", help=f"bearer token clients must send (prefer ${TOKEN_ENV}: argv is visible)"
+    )
+    auth.add_argument(
+        "--unauthenticated", action="store_true", help="serve without any authentication"
+    )
+    serve_cmd.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    serve_cmd.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an exact origin browsers may call from (repeatable; default: no CORS)",
+    )
+    serve_cmd.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    serve_cmd.set_defaults(run=_serve)

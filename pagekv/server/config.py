@@ -1,0 +1,50 @@
+"""What a server is configured with; constructing one is where failing closed is enforced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
+
+
+class ConfigError(ValueError):
+    """A server configuration that must not start (the message says what to change)."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`token` is required unless `unauthenticated` is set explicitly; never both.
+
+    `cors_origins` are exact origins (`https://app.example`) that browsers may call the gateway
+    and inspector from; empty means no CORS headers at all.
+    """
+
+    token: str | None = None
+    unauthenticated: bool = False
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    cors_origins: tuple[str, ...] = ()
+    query_timeout_s: float = 5.0
+    """How long a read-only inspector query may run."""
+
+    def __post_init__(self) -> None:
+        if self.token is None and not self.unauthenticated:
+            raise ConfigError(
+                f"no token: pass --token, set {TOKEN_ENV}, or serve without auth explicitly "
+                "with --unauthenticated"
+            )
+        if self.token is not None and self.unauthenticated:
+            raise ConfigError("a token and --unauthenticated contradict each other; pick one")
+        if self.token is not None and (not self.token or not self.token.isprintable()):
+            raise ConfigError("the token must be non-empty printable text")
+        if self.token is not None and any(c.isspace() for c in self.token):
+            raise ConfigError("the token must not contain whitespace")
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        for origin in self.cors_origins:
+            if origin == "*" or "://" not in origin or origin.endswith("/"):
+                raise ConfigError(
+                    f"CORS origin {origin!r} must be an exact origin like https://app.example "
+                    "(no wildcard, no trailing slash)"
+                )
+        if self.query_timeout_s <= 0:
+            raise ConfigError(f"query_timeout_s must be > 0, got {self.query_timeout_s}")

@@ -1,0 +1,103 @@
+"""Errors as HTTP answers: every failure becomes a status and a stable `ErrorCode`, never a stack
+trace.
+
+`HttpError` is raised by the server's own checks (auth, bodies, parameters). `classify` maps what
+the runtime raises: the actor errors, the queue and schedule limits, and the KV limits, which
+may arrive wrapped (e.g. as the cause of an SQLite I/O error), so the whole cause chain is
+searched. Anything else an action raises is the action's own error (`action_error`, 500), with
+its type and message but no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pagekv.actor import (
+    ActionNotFound,
+    ActorExists,
+    ActorNotFound,
+    ActorStopped,
+    ActorTakenOver,
+    UnknownActor,
+)
+from pagekv.actor.inspect import InspectError, QueryRefused, TableNotFound
+from pagekv.actor.queue import MessageTooLarge, QueueFull
+from pagekv.actor.schedule import TooManySchedules
+from pagekv.kv import LimitError
+from pagekv.server.protocol import ErrorCode
+
+log = logging.getLogger("pagekv.server")
+
+
+@dataclass
+class HttpError(Exception):
+    status: int
+    code: ErrorCode
+    message: str
+    limit: str | None = None
+    """The name of the limit that was hit, when one was."""
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code.value, "message": self.message}
+        if self.limit is not None:
+            error["limit"] = self.limit
+        return {"error": error}
+
+
+_KNOWN: tuple[tuple[type[BaseException], int, ErrorCode, str | None], ...] = (
+    (UnknownActor, 404, ErrorCode.UNKNOWN_ACTOR, None),
+    (ActionNotFound, 404, ErrorCode.UNKNOWN_ACTION, None),
+    (ActorNotFound, 404, ErrorCode.ACTOR_NOT_FOUND, None),
+    (ActorExists, 409, ErrorCode.ACTOR_EXISTS, None),
+    (ActorTakenOver, 503, ErrorCode.ACTOR_TAKEN_OVER, None),
+    (ActorStopped, 503, ErrorCode.ACTOR_STOPPED, None),
+    (QueueFull, 429, ErrorCode.QUEUE_FULL, "MAX_MESSAGES"),
+    (TooManySchedules, 429, ErrorCode.TOO_MANY_SCHEDULES, "MAX_SCHEDULES"),
+    (MessageTooLarge, 413, ErrorCode.MESSAGE_TOO_LARGE, "MAX_MESSAGE_BYTES"),
+    (TableNotFound, 404, ErrorCode.TABLE_NOT_FOUND, None),
+    (QueryRefused, 403, ErrorCode.QUERY_REFUSED, None),
+    (InspectError, 400, ErrorCode.INVALID_QUERY, None),
+)
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _message(error: BaseException) -> str:
+    """The error's own message (`str` of a `KeyError` subclass would add quotes)."""
+    if len(error.args) == 1 and isinstance(error.args[0], str):
+        return error.args[0]
+    return str(error)
+
+
+def classify(error: Exception, *, in_action: bool) -> HttpError:
+    """The HTTP answer for an exception raised while serving a request.
+
+    `in_action`: the request ran actor code, so an unknown exception is the action's own error
+    (reported with its type and message); otherwise it is a server bug (logged, not described).
+    """
+    if isinstance(error, HttpError):
+        return error
+    for cause in _causes(error):
+        if isinstance(cause, LimitError):
+            return HttpError(413, ErrorCode.KV_LIMIT, _message(cause), limit=cause.limit)
+    for kind, status, code, limit in _KNOWN:
+        if isinstance(error, kind):
+            return HttpError(status, code, _message(error), limit=limit)
+    if in_action:
+        log.info("action failed: %s: %s", type(error).__name__, error)
+        message = f"{type(error).__name__}: {_message(error)}"
+        return HttpError(500, ErrorCode.ACTION_ERROR, message)
+    log.error("internal error", exc_info=error)
+    return HttpError(500, ErrorCode.INTERNAL, "internal server error (logged by the server)")

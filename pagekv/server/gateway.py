@@ -1,0 +1,135 @@
+"""The gateway: actions, create, destroy and queue messages for actors addressed by name and key.
+
+    POST   /actors/{name}/actions/{action}?key=K[&mode=M]  {"args", "kwargs", "input"}
+    POST   /actors/{name}/queues/{queue}?key=K[&mode=M]    {"body", "input"}
+    POST   /actors/{name}?key=K                            {"input"}
+    DELETE /actors/{name}?key=K
+
+`mode` is `get_or_create` (the default) or `get` (404 if the actor does not exist).
+
+The key travels in the query string (any text, percent-encoded) so it never collides with the
+path. `key` and `mode` are the only routing parameters; anything else is refused, and only the
+body's `args`/`kwargs` reach the action. Unknown actor types and actions are refused before
+anything is created or woken. Every answer is `{"result": ...}` (or `{"id": ...}` for a queued
+message), every failure an `{"error": {code, message}}` from `errors.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from pagekv.server.codec import answer, query_params, read_body, read_fields
+from pagekv.server.errors import HttpError, classify
+from pagekv.server.protocol import ErrorCode
+from pagekv.server.runtime import Runtime, runtime
+
+MODES = ("get_or_create", "get")
+_ROUTING = {"key": True, "mode": False}
+_ACTION_FIELDS = frozenset({"args", "kwargs", "input"})
+_SEND_FIELDS = frozenset({"body", "input"})
+_CREATE_FIELDS = frozenset({"input"})
+
+
+def _create_flag(params: dict[str, str], body: dict[str, Any]) -> bool:
+    mode = params.get("mode", "get_or_create")
+    if mode not in MODES:
+        raise HttpError(
+            400, ErrorCode.INVALID_PARAMETER, f"mode must be one of {list(MODES)}, got {mode!r}"
+        )
+    if mode == "get" and "input" in body:
+        raise HttpError(400, ErrorCode.INVALID_BODY, "input is only used with mode=get_or_create")
+    return mode == "get_or_create"
+
+
+def _arguments(body: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    args = body.get("args", [])
+    kwargs = body.get("kwargs", {})
+    if not isinstance(args, list):
+        raise HttpError(400, ErrorCode.INVALID_BODY, "args must be an array")
+    if not isinstance(kwargs, dict) or not all(
+        isinstance(k, str) and k.isidentifier() for k in kwargs
+    ):
+        raise HttpError(
+            400, ErrorCode.INVALID_BODY, "kwargs must be an object keyed by argument names"
+        )
+    return tuple(args), kwargs
+
+
+async def _request(
+    request: Request, fields: frozenset[str]
+) -> tuple[Runtime, str, dict[str, str], dict[str, Any]]:
+    rt = runtime(request)
+    params = query_params(request, _ROUTING)
+    body = read_fields(await read_body(request, rt.config.max_body_bytes), fields)
+    return rt, params["key"], params, body
+
+
+async def call_action(request: Request) -> Response:
+    rt, key, params, body = await _request(request, _ACTION_FIELDS)
+    name, action = request.path_params["name"], request.path_params["action"]
+    create = _create_flag(params, body)
+    args, kwargs = _arguments(body)
+    try:
+        if action not in rt.registry.definition(name).actions:
+            raise HttpError(
+                404, ErrorCode.UNKNOWN_ACTION, f"actor {name!r} has no action {action!r}"
+            )
+        started = time.perf_counter()
+        result = await rt.registry.call(
+            name, key, action, args, kwargs, create=create, input=body.get("input")
+        )
+        rt.latency.observe((name, action), time.perf_counter() - started)
+    except Exception as e:
+        raise classify(e, in_action=True) from e
+    return answer(request, {"result": result})
+
+
+async def send_message(request: Request) -> Response:
+    rt, key, params, body = await _request(request, _SEND_FIELDS)
+    name, queue = request.path_params["name"], request.path_params["queue"]
+    create = _create_flag(params, body)
+    try:
+        message_id = await rt.registry.send(
+            name, key, queue, body.get("body"), create=create, input=body.get("input")
+        )
+    except Exception as e:
+        raise classify(e, in_action=True) from e
+    return answer(request, {"id": message_id})
+
+
+async def create_actor(request: Request) -> Response:
+    rt = runtime(request)
+    key = query_params(request, {"key": True})["key"]
+    body = read_fields(await read_body(request, rt.config.max_body_bytes), _CREATE_FIELDS)
+    name = request.path_params["name"]
+    try:
+        await rt.registry.instance(
+            name, key, create=True, must_be_new=True, input=body.get("input")
+        )
+    except Exception as e:
+        raise classify(e, in_action=True) from e
+    return answer(request, {"result": {"name": name, "key": key}}, status=201)
+
+
+async def destroy_actor(request: Request) -> Response:
+    rt = runtime(request)
+    key = query_params(request, {"key": True})["key"]
+    name = request.path_params["name"]
+    try:
+        await rt.registry.destroy(name, key)
+    except Exception as e:
+        raise classify(e, in_action=True) from e
+    return answer(request, {"result": None})
+
+
+ROUTES = [
+    Route("/actors/{name}/actions/{action}", call_action, methods=["POST"]),
+    Route("/actors/{name}/queues/{queue:path}", send_message, methods=["POST"]),
+    Route("/actors/{name}", create_actor, methods=["POST"]),
+    Route("/actors/{name}", destroy_actor, methods=["DELETE"]),
+]

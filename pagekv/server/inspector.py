@@ -1,0 +1,194 @@
+"""The inspector API: which actors exist, and what each one holds.
+
+    GET  /inspect/actors[?name=N&after=ACTOR_ID&limit=L]
+    GET  /inspect/actors/{name}?key=K                      record, live status, storage metrics
+    GET  /inspect/actors/{name}/state?key=K
+    GET  /inspect/actors/{name}/tables?key=K
+    GET  /inspect/actors/{name}/tables/{table}?key=K[&limit=L&offset=O]
+    POST /inspect/actors/{name}/query?key=K                {"sql", "params", "max_rows"}
+    GET  /inspect/actors/{name}/queue?key=K[&limit=L]
+    GET  /inspect/actors/{name}/schedules?key=K
+    GET  /inspect/actors/{name}/workflow?key=K
+    GET  /inspect/actors/{name}/metrics?key=K
+
+Data is read from a read-only snapshot of the actor's database (see `pagekv.actor.inspect`):
+committed data only, never a takeover, never a write, whether the actor is awake here, awake in
+another process or asleep. A snapshot is opened per request on a worker thread, so a slow read
+never blocks the event loop or the actor. Runtime facts (awake, in-flight calls, wake timings)
+come from the live instance when it is awake in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from pagekv.actor import inspect
+from pagekv.server.codec import answer, int_param, query_params, read_body, read_fields
+from pagekv.server.errors import HttpError, classify
+from pagekv.server.protocol import ErrorCode
+from pagekv.server.runtime import Runtime, runtime
+from pagekv.vfs import Database
+
+T = TypeVar("T")
+MAX_PAGE = 1000
+_QUERY_FIELDS = frozenset({"sql", "params", "max_rows"})
+
+
+def _address(request: Request, **extra: bool) -> tuple[Runtime, str, str, dict[str, str]]:
+    """(runtime, name, key, query parameters): `?key=` plus `extra` (name -> required)."""
+    params = query_params(request, {"key": True, **extra})
+    return runtime(request), request.path_params["name"], params["key"], params
+
+
+async def _snapshot_read(
+    rt: Runtime, name: str, key: str, fn: Callable[[Database], T]
+) -> tuple[inspect.ActorRecord, T]:
+    """Find the actor in the registry's index and run `fn` on a snapshot of its database."""
+    try:
+        record = await anyio.to_thread.run_sync(inspect.find_actor, rt.index, name, key)
+        value = await anyio.to_thread.run_sync(inspect.read_snapshot, rt.store, record, fn)
+    except Exception as e:
+        raise classify(e, in_action=False) from e
+    return record, value
+
+
+async def list_actors(request: Request) -> Response:
+    rt = runtime(request)
+    params = query_params(request, {"name": False, "after": False, "limit": False})
+    limit = int_param(params, "limit", default=100, low=1, high=MAX_PAGE)
+    records = await anyio.to_thread.run_sync(
+        lambda: inspect.list_actors(
+            rt.index, limit=limit + 1, name=params.get("name"), after=params.get("after")
+        )
+    )
+    live = {i.actor_id for i in rt.registry.live()}
+    actors = [
+        {**asdict(r), "actor_id": r.actor_id, "live": r.actor_id in live} for r in records[:limit]
+    ]
+    after = actors[-1]["actor_id"] if len(records) > limit else None
+    return answer(request, {"actors": actors, "next_after": after})
+
+
+async def actor_summary(request: Request) -> Response:
+    rt, name, key, _ = _address(request)
+    record, storage = await _snapshot_read(rt, name, key, lambda db: db.metrics())
+    live = rt.live(record.actor_id)
+    summary: dict[str, Any] = {
+        **asdict(record),
+        "actor_id": record.actor_id,
+        "live": live is not None,
+        "storage": storage,
+    }
+    if live is not None:
+        summary["instance"] = {
+            "phase": live.phase.value,
+            "active_calls": live.active,
+            "next_due": live.next_due,
+            "wake_ms": live.metrics,
+        }
+    return answer(request, summary)
+
+
+async def actor_state(request: Request) -> Response:
+    rt, name, key, _ = _address(request)
+    _, state = await _snapshot_read(rt, name, key, lambda db: inspect.read_state(db.connection))
+    return answer(request, {"state": state})
+
+
+async def actor_tables(request: Request) -> Response:
+    rt, name, key, _ = _address(request)
+    _, tables = await _snapshot_read(rt, name, key, lambda db: inspect.list_tables(db.connection))
+    return answer(request, {"tables": [asdict(t) for t in tables]})
+
+
+async def table_rows(request: Request) -> Response:
+    rt, name, key, params = _address(request, limit=False, offset=False)
+    limit = int_param(params, "limit", default=100, low=1, high=MAX_PAGE)
+    offset = int_param(params, "offset", default=0, low=0, high=2**62)
+    table = request.path_params["table"]
+    _, rows = await _snapshot_read(
+        rt,
+        name,
+        key,
+        lambda db: inspect.read_rows(db.connection, table, limit=limit, offset=offset),
+    )
+    return answer(request, {"table": table, "offset": offset, **asdict(rows)})
+
+
+async def run_query(request: Request) -> Response:
+    rt, name, key, _ = _address(request)
+    body = read_fields(await read_body(request, rt.config.max_body_bytes), _QUERY_FIELDS)
+    sql, bindings = body.get("sql"), body.get("params", [])
+    if not isinstance(sql, str) or not sql.strip():
+        raise HttpError(400, ErrorCode.INVALID_BODY, "sql must be a non-empty string")
+    if not isinstance(bindings, list | dict):
+        raise HttpError(400, ErrorCode.INVALID_BODY, "params must be an array or an object")
+    max_rows = body.get("max_rows", MAX_PAGE)
+    if not isinstance(max_rows, int) or not 1 <= max_rows <= MAX_PAGE:
+        raise HttpError(400, ErrorCode.INVALID_BODY, f"max_rows must be 1 to {MAX_PAGE}")
+    timeout = rt.config.query_timeout_s
+    _, rows = await _snapshot_read(
+        rt,
+        name,
+        key,
+        lambda db: inspect.query(
+            db.connection, sql, bindings, max_rows=max_rows, timeout_s=timeout
+        ),
+    )
+    return answer(request, asdict(rows))
+
+
+async def actor_queue(request: Request) -> Response:
+    rt, name, key, params = _address(request, limit=False)
+    limit = int_param(params, "limit", default=100, low=1, high=MAX_PAGE)
+    _, rows = await _snapshot_read(
+        rt, name, key, lambda db: inspect.read_queue(db.connection, limit=limit)
+    )
+    return answer(request, asdict(rows))
+
+
+async def actor_schedules(request: Request) -> Response:
+    rt, name, key, _ = _address(request)
+    _, rows = await _snapshot_read(rt, name, key, lambda db: inspect.read_schedules(db.connection))
+    return answer(request, asdict(rows))
+
+
+async def actor_workflow(request: Request) -> Response:
+    rt, name, key, _ = _address(request)
+    record, workflow = await _snapshot_read(
+        rt, name, key, lambda db: inspect.read_workflow(db.connection)
+    )
+    if workflow is None:
+        raise HttpError(404, ErrorCode.NO_WORKFLOW, f"actor {record.actor_id} has no workflow")
+    return answer(request, {"workflow": workflow})
+
+
+async def actor_metrics(request: Request) -> Response:
+    rt, name, key, _ = _address(request)
+    record, snapshot = await _snapshot_read(rt, name, key, lambda db: db.metrics())
+    live = rt.live(record.actor_id)
+    if live is None:
+        return answer(request, {"live": False, "storage": snapshot})
+    storage = await anyio.to_thread.run_sync(live.ctx.db.database.metrics)
+    return answer(request, {"live": True, "storage": storage, "wake_ms": live.metrics})
+
+
+ROUTES = [
+    Route("/inspect/actors", list_actors, methods=["GET"]),
+    Route("/inspect/actors/{name}", actor_summary, methods=["GET"]),
+    Route("/inspect/actors/{name}/state", actor_state, methods=["GET"]),
+    Route("/inspect/actors/{name}/tables", actor_tables, methods=["GET"]),
+    Route("/inspect/actors/{name}/tables/{table:path}", table_rows, methods=["GET"]),
+    Route("/inspect/actors/{name}/query", run_query, methods=["POST"]),
+    Route("/inspect/actors/{name}/queue", actor_queue, methods=["GET"]),
+    Route("/inspect/actors/{name}/schedules", actor_schedules, methods=["GET"]),
+    Route("/inspect/actors/{name}/workflow", actor_workflow, methods=["GET"]),
+    Route("/inspect/actors/{name}/metrics", actor_metrics, methods=["GET"]),
+]

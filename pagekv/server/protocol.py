@@ -1,0 +1,86 @@
+"""The wire protocol shared by the server and the Python client: paths, media types, error codes
+and how bodies are encoded.
+
+Bodies are JSON by default and CBOR when the request says `Content-Type: application/cbor`
+(answers are CBOR when `Accept` asks for it). CBOR carries every value an actor can store; JSON
+answers render `bytes` as `{"$bytes": "<base64>"}` and refuse anything else JSON cannot hold.
+An error answer is always `{"error": {"code": ..., "message": ...}}` (plus `limit` when a limit
+was hit), with a stable `code` from `ErrorCode`.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+from typing import Any
+
+import cbor2
+
+JSON = "application/json"
+CBOR = "application/cbor"
+TOKEN_ENV = "PAGEKV_TOKEN"
+DEFAULT_PORT = 6420
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+class ErrorCode(enum.StrEnum):
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    BODY_TOO_LARGE = "body_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    MALFORMED_BODY = "malformed_body"
+    INVALID_BODY = "invalid_body"
+    INVALID_PARAMETER = "invalid_parameter"
+    UNKNOWN_ACTOR = "unknown_actor"
+    UNKNOWN_ACTION = "unknown_action"
+    ACTOR_NOT_FOUND = "actor_not_found"
+    ACTOR_EXISTS = "actor_exists"
+    ACTOR_TAKEN_OVER = "actor_taken_over"
+    ACTOR_STOPPED = "actor_stopped"
+    KV_LIMIT = "kv_limit"
+    QUEUE_FULL = "queue_full"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    TOO_MANY_SCHEDULES = "too_many_schedules"
+    TABLE_NOT_FOUND = "table_not_found"
+    QUERY_REFUSED = "query_refused"
+    INVALID_QUERY = "invalid_query"
+    NO_WORKFLOW = "no_workflow"
+    ACTION_ERROR = "action_error"
+    UNENCODABLE_RESULT = "unencodable_result"
+    INTERNAL = "internal_error"
+
+
+class BodyError(ValueError):
+    """A body that does not decode as its media type says."""
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    raise TypeError(f"a {type(value).__name__} cannot be sent as JSON; ask for {CBOR}")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise BodyError(f"{name} is not valid JSON")
+
+
+def encode(value: Any, media_type: str) -> bytes:
+    """Raises TypeError (or `cbor2.CBOREncodeError`) for a value the media type cannot hold."""
+    if media_type == CBOR:
+        return cbor2.dumps(value)
+    return json.dumps(value, default=_json_default, allow_nan=False, separators=(",", ":")).encode()
+
+
+def decode(data: bytes, media_type: str) -> Any:
+    """Decode a body; raises `BodyError` naming what is wrong."""
+    try:
+        if media_type == CBOR:
+            return cbor2.loads(data)
+        return json.loads(data, parse_constant=_refuse_constant)
+    except BodyError:
+        raise
+    except (ValueError, RecursionError, cbor2.CBORDecodeError) as e:
+        kind = "CBOR" if media_type == CBOR else "JSON"
+        raise BodyError(f"malformed {kind} body: {e}") from e

@@ -1,0 +1,57 @@
+"""Running the app under uvicorn in the current event loop.
+
+uvicorn owns SIGINT and SIGTERM: on either it stops accepting connections, lets requests in
+flight finish (up to `GRACEFUL_S`), then runs the app's lifespan shutdown, which puts every
+awake actor to sleep, and finally re-raises the signal as the process's own exit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import uvicorn
+
+from pagekv.actor import ActorDefinition
+from pagekv.kv import KvStore
+from pagekv.server.app import create_app
+from pagekv.server.config import ServerConfig
+
+GRACEFUL_S = 10
+
+
+def uvicorn_server(
+    actors: Iterable[ActorDefinition],
+    *,
+    kv: str | KvStore,
+    config: ServerConfig,
+    host: str,
+    port: int,
+    log_level: str = "info",
+) -> uvicorn.Server:
+    app = create_app(actors, kv=kv, config=config)
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="on",
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=GRACEFUL_S,
+            server_header=False,
+        )
+    )
+
+
+async def serve(
+    actors: Iterable[ActorDefinition],
+    *,
+    kv: str | KvStore,
+    config: ServerConfig,
+    host: str,
+    port: int,
+    log_level: str = "info",
+) -> None:
+    """Serve until SIGINT/SIGTERM (or the server's `should_exit`)."""
+    server = uvicorn_server(actors, kv=kv, config=config, host=host, port=port, log_level=log_level)
+    await server.serve()

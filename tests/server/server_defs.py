@@ -1,0 +1,105 @@
+"""Actors served in the server tests (in-process and by `pagekv serve` in a subprocess).
+
+`ledger` changes a row and its state in one transaction per `add`, so a test can count
+acknowledged writes; `napper` sleeps after 0.2 s idle, to test wake and schedules over HTTP;
+`flow` runs a workflow that waits for an approval message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagekv.actor import ActorContext, Registry, actor
+from pagekv.actor.workflow import StepContext, WorkflowContext
+
+ledger = actor("ledger", state={"count": 0, "total": 0})
+napper = actor("napper", state={"count": 0}, sleep_timeout=0.2)
+flow = actor("flow", state={"loads": 0})
+
+
+@ledger.create_state
+async def _create_state(ctx: ActorContext, input: Any) -> dict[str, Any]:
+    return {"count": 0, "total": 0, "input": input}
+
+
+@ledger.on_migrate
+async def _migrate(ctx: ActorContext) -> None:
+    await ctx.db.execute("CREATE TABLE IF NOT EXISTS entries(id INTEGER PRIMARY KEY, n INTEGER)")
+
+
+@ledger.on_sleep
+async def _on_sleep(ctx: ActorContext) -> None:
+    ctx.state["sleeps"] = ctx.state.get("sleeps", 0) + 1
+
+
+@ledger.action
+async def add(ctx: ActorContext, n: int) -> dict[str, Any]:
+    """One SQL write and a state change, committed together."""
+    async with ctx.db.transaction():
+        await ctx.db.execute("INSERT INTO entries(n) VALUES (?)", (n,))
+        ctx.state["count"] += 1
+        ctx.state["total"] += n
+    return await read(ctx)
+
+
+@ledger.action
+async def read(ctx: ActorContext) -> dict[str, Any]:
+    rows = await ctx.db.execute("SELECT n FROM entries ORDER BY id")
+    return {"count": ctx.state["count"], "total": ctx.state["total"], "rows": [n for (n,) in rows]}
+
+
+@ledger.action
+async def echo(ctx: ActorContext, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Exactly what reached the action."""
+    return {"args": list(args), "kwargs": kwargs, "input": ctx.state["input"]}
+
+
+@ledger.action
+async def fail(ctx: ActorContext, message: str) -> None:
+    raise ValueError(message)
+
+
+@ledger.action
+async def stash(ctx: ActorContext, size: int) -> None:
+    await ctx.kv.put({b"blob": b"x" * size})
+
+
+@ledger.action
+async def blob(ctx: ActorContext, data: bytes) -> bytes:
+    return data[::-1]
+
+
+async def bump(ctx: ActorContext) -> int:
+    """A state-only change."""
+    ctx.state["count"] += 1
+    return ctx.state["count"]
+
+
+async def later(ctx: ActorContext, seconds: float) -> str:
+    return await ctx.schedule.after(seconds, "bump")
+
+
+for definition in (ledger, napper):
+    definition.action(bump)
+    definition.action(later)
+
+
+async def load(step: StepContext) -> dict[str, int]:
+    step.state["loads"] += 1
+    return {"loaded": step.state["loads"]}
+
+
+@flow.workflow
+async def approve(wf: WorkflowContext) -> dict[str, Any]:
+    """A step, then wait for an `approve` message; the output names who approved."""
+    loaded = await wf.step("load", load)
+    message = await wf.queue.next("approval", names=["approve"], timeout=60)
+    return {**loaded, "by": None if message is None else message.body}
+
+
+@flow.action
+async def loads(ctx: ActorContext) -> int:
+    return ctx.state["loads"]
+
+
+registry = Registry([ledger, napper, flow])

@@ -1,0 +1,66 @@
+"""Running a real server on loopback inside the test's event loop (uvicorn, port 0)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+from server_defs import registry
+
+from pagekv.actor import ActorDefinition
+from pagekv.client import Client
+from pagekv.kv import KvStore, MemoryStore
+from pagekv.server import ServerConfig, uvicorn_server
+
+TOKEN = "s3cret-token-for-tests-0123456789"
+UNSET: Any = object()
+
+
+@dataclass
+class Served:
+    url: str
+    token: str | None
+    store: KvStore
+
+    def client(self, token: str | None = UNSET) -> Client:
+        return Client(self.url, token=self.token if token is UNSET else token)
+
+    def http(self, *, token: str | None = UNSET) -> httpx.AsyncClient:
+        """A raw HTTP client, authenticated with `token` (default: the server's)."""
+        token = self.token if token is UNSET else token
+        headers = {"authorization": f"Bearer {token}"} if token is not None else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30)
+
+
+@asynccontextmanager
+async def serving(
+    actors: Iterable[ActorDefinition] | None = None,
+    *,
+    kv: KvStore | None = None,
+    token: str | None = TOKEN,
+    **config: Any,
+) -> AsyncIterator[Served]:
+    store = kv if kv is not None else MemoryStore()
+    settings = ServerConfig(token=token, unauthenticated=token is None, **config)
+    server = uvicorn_server(
+        registry.definitions.values() if actors is None else actors,
+        kv=store,
+        config=settings,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(10):
+            while not server.started:
+                await anyio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            yield Served(f"http://127.0.0.1:{port}", token, store)
+        finally:
+            server.should_exit = True

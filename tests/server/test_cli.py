@@ -1,0 +1,188 @@
+"""`pagekv serve` and `pagekv inspect` as real processes: failing closed, serving with a token
+from the environment, inspection beside a running server, a clean SIGTERM, and two servers
+sharing one PostgreSQL store without losing a write."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from server_helpers import TOKEN
+
+from pagekv.actor import ActorTakenOver
+from pagekv.client import Client
+
+pytestmark = pytest.mark.anyio
+
+APP = str(Path(__file__).with_name("server_defs.py"))
+RUNNING = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
+
+
+def pagekv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pagekv.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+class ServeProcess:
+    """`pagekv serve` on a free port; `url` once it listens, `log` for everything it printed."""
+
+    def __init__(self, *args: str, token: str | None = TOKEN) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PAGEKV_TOKEN"}
+        if token is not None:
+            env["PAGEKV_TOKEN"] = token
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pagekv.cli", "serve", APP, "--port", "0", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.log: list[str] = []
+        self.url: str | None = None
+        self._listening = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+            match = RUNNING.search(line)
+            if match:
+                self.url = match.group(1)
+                self._listening.set()
+        self._listening.set()
+
+    async def started(self) -> str:
+        with anyio.fail_after(30):
+            await anyio.to_thread.run_sync(self._listening.wait)
+        assert self.url is not None, "".join(self.log)
+        return self.url
+
+    async def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            return await anyio.to_thread.run_sync(self.proc.wait)
+
+
+@asynccontextmanager
+async def served_process(*args: str) -> AsyncIterator[ServeProcess]:
+    server = ServeProcess(*args)
+    try:
+        await server.started()
+        yield server
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def test_serve_refuses_to_start_without_a_token() -> None:
+    env = {"PAGEKV_TOKEN": ""}
+    result = subprocess.run(
+        [sys.executable, "-m", "pagekv.cli", "serve", APP, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "PAGEKV_TOKEN"},
+    )
+    assert result.returncode == 2
+    assert "--unauthenticated" in result.stderr and "PAGEKV_TOKEN" in result.stderr
+    both = pagekv("serve", APP, "--token", "t", "--unauthenticated")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    contradiction = pagekv("serve", APP, "--unauthenticated", env={"PAGEKV_TOKEN": "t"})
+    assert contradiction.returncode == 2 and "contradict" in contradiction.stderr
+    empty = pagekv("serve", APP, env=env)
+    assert empty.returncode == 2
+    missing = pagekv("serve", "no/such/app.py", "--unauthenticated")
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    wrong = pagekv("serve", f"{APP}:ledger", "--unauthenticated")
+    assert wrong.returncode == 2 and "must be a pagekv.actor.Registry" in wrong.stderr
+
+
+async def test_serve_inspect_beside_it_and_stop_cleanly(tmp_path: Path) -> None:
+    store = f"file:{tmp_path}/store"
+    async with served_process("--kv", store) as server:
+        url = await server.started()
+        async with Client(url, token=TOKEN) as client:
+            handle = client.get_or_create("ledger", "room/1")
+            for n in (1, 2, 3):
+                await handle.add(n)
+
+            listing = await anyio.to_thread.run_sync(lambda: pagekv("inspect", "--kv", store))
+            shown = await anyio.to_thread.run_sync(
+                lambda: pagekv("inspect", "--kv", store, "ledger/room/1")
+            )
+            as_json = await anyio.to_thread.run_sync(
+                lambda: pagekv("inspect", "--kv", store, "ledger/room/1", "--json")
+            )
+            missing = await anyio.to_thread.run_sync(
+                lambda: pagekv("inspect", "--kv", store, "ledger/nope")
+            )
+            # The server's instance was not taken over: this write needs no new wake.
+            assert (await handle.add(4))["rows"] == [1, 2, 3, 4]
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+                metrics = (await http.get("/metrics")).text
+        assert "pagekv_wakes_total 1\n" in metrics
+        assert "pagekv_takeovers_total 0\n" in metrics
+        code = await server.stop()
+    assert code in (0, -signal.SIGTERM), "".join(server.log)
+    assert "Application shutdown complete" in "".join(server.log)
+
+    assert listing.returncode == 0 and "ledger/room%2F1" in listing.stdout
+    assert shown.returncode == 0, shown.stderr
+    assert '"count":3' in shown.stdout and "entries: 3 rows" in shown.stdout
+    report = json.loads(as_json.stdout)
+    assert report["state"]["count"] == 3 and report["key"] == "room/1"
+    entries = next(t for t in report["tables"] if t["name"] == "entries")
+    assert entries["first_rows"] == [[1, 1], [2, 2], [3, 3]]
+    assert report["workflow"] is None
+    assert missing.returncode == 1 and "no actor 'ledger' with key 'nope'" in missing.stderr
+
+    after = json.loads(pagekv("inspect", "--kv", store, "ledger/room/1", "--json").stdout)
+    assert after["state"]["count"] == 4
+    assert after["state"]["sleeps"] == 1  # SIGTERM put the actor to sleep (on_sleep ran)
+
+
+async def test_two_servers_on_one_postgres_store_lose_no_write(postgres_server) -> None:
+    """Requests alternate between two `serve` processes; each wake there is a takeover, so the
+    first call on a stale instance fails with ActorTakenOver without writing, and its retry
+    lands. Every acknowledged write is there exactly once, in order."""
+    store = postgres_server.store_url("server-two-processes")
+    async with served_process("--kv", store) as one, served_process("--kv", store) as two:
+        clients = [
+            Client(await one.started(), token=TOKEN),
+            Client(await two.started(), token=TOKEN),
+        ]
+        acknowledged: list[int] = []
+        taken_over = 0
+        for n in range(1, 21):
+            handle = clients[n % 2].get_or_create("ledger", "shared")
+            try:
+                view = await handle.add(n)
+            except ActorTakenOver:
+                taken_over += 1
+                view = await handle.add(n)
+            acknowledged.append(n)
+            assert view["rows"] == acknowledged
+        final = await clients[0].get_or_create("ledger", "shared").add(21)
+        for client in clients:
+            await client.aclose()
+    assert final["rows"] == [*acknowledged, 21] and final["count"] == 21
+    assert taken_over >= 10  # the servers really took the actor from each other

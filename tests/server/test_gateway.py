@@ -1,0 +1,318 @@
+"""The gateway over real HTTP: actions, get-or-create, create/destroy, queues, sleep and wake,
+schedules, and every kind of bad input answered with a status and a machine-readable code."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import anyio
+import cbor2
+import httpx
+import pytest
+from server_helpers import Served, serving
+
+from pagekv.actor import ActionNotFound, ActorExists, ActorNotFound, UnknownActor
+from pagekv.client import RemoteError
+
+pytestmark = pytest.mark.anyio
+
+ADD = "/actors/ledger/actions/add"
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    return body["error"]
+
+
+async def actor_ids(served: Served) -> list[str]:
+    async with served.http() as http:
+        response = await http.get("/inspect/actors")
+    return [a["actor_id"] for a in response.json()["actors"]]
+
+
+async def test_actions_through_the_python_client(served: Served) -> None:
+    async with served.client() as client:
+        handle = client.get_or_create("ledger", "k", input={"owner": "ada"})
+        assert (await handle.add(5))["rows"] == [5]
+        assert await handle.add(n=7) == {"count": 2, "total": 12, "rows": [5, 7]}
+        assert await handle.bump() == 3
+        assert (await handle.echo())["input"] == {"owner": "ada"}
+        assert await handle.blob(b"\x00\x01\xff") == b"\xff\x01\x00"  # CBOR: bytes round-trip
+        assert await client.get("ledger", "k").read() == {
+            "count": 3,
+            "total": 12,
+            "rows": [5, 7],
+        }
+
+
+async def test_raw_json_call_and_falsy_values(served: Served) -> None:
+    """Key "0", an empty body, empty args and an input of 0 are all values, not absences."""
+    async with served.http() as http:
+        empty = await http.post("/actors/ledger/actions/echo", params={"key": "0"})
+        assert empty.status_code == 200, empty.text
+        assert empty.json() == {"result": {"args": [], "kwargs": {}, "input": None}}
+        again = await http.post(
+            "/actors/ledger/actions/echo", params={"key": "zero"}, json={"args": [], "input": 0}
+        )
+        assert again.json()["result"] == {"args": [], "kwargs": {}, "input": 0}
+        assert (await http.post(ADD, params={"key": "0"}, json={"args": [0]})).json() == {
+            "result": {"count": 1, "total": 0, "rows": [0]}
+        }
+    assert sorted(await actor_ids(served)) == ["ledger/0", "ledger/zero"]
+
+
+async def test_routing_parameters_never_reach_the_actor(served: Served) -> None:
+    async with served.http() as http:
+        response = await http.post(
+            "/actors/ledger/actions/echo",
+            params={"key": "k", "mode": "get_or_create"},
+            json={"args": [1, "two"], "kwargs": {"three": 3}},
+        )
+    assert response.json()["result"] == {
+        "args": [1, "two"],
+        "kwargs": {"three": 3},
+        "input": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("query", "names"),
+    [
+        ("key=k&token=x", "['token']"),
+        ("key=k&Key=j", "['Key']"),
+        ("key=k&key=j", "['key']"),
+        ("key=k&mode=get&mode=get", "['mode']"),
+        ("mode=get", "['key']"),
+        ("", "['key']"),
+    ],
+)
+async def test_bad_routing_parameters_are_named_in_a_400(
+    served: Served, query: str, names: str
+) -> None:
+    async with served.http() as http:
+        response = await http.post(f"{ADD}?{query}", json={"args": [1]})
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "invalid_parameter"
+    assert names in error["message"]
+    assert await actor_ids(served) == []
+
+
+async def test_a_bad_mode_is_refused(served: Served) -> None:
+    async with served.http() as http:
+        response = await http.post(ADD, params={"key": "k", "mode": "create"}, json={"args": [1]})
+        with_input = await http.post(
+            ADD, params={"key": "k", "mode": "get"}, json={"args": [1], "input": 1}
+        )
+    assert response.status_code == 400 and "mode" in error_of(response)["message"]
+    assert with_input.status_code == 400 and error_of(with_input)["code"] == "invalid_body"
+
+
+async def test_get_create_destroy_and_handles_that_re_resolve(served: Served) -> None:
+    async with served.client() as client:
+        with pytest.raises(ActorNotFound):
+            await client.get("ledger", "k").read()
+        assert await actor_ids(served) == []  # a get never creates
+
+        getter = await client.create("ledger", "k", input="first")
+        with pytest.raises(ActorExists):
+            await client.create("ledger", "k")
+        assert (await getter.add(1))["count"] == 1
+        upsert = client.get_or_create("ledger", "k", input="second")
+        assert (await upsert.add(2))["rows"] == [1, 2]
+
+        await client.destroy("ledger", "k")
+        with pytest.raises(ActorNotFound):
+            await getter.read()  # never pinned to the destroyed actor
+        with pytest.raises(ActorNotFound):
+            await client.destroy("ledger", "k")
+        fresh = await upsert.echo()  # re-created from scratch, with this handle's input
+        assert fresh["input"] == "second"
+        assert await upsert.read() == {"count": 0, "total": 0, "rows": []}
+
+
+async def test_unknown_actor_type_and_action_are_404_and_create_nothing(served: Served) -> None:
+    async with served.client() as client:
+        with pytest.raises(UnknownActor, match="no actor named 'nobody'"):
+            await client.get_or_create("nobody", "k").hello()
+        with pytest.raises(ActionNotFound, match="no action 'missing'"):
+            await client.get_or_create("ledger", "k").missing()
+    async with served.http() as http:
+        response = await http.post("/actors/nobody/actions/x", params={"key": "k"})
+        assert response.status_code == 404 and error_of(response)["code"] == "unknown_actor"
+        response = await http.post("/actors/ledger/actions/missing", params={"key": "k"})
+        assert response.status_code == 404 and error_of(response)["code"] == "unknown_action"
+        response = await http.get("/no/such/route")
+        assert response.status_code == 404 and error_of(response)["code"] == "not_found"
+        response = await http.get(ADD, params={"key": "k"})
+        assert response.status_code == 405
+        assert error_of(response)["code"] == "method_not_allowed"
+    assert await actor_ids(served) == []
+
+
+async def test_action_errors_are_structured_without_tracebacks(served: Served) -> None:
+    async with served.http() as http:
+        response = await http.post(
+            "/actors/ledger/actions/fail", params={"key": "k"}, json={"args": ["boom 42"]}
+        )
+        wrong_args = await http.post(ADD, params={"key": "k"}, json={"args": [1, 2, 3]})
+    assert response.status_code == 500
+    assert error_of(response) == {"code": "action_error", "message": "ValueError: boom 42"}
+    assert "Traceback" not in response.text and ".py" not in response.text
+    assert error_of(wrong_args)["code"] == "action_error"
+    assert "TypeError" in error_of(wrong_args)["message"]
+
+
+BAD_BODIES = [
+    (b'{"args": [1', "application/json", "malformed_body", 400),
+    (b'{"args": [NaN]}', "application/json", "malformed_body", 400),
+    (b"\xff\xfe", "application/json", "malformed_body", 400),
+    (b"\x9f\x01", "application/cbor", "malformed_body", 400),
+    (b"\xff", "application/cbor", "malformed_body", 400),
+    (b"[1, 2]", "application/json", "invalid_body", 400),
+    (b'{"args": 1}', "application/json", "invalid_body", 400),
+    (b'{"kwargs": {"1x": 1}}', "application/json", "invalid_body", 400),
+    (b'{"args": [1], "extra": true}', "application/json", "invalid_body", 400),
+    (b"args=1", "application/x-www-form-urlencoded", "unsupported_media_type", 415),
+]
+
+
+async def test_bad_bodies(served: Served) -> None:
+    async with served.http() as http:
+        for content, content_type, code, status in BAD_BODIES:
+            response = await http.post(
+                ADD, params={"key": "k"}, content=content, headers={"content-type": content_type}
+            )
+            assert response.status_code == status, (content, response.text)
+            assert error_of(response)["code"] == code, content
+    assert await actor_ids(served) == []
+
+
+async def test_cbor_requests_and_answers(served: Served) -> None:
+    """CBOR in, CBOR out when asked; bytes answered as JSON are tagged base64."""
+    request = {
+        "params": {"key": "k"},
+        "content": cbor2.dumps({"args": [b"\x01\x02"]}),
+        "headers": {"content-type": "application/cbor", "accept": "application/cbor"},
+    }
+    async with served.http() as http:
+        as_cbor = await http.post("/actors/ledger/actions/blob", **request)
+        request["headers"] = {"content-type": "application/cbor"}
+        as_json = await http.post("/actors/ledger/actions/blob", **request)
+    assert as_cbor.headers["content-type"] == "application/cbor"
+    assert cbor2.loads(as_cbor.content) == {"result": b"\x02\x01"}
+    assert as_json.headers["content-type"] == "application/json"
+    assert as_json.json() == {"result": {"$bytes": "AgE="}}
+
+
+async def test_bodies_over_the_limit_are_413_naming_it() -> None:
+    async with serving(max_body_bytes=1000) as served, served.http() as http:
+        big = json.dumps({"args": ["x" * 2000]}).encode()
+        declared = await http.post(
+            ADD, params={"key": "k"}, content=big, headers={"content-type": "application/json"}
+        )
+
+        async def chunks():
+            for _ in range(20):
+                yield b" " * 100  # no Content-Length: streamed, counted as it arrives
+
+        streamed = await http.post(
+            ADD, params={"key": "k"}, content=chunks(), headers={"content-type": "application/json"}
+        )
+        fits = await http.post(ADD, params={"key": "k"}, json={"args": [1]})
+    for response in (declared, streamed):
+        assert response.status_code == 413
+        assert error_of(response)["code"] == "body_too_large"
+        assert error_of(response)["limit"] == "max_body_bytes"
+        assert "1000" in error_of(response)["message"]
+    assert fits.json()["result"]["rows"] == [1]
+
+
+async def test_kv_and_queue_limits_are_4xx_naming_the_limit(served: Served) -> None:
+    async with served.client() as client:
+        handle = client.get_or_create("ledger", "k")
+        with pytest.raises(RemoteError) as kv_limit:
+            await handle.stash(200 * 1024)
+        with pytest.raises(RemoteError) as message_limit:
+            await handle.send("inbox", "x" * (70 * 1024))
+        await handle.stash(10)  # within the limit: fine
+    assert (kv_limit.value.status, kv_limit.value.code) == (413, "kv_limit")
+    assert kv_limit.value.limit == "max_value_bytes"
+    assert "max_value_bytes" in kv_limit.value.message
+    assert (message_limit.value.status, message_limit.value.code) == (413, "message_too_large")
+    assert message_limit.value.limit == "MAX_MESSAGE_BYTES"
+    async with served.http() as http:
+        long_key = await http.post("/actors/ledger/actions/bump", params={"key": "k" * 3000})
+    assert long_key.status_code == 413
+    assert error_of(long_key)["limit"] == "max_key_bytes"
+    assert "max_key_bytes = 2048" in error_of(long_key)["message"]
+    assert await actor_ids(served) == ["ledger/k"]
+
+
+async def test_queue_messages(served: Served) -> None:
+    async with served.client() as client:
+        handle = client.get_or_create("ledger", "k")
+        first = await handle.send("inbox", {"hello": 1})
+        second = await handle.send("other/queue", [b"\x00"])
+        with pytest.raises(ActorNotFound):
+            await client.get("ledger", "missing").send("inbox", 1)
+    assert second > first
+    async with served.http() as http:
+        queue = (await http.get("/inspect/actors/ledger/queue", params={"key": "k"})).json()
+    assert [(row[1], row[2]) for row in queue["rows"]] == [
+        ("inbox", {"hello": 1}),
+        ("other/queue", [{"$bytes": "AA=="}]),
+    ]
+
+
+async def test_sleep_and_wake_through_http(served: Served, eventually) -> None:
+    async with served.client() as client, served.http() as http:
+        handle = client.get_or_create("napper", "k")
+        assert await handle.bump() == 1
+
+        async def asleep() -> bool:
+            summary = await http.get("/inspect/actors/napper", params={"key": "k"})
+            return not summary.json()["live"]
+
+        await eventually(asleep, what="the actor to fall asleep")
+        assert await handle.bump() == 2  # woken, with its state
+        metrics = (await http.get("/metrics")).text
+    assert "pagekv_wakes_total 2\n" in metrics
+    assert re.search(r"^pagekv_sleeps_total [12]$", metrics, re.MULTILINE)
+
+
+async def test_schedules_fire_while_serving(served: Served, eventually) -> None:
+    """The actor sleeps before its schedule is due; the schedule wakes it and runs."""
+    async with served.client() as client, served.http() as http:
+        handle = client.get_or_create("napper", "k")
+        await handle.later(1.0)
+
+        async def fired() -> bool:
+            state = await http.get("/inspect/actors/napper/state", params={"key": "k"})
+            return state.json()["state"]["count"] == 1
+
+        metrics = (await http.get("/metrics")).text
+        await eventually(fired, what="the scheduled bump")
+    assert "pagekv_actions_total 1" in metrics  # `later` only, before it fired
+
+
+async def test_concurrent_first_requests_create_one_actor_and_lose_nothing() -> None:
+    """Requests sent before the server is even up, all at once, to one new actor."""
+    async with serving() as served, served.client() as client:
+        handle = client.get_or_create("ledger", "fresh", input="once")
+        results = []
+
+        async def add(n: int) -> None:
+            results.append(await handle.add(n))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(1, 31):
+                tg.start_soon(add, n)
+        final = await handle.read()
+        listed = await actor_ids(served)
+    assert final["count"] == 30 and sorted(final["rows"]) == list(range(1, 31))
+    assert sorted(r["count"] for r in results) == list(range(1, 31))
+    assert listed == ["ledger/fresh"]
