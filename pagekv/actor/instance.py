@@ -137,6 +137,7 @@ class ActorInstance:
                 await self._close()
             raise
         self.phase = Phase.RUNNING
+        self.last_active = time.monotonic()
         if definition.workflow_fn is not None:
             self.workflow = Runner(self, definition.workflow_fn)
         self.start_run()
@@ -256,14 +257,25 @@ class ActorInstance:
             self.last_active = time.monotonic()
 
     def idle_for(self) -> float | None:
-        """Seconds idle, or None while an action, a dispatch or the run handler (unless it
-        waits for a message or a deadline) keeps it awake."""
+        """Seconds idle, or None while an action, a due or running dispatch or the run handler
+        (unless it waits for a message or a deadline) keeps it awake."""
         busy_run = self._run_active and not self.waits
-        if self.phase is not Phase.RUNNING or self.active or busy_run or self._dispatching:
+        due = self.next_due is not None and self.next_due <= time.time()
+        if self.phase is not Phase.RUNNING or self.active or busy_run or self._dispatching or due:
             return None
         return time.monotonic() - self.last_active
 
     # -- schedules --------------------------------------------------------------------------
+
+    async def announce_wake(self, due: float) -> None:
+        """Before committing a schedule row due at `due`: make sure the registry's wake index
+        wakes the actor by then. Written ahead of the commit, so a crash in between can only
+        cause an early (harmless) wake, never a missed one; `refresh_wake` sets the exact time
+        after the commit."""
+        written = self._wake_written
+        if not isinstance(written, int | float) or due < written:
+            await self.registry.write_wake(self, due)
+            self._wake_written = due
 
     async def refresh_wake(self) -> None:
         """Record the next due schedule here and in the registry's durable wake index."""

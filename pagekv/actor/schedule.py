@@ -84,6 +84,7 @@ class Schedule:
                     (event_id, due, action, encoded, every, time.time()),
                 )
 
+        await instance.announce_wake(due)
         await instance.ctx.db.locked(add, internal=True)
         await instance.refresh_wake()
         return event_id

@@ -594,3 +594,70 @@ def _raise(error: Exception):
         raise error
 
     return fn
+
+
+async def test_a_rollback_interrupted_by_a_restart_resumes_without_repeating_handlers() -> None:
+    store = MemoryStore()
+    undone: list[str] = []
+    hold = anyio.Event()
+
+    async def undo_charge(step: StepContext, output: Any) -> None:
+        undone.append("charge")
+
+    async def undo_reserve(step: StepContext, output: Any) -> None:
+        undone.append("reserve")
+        if not hold.is_set():
+            hold.set()
+            await anyio.sleep(30)
+
+    async def flow(wf: WorkflowContext) -> Any:
+        await wf.rollback_checkpoint("checkpoint")
+        await wf.step("reserve", counting(Counter(), "reserve"), rollback=undo_reserve)
+        await wf.step("charge", counting(Counter(), "charge"), rollback=undo_charge)
+        await wf.step("ship", _raise(Critical("no truck")))
+
+    async with Registry([flow_actor(flow)], kv=store).run() as client:
+        handle = client.get_or_create("wf", "k")
+        await settle(handle, WorkflowState.ROLLING_BACK)
+        with anyio.fail_after(5):
+            await hold.wait()
+    async with Registry([flow_actor(flow)], kv=store).run() as client:
+        status = await settle(client.get("wf", "k"), WorkflowState.FAILED)
+    assert undone == ["charge", "reserve", "reserve"], "charge's undo was recorded, not repeated"
+    assert status.error["type"] == "StepCritical"
+
+
+async def test_workflow_deadlines_and_ordinary_schedules_do_not_overwrite_each_other() -> None:
+    async def flow(wf: WorkflowContext) -> Any:
+        await wf.sleep("long", 1.2)
+        return time.time()
+
+    a = flow_actor(flow, sleep_timeout=0.1)
+
+    @a.action
+    async def arm(ctx: ActorContext) -> None:
+        await ctx.schedule.after(0.2, "tick")
+
+    @a.action
+    async def tick(ctx: ActorContext) -> None:
+        ctx.state["n"] += 1
+
+    def completed() -> bool:
+        live = registry.live()
+        runner = live[0].workflow if live else None
+        done = runner is not None and runner.history.state is WorkflowState.COMPLETED
+        return done and live[0].ctx.state["n"] == 1
+
+    registry = Registry([a], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("wf", "k")
+        started = time.time()
+        await handle.arm()
+        with anyio.fail_after(10):
+            while not completed():
+                await anyio.sleep(0.01)
+        wakes = registry.metrics()["wakes"]
+        status = await handle.workflow.status()
+        assert await handle.view() == {"n": 1}, "the ordinary schedule fired"
+    assert status.output - started >= 1.15, "and the workflow's own deadline was kept"
+    assert wakes >= 3, "both deadlines woke the sleeping actor (first wake, tick, workflow)"

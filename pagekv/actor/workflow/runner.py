@@ -212,6 +212,8 @@ class Runner:
         if wake == self._wake_due:
             wake = _KEEP
         staged: list[Entry] = []
+        if isinstance(wake, int | float):
+            await self.instance.announce_wake(wake)
         async with self.db.transaction(before_commit=lambda c: self._write(c, staged, wake)):
             yield staged
         self.history.committed(staged)
