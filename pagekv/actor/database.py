@@ -40,6 +40,9 @@ class ActorDb:
         database.connection.authorizer = self.reserved
         self._limiter = anyio.CapacityLimiter(1)
         self._lock = anyio.Lock()
+        self._begin_pending = False
+        """A transaction began but no statement ran yet: its first worker hop starts with BEGIN
+        (one hop fewer per transaction). Only the task holding `_lock` runs statements then."""
 
     async def run(self, fn: Callable[[apsw.Connection], T], *, internal: bool = False) -> T:
         """Run `fn(connection)` on the worker, translating storage death into actor errors."""
@@ -48,6 +51,9 @@ class ActorDb:
             self.reserved.internal = internal
             self.reserved.violation = None
             try:
+                if self._begin_pending:
+                    self.database.connection.execute("BEGIN IMMEDIATE")
+                    self._begin_pending = False
                 return fn(self.database.connection)
             except Exception as e:
                 if self.database.is_dead:
@@ -103,7 +109,7 @@ class ActorDb:
             token = _in_transaction.set(self)
             snapshot = self.state.snapshot()
             try:
-                await self.run(lambda c: c.execute("BEGIN IMMEDIATE").fetchall())
+                self._begin_pending = True
                 try:
                     yield self
                     commit = partial(self._commit, before=before_commit)
@@ -111,10 +117,11 @@ class ActorDb:
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         self.state.restore(snapshot)
-                        if not self.database.is_dead:
+                        if not self.database.is_dead and not self._begin_pending:
                             await self.run(_rollback)
                     raise
             finally:
+                self._begin_pending = False
                 _in_transaction.reset(token)
 
     def _commit(
