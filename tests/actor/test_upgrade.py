@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import cbor2
 import pytest
+from fixture_store import load_fixture
 
 from pagekv.actor import ActorContext, ActorError, Registry, actor
-from pagekv.kv import MemoryStore
 from pagekv.vfs import open_database
-
-FIXTURES = Path(__file__).with_name("fixtures")
 
 notes = actor("notes", state={"count": 0})
 
@@ -29,20 +24,10 @@ async def summary(ctx: ActorContext) -> dict[str, object]:
     }
 
 
-def _load(version: int) -> MemoryStore:
-    store = MemoryStore()
-    dump = cbor2.loads((FIXTURES / f"internal_v{version}.cbor").read_bytes())
-    for namespace, entries in dump.items():
-        ns = store.namespace(namespace)
-        for key, value in entries:
-            ns.put({key: value})
-    return store
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("version", [1])
 async def test_opens_every_released_internal_version(version: int) -> None:
-    store = _load(version)
+    store = load_fixture(version)
     async with Registry([notes], kv=store).run() as client:
         got = await client.get("notes", "fixture").summary()
     assert got == {
@@ -55,7 +40,7 @@ async def test_opens_every_released_internal_version(version: int) -> None:
 
 @pytest.mark.anyio
 async def test_a_newer_internal_version_is_refused_clearly() -> None:
-    store = _load(1)
+    store = load_fixture(1)
     with open_database(store.namespace("notes/fixture")) as db:
         db.execute("UPDATE _pagekv_meta SET value = 99 WHERE key = 'schema_version'")
     async with Registry([notes], kv=store).run() as client:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import cbor2
 import pytest
 from faulty import FaultyStore
+from fixture_store import load_fixture
 
 from pagekv.actor import ActorContext, ActorHandle, ActorStopped, ActorTakenOver, Registry, actor
 from pagekv.actor.workflow import (
@@ -20,11 +20,10 @@ from pagekv.actor.workflow import (
     WorkflowState,
     WorkflowStatus,
 )
-from pagekv.kv import FaultKind, MemoryStore
+from pagekv.kv import FaultKind
 from pagekv.vfs import open_database
 
 pytestmark = pytest.mark.anyio
-FIXTURES = Path(__file__).with_name("fixtures")
 
 
 async def settle(handle: ActorHandle, state: WorkflowState, timeout: float = 15.0):
@@ -180,18 +179,8 @@ def fixture_flow():
     return a
 
 
-def _load(version: int) -> MemoryStore:
-    store = MemoryStore()
-    dump = cbor2.loads((FIXTURES / f"internal_v{version}.cbor").read_bytes())
-    for namespace, entries in dump.items():
-        kv = store.namespace(namespace)
-        for key, value in entries:
-            kv.put({key: value})
-    return store
-
-
 async def test_a_workflow_of_format_1_continues_with_the_current_code() -> None:
-    store = _load(2)
+    store = load_fixture(2)
     async with Registry([fixture_flow()], kv=store).run() as client:
         handle = client.get("orders", "fixture")
         await settle(handle, WorkflowState.SLEEPING)
@@ -207,7 +196,7 @@ async def test_a_workflow_of_format_1_continues_with_the_current_code() -> None:
 
 
 async def test_a_newer_workflow_format_is_refused_clearly() -> None:
-    store = _load(2)
+    store = load_fixture(2)
     with open_database(store.namespace("orders/fixture")) as db:
         db.execute("UPDATE _pagekv_workflow SET value = 99 WHERE key = 'format_version'")
     async with Registry([fixture_flow()], kv=store).run() as client:
