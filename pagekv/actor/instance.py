@@ -114,7 +114,7 @@ class ActorInstance:
             input=input,
         )
         try:
-            initialized, stored = await self._timed(
+            initialized, stored, self.next_due = await self._timed(
                 "migrate_and_load", db.run(lambda c: (migrate(c), load(c))[1], internal=True)
             )
             cell.restore((stored, encode_state(stored) if initialized else None))
@@ -131,7 +131,7 @@ class ActorInstance:
             if "on_wake" in hooks:
                 await self._timed("on_wake", hooks["on_wake"](self.ctx), user=True)
                 await db.save_state()
-            await self.refresh_wake()
+            await self.publish_wake()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._close()
@@ -283,6 +283,10 @@ class ActorInstance:
             lambda c: c.execute("SELECT min(due) FROM _pagekv_schedule").fetchall(), internal=True
         )
         self.next_due = rows[0][0]
+        await self.publish_wake()
+
+    async def publish_wake(self) -> None:
+        """Write `next_due` to the registry's wake index unless it is there already."""
         if self._wake_written != self.next_due:
             await self.registry.write_wake(self, self.next_due)
             self._wake_written = self.next_due

@@ -103,11 +103,12 @@ def migrate(connection: apsw.Connection) -> int:
     return version
 
 
-def load(connection: apsw.Connection) -> tuple[bool, Any]:
-    """(initialised?, stored state)."""
+def load(connection: apsw.Connection) -> tuple[bool, Any, float | None]:
+    """(initialised?, stored state, next schedule due): every read a wake needs, in one go."""
     rows = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
     state = connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall()
-    return bool(rows.get("initialized")), cbor2.loads(state[0][0]) if state else None
+    due = connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0]
+    return bool(rows.get("initialized")), cbor2.loads(state[0][0]) if state else None, due
 
 
 def save_state(connection: apsw.Connection, data: bytes) -> None:
