@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("pagekv.actor")
 _UNSET = object()
+FRESHNESS_S = 0.05
+"""A call first checks that no other instance took the actor over (one KV read) unless this
+instance checked less than this long ago: after a takeover elsewhere, a stale instance serves
+reads for at most this long (its writes are fenced off at once)."""
 Stop = Literal["sleep", "destroy", "crash"]
 
 
@@ -74,6 +78,8 @@ class ActorInstance:
         """Tasks waiting for a message or a workflow deadline; a run handler waiting there does
         not block sleep."""
         self.workflow: Runner | None = None
+        self._checked_at = time.monotonic()
+        """When this instance last knew it was current (its takeover at start, then checks)."""
         self.next_due: float | None = None
         self._wake_written: object = _UNSET
         self._dispatching = False
@@ -207,6 +213,7 @@ class ActorInstance:
         fn = self.definition.actions.get(action)
         if fn is None:
             raise ActionNotFound(f"actor {self.definition.name!r} has no action {action!r}")
+        await self._check_current()
         self.active += 1
         self.registry.counters["actions"] += 1
         try:
@@ -227,6 +234,19 @@ class ActorInstance:
                 self._idle = anyio.Event()
             if self._requested is not None and self.active == 0 and not self._run_active:
                 self.registry.spawn(self.stop, self._requested)
+
+    async def _check_current(self) -> None:
+        """Refuse the call (`NotServing`: the registry wakes a fresh instance, which takes the
+        actor back) if another instance took the actor over since this one last checked."""
+        now = time.monotonic()
+        if now - self._checked_at < FRESHNESS_S:
+            return
+        generation = await anyio.to_thread.run_sync(self.kv.generation)
+        self._checked_at = now
+        if generation != self.ctx.db.database.generation:
+            self._requested = "crash"
+            self.registry.counters["takeovers"] += 1
+            raise NotServing(f"actor {self.actor_id} was taken over elsewhere")
 
     def serving(self) -> bool:
         """Running and not torn down by a failure: new calls may use this instance."""

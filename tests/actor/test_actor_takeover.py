@@ -17,6 +17,7 @@ import pytest
 from actor_defs import ledger
 
 from pagekv.actor import ActorContext, ActorNotFound, ActorTakenOver, Client, Registry, actor
+from pagekv.actor.instance import FRESHNESS_S
 from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -231,3 +232,19 @@ async def test_destroy_through_a_registry_with_a_stale_instance(attempt) -> None
     assert destroyed is None
     assert live == []
     assert isinstance(after, ActorNotFound)
+
+
+async def test_a_stale_instance_does_not_serve_reads_after_a_takeover() -> None:
+    """Registry one keeps its instance awake; registry two takes over and writes. A read through
+    registry one after the freshness window sees that write: the stale instance noticed the
+    takeover (one KV read) and a fresh one took the actor back."""
+    store = MemoryStore()
+    async with Registry([ledger], kv=store).run() as first:
+        await first.get_or_create("ledger", "k").add(1)
+        async with Registry([ledger], kv=store).run() as second:
+            await second.get("ledger", "k").add(2)
+            await anyio.sleep(FRESHNESS_S * 2)
+            view = await first.get("ledger", "k").read()
+            takeovers = first.registry.metrics()["takeovers"]
+    assert view == {"count": 2, "total": 3, "rows": [1, 2]}
+    assert takeovers == 1
