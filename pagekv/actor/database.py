@@ -71,6 +71,10 @@ class ActorDb:
 
         return await anyio.to_thread.run_sync(work, limiter=self._limiter)
 
+    async def close(self) -> None:
+        """Close the database once the worker is free (never under a running statement)."""
+        await anyio.to_thread.run_sync(self.database.close, limiter=self._limiter)
+
     def death(self) -> Exception:
         cause = self.database.take_last_kv_error()
         if isinstance(cause, FenceMismatch):

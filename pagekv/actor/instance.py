@@ -364,8 +364,8 @@ class ActorInstance:
                         await self._idle.wait()
                 await self._stop_hooks(how)
             finally:
-                await self._close()
                 try:
+                    await self._close()
                     if how == "destroy":
                         generation = self.ctx.db.database.generation
                         await anyio.to_thread.run_sync(lambda: self.kv.drop(fence=generation))
@@ -396,11 +396,14 @@ class ActorInstance:
             log.exception("actor %s: stopping (%s) despite a failed hook", self.actor_id, how)
 
     async def _close(self) -> None:
+        """Close the database; `stopped` is set whatever happens, so no waiter hangs."""
         self.phase = Phase.STOPPED
-        ctx = getattr(self, "ctx", None)
-        if ctx is not None:
-            await anyio.to_thread.run_sync(ctx.db.database.close)
-        self.stopped.set()
+        try:
+            ctx = getattr(self, "ctx", None)
+            if ctx is not None:
+                await ctx.db.close()
+        finally:
+            self.stopped.set()
 
 
 def _settle(connection: Any, event_id: str, due: float, every: float | None) -> None:

@@ -76,8 +76,16 @@ class Registry:
                 self.store.close()
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run `fn(*args)` in the background; its failure is logged, never the registry's."""
         assert self._tg is not None, "the registry is not running"
-        self._tg.start_soon(fn, *args)
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception:
+                log.exception("background task %s failed", getattr(fn, "__qualname__", fn))
+
+        self._tg.start_soon(guarded)
 
     async def _housekeeping(self) -> None:
         """Put idle instances to sleep, dispatch due schedules, wake sleeping actors on time."""

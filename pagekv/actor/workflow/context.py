@@ -83,6 +83,23 @@ class RaceResult:
     value: Any
 
 
+def unwrap(group: BaseExceptionGroup) -> BaseException:
+    """The error a task group stands for: a storage failure if any branch hit one (so it ends
+    the run handler, not the workflow), else its only error, else the group itself."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        error = stack.pop()
+        if isinstance(error, BaseExceptionGroup):
+            stack.extend(error.exceptions)
+        else:
+            leaves.append(error)
+    storage = [e for e in leaves if isinstance(e, INFRASTRUCTURE)]
+    if storage:
+        return storage[0]
+    return leaves[0] if len(leaves) == 1 else group
+
+
 def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
@@ -383,9 +400,12 @@ class WorkflowContext:
                     status.update(outcome)
                     runner.history.put(entry)
 
-            async with anyio.create_task_group() as tg:
-                for branch, fn in branches.items():
-                    tg.start_soon(run, branch, fn)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for branch, fn in branches.items():
+                        tg.start_soon(run, branch, fn)
+            except BaseExceptionGroup as group:
+                raise unwrap(group) from None
             _raise_control(control)
             errors = {
                 b: s["error"] for b, s in statuses.items() if s["status"] == Status.FAILED.value
@@ -432,9 +452,12 @@ class WorkflowContext:
                     won.append(branch)
                     scope.cancel()
 
-            async with anyio.create_task_group() as tg:
-                for branch, fn in named.items():
-                    tg.start_soon(run, branch, fn, tg.cancel_scope)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for branch, fn in named.items():
+                        tg.start_soon(run, branch, fn, tg.cancel_scope)
+            except BaseExceptionGroup as group:
+                raise unwrap(group) from None
             _raise_control(control)
             if not won:
                 runner.history.put(entry)

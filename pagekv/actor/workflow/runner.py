@@ -33,6 +33,7 @@ from pagekv.actor.workflow.context import (
     WorkflowContext,
     check_encodable,
     describe_error,
+    unwrap,
 )
 from pagekv.actor.workflow.errors import (
     EntryInProgress,
@@ -128,7 +129,7 @@ class Runner:
             try:
                 output = await self.fn(wf)
             except BaseExceptionGroup as group:
-                raise _sole(group) from None
+                raise unwrap(group) from None
             wf._finish()
             check_encodable(output, "the workflow's output")
         except _CODE_ERRORS as e:
@@ -404,19 +405,6 @@ def _load(connection: apsw.Connection) -> tuple[History, float | None]:
         "SELECT due FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,)
     ).fetchall()
     return History.load(connection), row[0][0] if row else None
-
-
-def _sole(group: BaseExceptionGroup) -> BaseException:
-    """A task group's only error as itself (so that it is classified like any other)."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        error = stack.pop()
-        if isinstance(error, BaseExceptionGroup):
-            stack.extend(error.exceptions)
-        else:
-            leaves.append(error)
-    return leaves[0] if len(leaves) == 1 else group
 
 
 def _error(error: BaseException, *, code_error: bool = False) -> dict[str, Any]:
