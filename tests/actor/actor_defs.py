@@ -50,3 +50,34 @@ async def read(ctx: ActorContext) -> dict[str, Any]:
         "total": ctx.state["total"],
         "rows": [n for (n,) in rows],
     }
+
+
+stepper = actor("stepper", state={"count": 0})
+STEPS = 40
+
+
+@stepper.on_migrate
+async def _stepper_schema(ctx: ActorContext) -> None:
+    await ctx.db.execute("CREATE TABLE IF NOT EXISTS done(i INTEGER)")
+
+
+@stepper.workflow
+async def _steps(wf: Any) -> int:
+    """`STEPS` steps, each one row and one state change in its transaction, slow enough that a
+    SIGKILL often lands inside one."""
+    for i in range(STEPS):
+
+        async def step(s: Any, i: int = i) -> int:
+            await s.db.execute("INSERT INTO done VALUES (?)", (i,))
+            s.state["count"] += 1
+            await anyio.sleep(0.01)
+            return s.state["count"]
+
+        await wf.step(f"step-{i}", step)
+    return STEPS
+
+
+@stepper.action
+async def progress(ctx: ActorContext) -> dict[str, Any]:
+    rows = await ctx.db.execute("SELECT i FROM done ORDER BY rowid")
+    return {"count": ctx.state["count"], "rows": [i for (i,) in rows]}
