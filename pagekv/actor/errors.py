@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import apsw
+
+from pagekv.kv import KvError
+
 
 class ActorError(Exception):
     """Base of the runtime's errors."""
@@ -37,3 +41,8 @@ class ActorStopped(ActorError):
 
 class ReservedName(ActorError):
     """User SQL touched a `_pagekv_` table, which the runtime reserves."""
+
+
+STORAGE_ERRORS = (KvError, apsw.IOError)
+"""Failures of the store under an actor rather than of the actor's code: what failed is retried
+(a schedule stays due, a workflow replays), never recorded as the code's failure."""

@@ -22,7 +22,7 @@ import cbor2
 from pagekv.actor.context import ActorContext
 from pagekv.actor.database import ActorDb
 from pagekv.actor.definition import ActorDefinition
-from pagekv.actor.errors import ActionNotFound, ActorStopped, ActorTakenOver
+from pagekv.actor.errors import STORAGE_ERRORS, ActionNotFound, ActorStopped, ActorTakenOver
 from pagekv.actor.gate import Gate
 from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
 from pagekv.actor.queue import Queue
@@ -218,8 +218,9 @@ class ActorInstance:
         self.registry.counters["actions"] += 1
         try:
             async with self.gate.shared():
-                result = await fn(self.ctx, *args, **kwargs)
-                await self.ctx.db.save_state()
+                with self.ctx.queue.redeliver_on_failure():
+                    result = await fn(self.ctx, *args, **kwargs)
+                    await self.ctx.db.save_state()
             return result
         except (ActorTakenOver, ActorStopped) as e:
             self._requested = "crash"
@@ -249,8 +250,13 @@ class ActorInstance:
             raise NotServing(f"actor {self.actor_id} was taken over elsewhere")
 
     def serving(self) -> bool:
-        """Running and not torn down by a failure: new calls may use this instance."""
-        return self.phase is Phase.RUNNING and self._requested != "crash"
+        """Running, not torn down by a failure, and its database alive (it may have died in a
+        background dispatch): new calls may use this instance, else they get a fresh one."""
+        return (
+            self.phase is Phase.RUNNING
+            and self._requested != "crash"
+            and not self.ctx.db.database.is_dead
+        )
 
     def stop_reason(self) -> Stop:
         return self._requested or "sleep"
@@ -334,6 +340,9 @@ class ActorInstance:
                         await self.call(action, tuple(cbor2.loads(args)), {})
                 except (ActorTakenOver, ActorStopped):
                     raise
+                except STORAGE_ERRORS as e:
+                    log.warning("actor %s: scheduled %s stays due: %s", self.actor_id, action, e)
+                    return
                 except Exception:
                     log.exception("actor %s: scheduled %s failed", self.actor_id, action)
                 await self.ctx.db.locked(

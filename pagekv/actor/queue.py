@@ -1,14 +1,17 @@
 """`ctx.queue`: the actor's durable FIFO mailbox, stored in `_pagekv_queue`.
 
 A message is removed when received, unless received as *completable*: then it stays stored until
-`complete()` (one commit), and a crash before that redelivers it on the next wake. A run handler
-waiting in `next()` does not keep the actor awake; a message sent to a sleeping actor wakes it.
+`complete()` (one commit), and a crash before that, or a failure of the action that received it,
+redelivers it. A run handler waiting in `next()` does not keep the actor awake; a message sent to
+a sleeping actor wakes it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,11 +51,36 @@ class Message:
         await complete()
 
 
+_received: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "pagekv_received", default=None
+)
+
+
 class Queue:
     def __init__(self, instance: ActorInstance) -> None:
         self._instance = instance
         self._arrived = anyio.Event()
         self._in_flight: set[int] = set()
+
+    @contextmanager
+    def redeliver_on_failure(self) -> Iterator[None]:
+        """Around an action: completable messages it received and did not complete go back to
+        the queue if it fails (they are redelivered, as after a crash); if it succeeds they stay
+        with it until `complete()`."""
+        received: list[int] = []
+        token = _received.set(received)
+        try:
+            yield
+        except BaseException:
+            self._in_flight.difference_update(received)
+            self._notify()
+            raise
+        finally:
+            _received.reset(token)
+
+    def _notify(self) -> None:
+        arrived, self._arrived = self._arrived, anyio.Event()
+        arrived.set()
 
     def arrival(self) -> anyio.Event:
         """An event set by the next `send`; take it before looking, so no message is missed."""
@@ -83,8 +111,7 @@ class Queue:
                 return c.last_insert_rowid()
 
         message_id = await self._instance.ctx.db.locked(send, internal=True)
-        arrived, self._arrived = self._arrived, anyio.Event()
-        arrived.set()
+        self._notify()
         return message_id
 
     async def next(
@@ -133,6 +160,9 @@ class Queue:
         message = Message(row[0], row[1], cbor2.loads(row[2]), row[3])
         if completable:
             self._in_flight.add(message.id)
+            received = _received.get()
+            if received is not None:
+                received.append(message.id)
             message._complete = lambda: self._delete(message.id)
         return message
 

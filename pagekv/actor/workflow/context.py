@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import anyio
-import apsw
 import cbor2
 
-from pagekv.actor.errors import ActorStopped, ActorTakenOver
+from pagekv.actor.errors import STORAGE_ERRORS, ActorStopped, ActorTakenOver
 from pagekv.actor.workflow.errors import (
     Critical,
     EntryInProgress,
@@ -41,7 +40,6 @@ from pagekv.actor.workflow.history import (
     subtree_range,
 )
 from pagekv.actor.workflow.step import FailureKind, StepContext, StepFailure, StepResult
-from pagekv.kv import KvError
 
 if TYPE_CHECKING:
     from pagekv.actor.queue import Message
@@ -69,7 +67,7 @@ class RollbackStop(BaseException):
     """
 
 
-INFRASTRUCTURE = (ActorTakenOver, ActorStopped, KvError, apsw.IOError)
+INFRASTRUCTURE = (ActorTakenOver, ActorStopped, *STORAGE_ERRORS)
 """Storage failures: never a step's or the workflow's failure. They end the run handler, which
 tears the instance down; the next wake replays from what was committed."""
 
