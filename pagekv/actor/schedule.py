@@ -2,7 +2,8 @@
 
 Delivery is at-least-once: a due event is dispatched, and only removed (one-shot) or advanced
 (recurring, anchored to its original cadence so it never drifts) after the action returned. A
-crash in between dispatches it again on the next wake. Failed actions are logged and not retried.
+crash in between dispatches it again on the next wake. An action that raises is logged and not
+retried; one cut short by a storage failure stays due and is dispatched again.
 """
 
 from __future__ import annotations
