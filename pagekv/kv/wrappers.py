@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, assert_never
 
-from pagekv.kv.api import ActorKv, Shorthands
+from pagekv.kv.api import ActorKv, KvStore, Shorthands
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.limits import Entries, KvLimits
 
@@ -263,3 +263,27 @@ class FaultyKv(KvWrapper):
                 raise InjectedIndeterminate(f"injected fault: {op} applied, then its answer lost")
             case _:
                 assert_never(kind)
+
+
+class FaultyStore:
+    """A store whose namespaces are each wrapped in `FaultyKv` over `CountingKv` (one pair per
+    namespace, kept across reopenings), so a test can count a namespace's writes in a clean run
+    and then fail exactly one of them. Namespaces named in `exclude` are passed through."""
+
+    def __init__(self, inner: KvStore, *, exclude: Iterable[str] = ()) -> None:
+        self.inner = inner
+        self.exclude = frozenset(exclude)
+        self.faulty: dict[str, FaultyKv] = {}
+        self.counting: dict[str, CountingKv] = {}
+
+    def namespace(self, actor_id: str) -> ActorKv:
+        kv = self.inner.namespace(actor_id)
+        if actor_id in self.exclude:
+            return kv
+        if actor_id not in self.faulty:
+            self.counting[actor_id] = CountingKv(kv)
+            self.faulty[actor_id] = FaultyKv(self.counting[actor_id])
+        return self.faulty[actor_id]
+
+    def close(self) -> None:
+        self.inner.close()

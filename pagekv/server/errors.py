@@ -22,6 +22,7 @@ from pagekv.actor import (
     ActorTakenOver,
     UnknownActor,
 )
+from pagekv.actor.errors import STORAGE_ERRORS
 from pagekv.actor.inspect import InspectError, QueryRefused, TableNotFound
 from pagekv.actor.queue import MessageTooLarge, QueueFull
 from pagekv.actor.schedule import TooManySchedules
@@ -95,6 +96,10 @@ def classify(error: Exception, *, in_action: bool) -> HttpError:
     for kind, status, code, limit in _KNOWN:
         if isinstance(error, kind):
             return HttpError(status, code, _message(error), limit=limit)
+    for cause in _causes(error):
+        if isinstance(cause, STORAGE_ERRORS):
+            message = f"the actor's store failed; retry: {_message(cause)}"
+            return HttpError(503, ErrorCode.STORAGE_UNAVAILABLE, message)
     if in_action:
         log.info("action failed: %s: %s", type(error).__name__, error)
         message = f"{type(error).__name__}: {_message(error)}"

@@ -39,6 +39,7 @@ class ErrorCode(enum.StrEnum):
     ACTOR_EXISTS = "actor_exists"
     ACTOR_TAKEN_OVER = "actor_taken_over"
     ACTOR_STOPPED = "actor_stopped"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
     KV_LIMIT = "kv_limit"
     QUEUE_FULL = "queue_full"
     MESSAGE_TOO_LARGE = "message_too_large"

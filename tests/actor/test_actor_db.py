@@ -9,7 +9,6 @@ from typing import Any
 
 import apsw
 import pytest
-from faulty import FaultyStore
 
 from pagekv.actor import (
     ActionNotFound,
@@ -23,7 +22,8 @@ from pagekv.actor import (
     UnknownActor,
     actor,
 )
-from pagekv.kv import FaultKind
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.kv import FaultKind, FaultyStore, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -105,7 +105,7 @@ async def test_transactions_do_not_nest() -> None:
 async def test_commit_lost_answer_is_atomic_state_and_sql_together() -> None:
     """The commit is applied but its answer lost: the instance dies, and the fresh instance
     sees both the row and the state of that transaction."""
-    store = FaultyStore()
+    store = FaultyStore(MemoryStore(), exclude=[REGISTRY_NAMESPACE])
     registry = Registry([bank()], kv=store)
     async with registry.run() as client:
         handle = client.get_or_create("bank", "k")
@@ -118,7 +118,7 @@ async def test_commit_lost_answer_is_atomic_state_and_sql_together() -> None:
 
 
 async def test_commit_that_fails_before_applying_keeps_state_and_sql_together() -> None:
-    store = FaultyStore()
+    store = FaultyStore(MemoryStore(), exclude=[REGISTRY_NAMESPACE])
     registry = Registry([bank()], kv=store)
     async with registry.run() as client:
         handle = client.get_or_create("bank", "k")

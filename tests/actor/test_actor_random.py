@@ -16,10 +16,10 @@ from typing import Any
 
 import anyio
 import pytest
-from faulty import FaultyStore
 
 from pagekv.actor import ActorContext, Registry, actor
-from pagekv.kv import FaultKind
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.kv import FaultKind, FaultyStore, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,7 @@ def traffic_actor() -> Any:
 @pytest.mark.parametrize("seed", range(100, 120))
 async def test_random_traffic_under_kv_faults_keeps_every_guarantee(seed: int) -> None:
     rng = random.Random(seed)
-    store = FaultyStore()
+    store = FaultyStore(MemoryStore(), exclude=[REGISTRY_NAMESPACE])
     outcomes: dict[str, list[tuple[str, bool]]] = {"add": [], "add_later": [], "send": []}
     fired = 0
     async with Registry([traffic_actor()], kv=store).run() as client:

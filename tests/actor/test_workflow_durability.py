@@ -14,10 +14,10 @@ import anyio
 import apsw
 import pytest
 from actor_defs import STEPS, stepper
-from faulty import FaultyStore
 from fixture_store import load_fixture
 
 from pagekv.actor import ActorContext, ActorHandle, ActorStopped, ActorTakenOver, Registry, actor
+from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.workflow import (
     StepContext,
     WorkflowContext,
@@ -25,7 +25,7 @@ from pagekv.actor.workflow import (
     WorkflowState,
     WorkflowStatus,
 )
-from pagekv.kv import FaultKind, KvStore, open_kv
+from pagekv.kv import FaultKind, FaultyStore, KvStore, MemoryStore, open_kv
 from pagekv.vfs import open_database
 
 pytestmark = pytest.mark.anyio
@@ -81,7 +81,7 @@ async def _run_with_fault(at: int | None, kind: FaultKind) -> tuple[int, Workflo
     Returns the number of KV writes after the start message (of a clean run), the final status
     and the actor's view.
     """
-    store = FaultyStore()
+    store = FaultyStore(MemoryStore(), exclude=[REGISTRY_NAMESPACE])
     async with Registry([ledger_flow(2)], kv=store).run() as client:
         handle = client.get_or_create("flow", "k")
         await settle(handle, WorkflowState.SLEEPING)

@@ -10,11 +10,11 @@ from typing import Any
 
 import anyio
 import pytest
-from faulty import FaultyStore
 
 from pagekv.actor import ActorContext, ActorStopped, ActorTakenOver, Registry, actor
+from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.workflow import StepContext, WorkflowContext, WorkflowState
-from pagekv.kv import FaultKind
+from pagekv.kv import FaultKind, FaultyStore, MemoryStore
 
 pytestmark = pytest.mark.anyio
 Op = tuple[Any, ...]
@@ -106,7 +106,7 @@ def flow_actor(ops: list[Op]):
 
 async def _run(ops: list[Op], fault: tuple[FaultKind, int] | None) -> tuple[int, Any, Any]:
     """Run the program once; `fault` fails the n-th KV write counted from the start message's."""
-    store = FaultyStore()
+    store = FaultyStore(MemoryStore(), exclude=[REGISTRY_NAMESPACE])
     async with Registry([flow_actor(ops)], kv=store).run() as client:
         handle = client.get_or_create("random", "k")
         with anyio.fail_after(10):

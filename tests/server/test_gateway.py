@@ -14,7 +14,9 @@ import pytest
 from server_helpers import Served, serving
 
 from pagekv.actor import ActionNotFound, ActorExists, ActorNotFound, UnknownActor
+from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.client import RemoteError
+from pagekv.kv import FaultKind, FaultyStore, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -164,6 +166,20 @@ async def test_action_errors_are_structured_without_tracebacks(served: Served) -
     assert "Traceback" not in response.text and ".py" not in response.text
     assert error_of(wrong_args)["code"] == "action_error"
     assert "TypeError" in error_of(wrong_args)["message"]
+
+
+async def test_a_store_failure_is_a_retryable_503_and_the_retry_succeeds() -> None:
+    store = FaultyStore(MemoryStore(), exclude=[REGISTRY_NAMESPACE])
+    async with serving(kv=store) as served, served.http() as http:
+        assert (await http.post(ADD, params={"key": "k"}, json={"args": [1]})).status_code == 200
+        store.faulty["ledger/k"].arm(FaultKind.FAIL_BEFORE)
+        failed = await http.post(ADD, params={"key": "k"}, json={"args": [2]})
+        retried = await http.post(ADD, params={"key": "k"}, json={"args": [2]})
+        assert store.faulty["ledger/k"].fired_count() == 1
+    assert failed.status_code == 503
+    assert error_of(failed)["code"] == "storage_unavailable"
+    assert "injected fault" in error_of(failed)["message"]
+    assert retried.status_code == 200 and retried.json()["result"]["rows"] == [1, 2]
 
 
 BAD_BODIES = [
