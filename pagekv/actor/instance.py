@@ -259,6 +259,9 @@ class ActorInstance:
         )
 
     def stop_reason(self) -> Stop:
+        """How to stop now: as requested, else a crash if the database died, else a sleep."""
+        if self._requested is None and self.ctx.db.database.is_dead:
+            return "crash"
         return self._requested or "sleep"
 
     def request_sleep(self) -> None:
