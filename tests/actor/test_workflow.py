@@ -11,8 +11,9 @@ from typing import Any
 
 import anyio
 import pytest
+from flows import TERMINAL, settle
 
-from pagekv.actor import ActorContext, ActorHandle, Registry, actor
+from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.workflow import (
     Critical,
     StepContext,
@@ -27,7 +28,6 @@ from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
 Flow = Callable[[WorkflowContext], Awaitable[Any]]
-TERMINAL = (WorkflowState.COMPLETED, WorkflowState.FAILED, WorkflowState.CANCELLED)
 
 
 def flow_actor(fn: Flow, *, sleep_timeout: float = 30.0, state: Any = None):
@@ -45,16 +45,6 @@ def flow_actor(fn: Flow, *, sleep_timeout: float = 30.0, state: Any = None):
         return [r[0] for r in await ctx.db.execute("SELECT v FROM log ORDER BY rowid")]
 
     return a
-
-
-async def settle(handle: ActorHandle, *states: WorkflowState, timeout: float = 10.0):
-    wanted = states or TERMINAL
-    with anyio.fail_after(timeout):
-        while True:
-            status = await handle.workflow.status()
-            if status.state in wanted:
-                return status
-            await anyio.sleep(0.02)
 
 
 def counting(calls: Counter[str], name: str, result: Any = None):
@@ -274,7 +264,7 @@ async def test_messages_are_received_in_order_filtered_and_time_out() -> None:
         await settle(handle, WorkflowState.SLEEPING)
         await handle.send("other", "ignored")
         for n in range(3):
-            await handle.send("orders", n)
+            await handle.workflow.send("orders", n)
         status = await settle(handle)
         history = await handle.workflow.history()
     assert status.output == [0, [1, 2], None]

@@ -15,8 +15,9 @@ import apsw
 import pytest
 from actor_defs import STEPS, stepper
 from fixture_store import load_fixture
+from flows import durably, settle
 
-from pagekv.actor import ActorContext, ActorHandle, ActorStopped, ActorTakenOver, Registry, actor
+from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.workflow import (
     StepContext,
@@ -29,19 +30,6 @@ from pagekv.kv import FaultKind, FaultyStore, KvStore, MemoryStore, open_kv
 from pagekv.vfs import open_database
 
 pytestmark = pytest.mark.anyio
-
-
-async def settle(handle: ActorHandle, state: WorkflowState, timeout: float = 15.0):
-    """Poll until the workflow reaches `state`; a call that meets a dying instance is retried."""
-    with anyio.fail_after(timeout):
-        while True:
-            try:
-                status = await handle.workflow.status()
-                if status.state is state:
-                    return status
-            except (ActorStopped, ActorTakenOver):
-                pass
-            await anyio.sleep(0.02)
 
 
 def ledger_flow(steps: int, *, pause: float = 0.0):
@@ -194,9 +182,7 @@ async def test_a_sleeping_workflow_survives_a_restart_of_everything(tmp_path: Pa
 
     async with Registry([a], kv=url).run() as client:
         handle = client.get_or_create("sleeper", "k")
-        with anyio.fail_after(10):
-            while ((await handle.workflow.history()) or {}).get("state") != "sleeping":
-                await anyio.sleep(0.02)
+        await durably(handle, WorkflowState.SLEEPING)
     registry = Registry([a], kv=url)
     async with registry.run() as client:
         with anyio.fail_after(10):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import anyio
 import pytest
+from flows import durably, settle
 
-from pagekv.actor import ActorContext, ActorStopped, ActorTakenOver, Registry, actor
+from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.workflow import StepContext, WorkflowContext, WorkflowState
 from pagekv.kv import FaultKind, FaultyStore, MemoryStore
@@ -109,24 +109,14 @@ async def _run(ops: list[Op], fault: tuple[FaultKind, int] | None) -> tuple[int,
     store = FaultyStore(MemoryStore(), exclude=[REGISTRY_NAMESPACE])
     async with Registry([flow_actor(ops)], kv=store).run() as client:
         handle = client.get_or_create("random", "k")
-        with anyio.fail_after(10):
-            while ((await handle.workflow.history()) or {}).get("state") != "sleeping":
-                await anyio.sleep(0.01)
+        await durably(handle, WorkflowState.SLEEPING)
         counting, faulty = store.counting["random/k"], store.faulty["random/k"]
         counting.reset()
         if fault is not None:
             faulty.arm(fault[0], after=fault[1])
         await handle.send("start", None)
-        with anyio.fail_after(30):
-            while True:
-                try:
-                    status = await handle.workflow.status()
-                    if status.state is WorkflowState.COMPLETED:
-                        break
-                    assert status.state is not WorkflowState.FAILED, status.error
-                except (ActorStopped, ActorTakenOver):
-                    pass
-                await anyio.sleep(0.01)
+        status = await settle(handle, WorkflowState.COMPLETED, WorkflowState.FAILED, timeout=30)
+        assert status.state is WorkflowState.COMPLETED, status.error
         writes = counting.stats.writes
         view = await handle.view()
         if fault is not None:

@@ -117,6 +117,8 @@ class History:
         self.entries: dict[str, Entry] = {}
         self.names: dict[str, int] = {}
         self.state = WorkflowState.PENDING
+        self.recorded = False
+        """Whether the database holds an outcome (state) for this workflow yet."""
         self.output: Any = None
         self.error: dict[str, Any] | None = None
         self.next_seq = 1
@@ -130,7 +132,8 @@ class History:
     # -- loading ----------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, connection: apsw.Connection) -> History:
+    def load_outcome(cls, connection: apsw.Connection) -> History:
+        """Only the state, output and error (no entries): what a status query needs."""
         history = cls()
         meta = dict(connection.execute("SELECT key, value FROM _pagekv_workflow").fetchall())
         version = meta.get("format_version", FORMAT_VERSION)
@@ -139,10 +142,16 @@ class History:
                 f"the workflow history has format version {version}; this pagekv reads up to "
                 f"{FORMAT_VERSION}. Upgrade pagekv."
             )
-        if "state" in meta:
+        history.recorded = "state" in meta
+        if history.recorded:
             history.state = WorkflowState(meta["state"])
             history.output = cbor2.loads(meta["output"]) if meta.get("output") else None
             history.error = cbor2.loads(meta["error"]) if meta.get("error") else None
+        return history
+
+    @classmethod
+    def load(cls, connection: apsw.Connection) -> History:
+        history = cls.load_outcome(connection)
         history.names = {
             name: idx
             for idx, name in connection.execute("SELECT idx, name FROM _pagekv_workflow_names")
@@ -315,9 +324,7 @@ def describe(connection: apsw.Connection) -> dict[str, Any] | None:
     if not exists:
         return None
     history = History.load(connection)
-    if not history.entries and "state" not in dict(
-        connection.execute("SELECT key, value FROM _pagekv_workflow").fetchall()
-    ):
+    if not history.entries and not history.recorded:
         return None
     names = {idx: name for name, idx in history.names.items()}
     return {

@@ -281,7 +281,8 @@ class Runner:
         self, entry: Entry, names: Sequence[str] | None, count: int, completable: bool
     ) -> list[Message] | None:
         """Receive and record in one transaction: a message leaves the queue exactly when its
-        history entry is written (unless completable: then at `complete()`)."""
+        history entry is written (unless completable: then at `complete()`). A plain read looks
+        first, so waiting on an empty queue never takes the actor's exclusive transaction."""
         where, params = "1", []
         if self._held:
             where += f" AND id NOT IN ({','.join('?' * len(self._held))})"
@@ -363,7 +364,7 @@ class Runner:
         else from the database; never replaces the history the run handler works on."""
         history = self.history
         if not self.loaded:
-            history, _ = await self.db.locked(_load, internal=True)
+            history = await self.db.locked(History.load_outcome, internal=True)
         return WorkflowStatus(history.state, history.output, history.error)
 
     async def cancel(self) -> None:
