@@ -6,7 +6,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from pagekv.kv.api import KvStore
-from pagekv.kv.file import FileStore
+from pagekv.kv.file import DEFAULT_LOG_BYTES, FileStore
 from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
 
@@ -17,7 +17,8 @@ def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStor
     """Open a store by URL.
 
     - `memory://[?latency_ms=N]`: in-process, for tests and benchmarks;
-    - `file:///abs/dir` or `file:./rel/dir`: the embedded durable store of one machine;
+    - `file:///abs/dir` or `file:./rel/dir` `[?log_kib=N]`: the embedded durable store of one
+      machine; its log is folded into the base every `log_kib` KiB (default 32 MiB);
     - `postgresql://user@host:port/db[?schema=..&pool_max=..]` (or `postgres://`): a PostgreSQL
       server shared by many hosts; see `PostgresStore` for the options.
     """
@@ -40,7 +41,12 @@ def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStor
             )
             if not path:
                 raise ValueError(f"file URL {url!r} names no directory")
-            return FileStore(Path(path), limits=limits)
+            query = parse_qs(parts.query)
+            unknown = set(query) - {"log_kib"}
+            if unknown:
+                raise ValueError(f"unknown option(s) {sorted(unknown)} in {url!r}; known: log_kib")
+            log_kib = int(query.get("log_kib", [str(DEFAULT_LOG_BYTES // 1024)])[-1])
+            return FileStore(Path(path), limits=limits, log_bytes=log_kib * 1024)
         case "postgresql" | "postgres":
             # Imported here so that psycopg loads only for stores that use it.
             from pagekv.kv.postgres import PostgresStore

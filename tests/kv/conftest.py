@@ -49,6 +49,11 @@ def _file(location: Path, limits: KvLimits | None) -> KvStore:
     return open_kv(location.resolve().as_uri(), limits=limits)
 
 
+def _file_folding(location: Path, limits: KvLimits | None) -> KvStore:
+    """A log of two records' room, so nearly every write folds the log into the base first."""
+    return open_kv(location.resolve().as_uri() + "?log_kib=12", limits=limits)
+
+
 def _postgres(location: Path, limits: KvLimits | None, *, server: PostgresServer) -> KvStore:
     return open_kv(server.store_url(str(location)), limits=limits)
 
@@ -60,6 +65,7 @@ def _unbound(location: Path, limits: KvLimits | None) -> KvStore:
 BACKENDS: dict[str, Backend] = {
     "memory": Backend("memory", _memory, persistent=False),
     "file": Backend("file", _file, persistent=True),
+    "file-folding": Backend("file-folding", _file_folding, persistent=True),
     "postgres": Backend("postgres", _unbound, persistent=True, needs_server=True),
 }
 

@@ -37,6 +37,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ACTOR = "durable-actor"
 HEAD = b"head"
 KILLS = 10
+# The default log, which these tests never fill, and one so small that the processes fold it into
+# the base every few writes, so kills and races also land inside folds.
+LOG_SIZES = ["", "?log_kib=64"]
+LOG_IDS = ["default-log", "folding-log"]
 
 
 # --- the batch recipe shared by the writer child and the checker ------------------------------
@@ -125,11 +129,19 @@ def test_file_store_runs_wal_and_synchronous_full(
         db.close()
 
 
+def _folded_epochs(directory: Path) -> int:
+    db = apsw.Connection(str(directory / "kv.sqlite3"))
+    try:
+        return db.execute("SELECT epoch FROM log_state").get
+    finally:
+        db.close()
+
+
 # --- 1. SIGKILL durability ---------------------------------------------------------------------
 
 
-def _writer(directory: str, seed: int, start: int) -> None:
-    store = open_kv(f"file://{directory}")
+def _writer(url: str, seed: int, start: int) -> None:
+    store = open_kv(url)
     ns = store.namespace(ACTOR)
     fence = ns.generation()
     n = start
@@ -146,11 +158,13 @@ def _stored_head(items: list[tuple[bytes, bytes]]) -> int:
     return -1 if value is None else int(value.split(b":", 1)[0])
 
 
-def test_sigkill_leaves_a_prefix_of_acknowledged_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("query", LOG_SIZES, ids=LOG_IDS)
+def test_sigkill_leaves_a_prefix_of_acknowledged_batches(tmp_path: Path, query: str) -> None:
     seed = 20240611
     rng = random.Random(seed)
     directory = tmp_path / "store"
-    store = open_kv(f"file://{directory}")
+    url = f"file://{directory}{query}"
+    store = open_kv(url)
     store.namespace(ACTOR).takeover()  # the writer fences every batch with generation 1
     store.close()
 
@@ -160,7 +174,7 @@ def test_sigkill_leaves_a_prefix_of_acknowledged_batches(tmp_path: Path) -> None
     in_flight_seen = 0
     for _round in range(KILLS):
         target = rng.randint(10, 80)
-        child = _stream("writer", str(directory), str(seed), str(applied + 1))
+        child = _stream("writer", url, str(seed), str(applied + 1))
         assert child.stdout is not None
         acked: list[int] = []
         while len(acked) < target:
@@ -180,7 +194,7 @@ def test_sigkill_leaves_a_prefix_of_acknowledged_batches(tmp_path: Path) -> None
         assert len(acked) >= target
         last_ack = acked[-1]
 
-        store = open_kv(f"file://{directory}")
+        store = open_kv(url)
         ns = store.namespace(ACTOR)
         items = ns.list()
         k = _stored_head(items)
@@ -201,7 +215,7 @@ def test_sigkill_leaves_a_prefix_of_acknowledged_batches(tmp_path: Path) -> None
     assert kills == KILLS
     assert applied >= KILLS * 10
     # The store is still writable after the crashes: one more batch from here.
-    store = open_kv(f"file://{directory}")
+    store = open_kv(url)
     ns = store.namespace(ACTOR)
     puts, deletes = batch(seed, applied + 1)
     ns.write(put=puts, delete=deletes, fence=1)
@@ -209,7 +223,10 @@ def test_sigkill_leaves_a_prefix_of_acknowledged_batches(tmp_path: Path) -> None
     assert dict(ns.list()) == model
     assert ns.used_bytes() == sum(len(key) + len(v) for key, v in model.items())
     store.close()
+    folds = _folded_epochs(directory)
+    assert folds >= (KILLS if query else 0), folds  # the small log folded between the kills
     print(f"kills={kills} batches={applied + 2} in-flight batches found committed={in_flight_seen}")
+    print(f"log epochs folded into the base: {folds}")
 
 
 # --- 2. two processes racing takeovers ----------------------------------------------------------
@@ -222,8 +239,8 @@ def _key_gen(key: bytes) -> int:
     return int(key.split(b"-")[1][1:])
 
 
-def _racer(directory: str, proc: int, iterations: int, writes: int, barrier: str) -> None:
-    store = open_kv(f"file://{directory}")
+def _racer(url: str, proc: int, iterations: int, writes: int, barrier: str) -> None:
+    store = open_kv(url)
     ns = store.namespace(RACE_ACTOR)
     Path(barrier, f"ready-{proc}").touch()
     deadline = time.monotonic() + 20
@@ -260,15 +277,16 @@ def _racer(directory: str, proc: int, iterations: int, writes: int, barrier: str
                 out(op="ack", key=key, gen=gen, t0=t0, t1=time.monotonic_ns())
 
 
-def test_two_processes_racing_takeovers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("query", LOG_SIZES, ids=LOG_IDS)
+def test_two_processes_racing_takeovers(tmp_path: Path, query: str) -> None:
     directory = tmp_path / "store"
+    url = f"file://{directory}{query}"
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    open_kv(f"file://{directory}").close()
+    open_kv(url).close()
     iterations, writes = 40, 6
     children = [
-        _stream("racer", str(directory), str(p), str(iterations), str(writes), str(barrier))
-        for p in (0, 1)
+        _stream("racer", url, str(p), str(iterations), str(writes), str(barrier)) for p in (0, 1)
     ]
     deadline = time.monotonic() + 20
     while not all((barrier / f"ready-{p}").exists() for p in (0, 1)):
@@ -316,7 +334,7 @@ def test_two_processes_racing_takeovers(tmp_path: Path) -> None:
         flags = [ok for _, ok in sorted(outcomes)]
         assert flags == sorted(flags, reverse=True), outcomes
 
-    store = open_kv(f"file://{directory}")
+    store = open_kv(url)
     ns = store.namespace(RACE_ACTOR)
     assert ns.generation() == len(takeovers)
     stored = dict(ns.list())
@@ -334,7 +352,9 @@ def test_two_processes_racing_takeovers(tmp_path: Path) -> None:
     assert ns.used_bytes() == sum(len(k) + len(v) for k, v in stored.items())
     store.close()
     _integrity_ok(directory)
-    print(f"takeovers={len(takeovers)} acks={len(acks)} rejects={len(rejects)}")
+    folds = _folded_epochs(directory)
+    assert folds >= (10 if query else 0), folds
+    print(f"takeovers={len(takeovers)} acks={len(acks)} rejects={len(rejects)} folds={folds}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,243 @@
+"""The `file://` store's write-ahead log: one preallocated file of checksummed, fsynced records.
+
+Layout of `kv.log` (integers little-endian):
+
+- bytes 0-511 and 512-1023: two **header slots**, `magic:8 | hseq:u64 | epoch:u64 | salt:8 |
+  sealed:u8 | crc32c:u32` over the bytes before the CRC. The valid slot with the larger `hseq`
+  is the header; a new header goes to slot `hseq % 2`, so a torn header write leaves the previous
+  one readable.
+- from byte 4096: **records**, each starting on a 4 KiB boundary: `crc32c:u32 | length:u32 |
+  seq:u64 | body`, where the CRC covers the header's salt, the length, the sequence number and
+  the body, and `seq` counts from 1 in each epoch. The log ends at the first record that does not
+  check out.
+
+Why a salted CRC and a contiguous `seq`: after a crash the bytes past the last record can be a
+torn record or records of an earlier epoch (the file is reused, never truncated). Neither can pass
+for a record of the current epoch, and a stored value that happens to contain record-shaped bytes
+cannot either, because it cannot know the random salt. Why 4 KiB alignment: each fsync then writes
+whole blocks that no earlier fsync wrote, which measured faster on ext4 than appending small
+records into a block flushed just before.
+
+Invariant: a record is acknowledged only once it is durable (`LogFile.append` returned), and
+records are written one at a time, so at most the last record can be torn.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from crc32c import crc32c
+
+DATA_START = 4096
+ALIGN = 4096
+_MAGIC = b"pkvlog1\0"
+_SLOT_SIZE = 512
+_HEADER = struct.Struct("<8sQQ8sB")
+_CRC = struct.Struct("<I")
+_HEADER_BYTES = _HEADER.size + _CRC.size
+_RECORD = struct.Struct("<IIQ")
+_LENGTH_SEQ = struct.Struct("<IQ")
+_COUNTER = struct.Struct("<Q")
+_FIRST_EXTENT = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LogHeader:
+    """Which epoch the records belong to; `sealed` means a fold of it into the base has begun."""
+
+    hseq: int
+    epoch: int
+    salt: bytes
+    sealed: bool
+
+    def encode(self) -> bytes:
+        head = _HEADER.pack(_MAGIC, self.hseq, self.epoch, self.salt, self.sealed)
+        return head + _CRC.pack(crc32c(head))
+
+
+def _decode_header(raw: bytes) -> LogHeader | None:
+    size = _HEADER.size
+    if len(raw) < _HEADER_BYTES or raw[:8] != _MAGIC:
+        return None
+    if _CRC.unpack_from(raw, size)[0] != crc32c(raw[:size]):
+        return None
+    _, hseq, epoch, salt, sealed = _HEADER.unpack_from(raw)
+    return LogHeader(hseq, epoch, salt, bool(sealed))
+
+
+def aligned(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
+
+
+class LogFile:
+    """The open log file: locking, headers, and reading and appending records.
+
+    Reads go through a read-only shared mapping (remapped when the file has grown), so catching
+    up with an unchanged log costs no system call. The file only ever grows, so a mapping never
+    points past its end. Every method raises `OSError` on I/O failure; the store decides what
+    that means.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._map: mmap.mmap | None = None
+        self._size = 0  # a lower bound of the file's size: other processes may have grown it
+        self._direct = _open_direct(path)
+        self._buffer = mmap.mmap(-1, ALIGN) if self._direct is not None else None
+        self._shm = _map_counter(path.with_suffix(".shm"))
+
+    def changes(self) -> int:
+        """The change counter: a caller holding the lock that sees the value it saw last time
+        knows that no process has written to the log since."""
+        return _COUNTER.unpack_from(self._shm)[0]
+
+    def bump(self) -> int:
+        """Count a change about to be made (under the exclusive lock); return the new value.
+
+        Bumped *before* the change, so a writer that dies halfway still tells the others to
+        look. The counter lives in a shared mapping of `kv.shm`: visible to every process at
+        once, never synced, and never trusted for more than "something changed" — after a
+        reboot its value is arbitrary, and every process starts by reading the whole log.
+        """
+        value = (_COUNTER.unpack_from(self._shm)[0] + 1) % 2**64
+        _COUNTER.pack_into(self._shm, 0, value)
+        return value
+
+    def lock(self, exclusive: bool) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+
+    def unlock(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _view(self, end: int) -> mmap.mmap | None:
+        """A mapping covering `[0, end)`, or None if the file is shorter."""
+        if self._map is None or len(self._map) < end:
+            size = os.fstat(self.fd).st_size
+            if size < end:
+                return None
+            if self._map is not None:
+                self._map.close()
+            self._map = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
+            self._size = max(self._size, size)
+        return self._map
+
+    def header_bytes(self) -> bytes:
+        """The used bytes of both header slots; unchanged bytes mean an unchanged header."""
+        view = self._view(_SLOT_SIZE + _HEADER_BYTES)
+        if view is None:
+            return b""
+        return view[:_HEADER_BYTES] + view[_SLOT_SIZE : _SLOT_SIZE + _HEADER_BYTES]
+
+    @staticmethod
+    def decode_header(raw: bytes) -> LogHeader | None:
+        """The header that `header_bytes` returned, or None if neither slot is valid."""
+        slots = [_decode_header(raw[i : i + _HEADER_BYTES]) for i in (0, _HEADER_BYTES)]
+        valid = [h for h in slots if h is not None]
+        return max(valid, key=lambda h: h.hseq) if valid else None
+
+    def write_header(self, header: LogHeader) -> None:
+        self.ensure_size(DATA_START)
+        os.pwrite(self.fd, header.encode(), (header.hseq % 2) * _SLOT_SIZE)
+        os.fdatasync(self.fd)
+
+    def read_record(self, offset: int, salt: bytes, seq: int) -> bytes | None:
+        """The body of record `seq` at `offset`, or None where the log ends."""
+        view = self._view(offset + _RECORD.size)
+        if view is None:
+            return None
+        crc, length, found_seq = _RECORD.unpack_from(view, offset)
+        if found_seq != seq:
+            return None
+        start = offset + _RECORD.size
+        view = self._view(start + length)
+        if view is None:
+            return None
+        body = view[start : start + length]
+        if crc != crc32c(body, crc32c(view[offset + 4 : start], crc32c(salt))):
+            return None
+        return body
+
+    def append(self, offset: int, salt: bytes, seq: int, body: bytes) -> None:
+        """Write record `seq` at `offset`, durably: on disk when this returns.
+
+        Where the file system allows it, the record's blocks (zero-padded to whole blocks) are
+        written with `O_DIRECT | O_DSYNC`, one system call that bypasses the page cache and
+        returns once the device has them; otherwise with `pwrite` and `fdatasync`. The direct
+        write measured about 30 % faster than `pwrite` + `fdatasync` on ext4 (RESULTS.md).
+        """
+        head = _LENGTH_SEQ.pack(len(body), seq)
+        record = _CRC.pack(crc32c(body, crc32c(head, crc32c(salt)))) + head + body
+        self.ensure_size(offset + len(record))
+        if self._direct is None:
+            os.pwrite(self.fd, record, offset)
+            os.fdatasync(self.fd)
+            return
+        size = aligned(len(record))
+        if self._buffer is None or len(self._buffer) < size:
+            if self._buffer is not None:
+                self._buffer.close()
+            self._buffer = mmap.mmap(-1, size)
+        self._buffer[:size] = record.ljust(size, b"\0")
+        with memoryview(self._buffer) as view:
+            os.pwritev(self._direct, [view[:size]], offset)
+
+    @staticmethod
+    def record_size(body: bytes) -> int:
+        return aligned(_RECORD.size + len(body))
+
+    def ensure_size(self, size: int) -> None:
+        """Grow the file with zeros, doubling, so records mostly overwrite allocated blocks.
+
+        Overwriting allocated blocks lets `fdatasync` skip the file-size metadata; the zeros are
+        synced here, once per extension, not with each record. The current size is read from
+        the file before growing it: zeros written from a stale size would erase records.
+        """
+        if size <= self._size:
+            return
+        current = os.fstat(self.fd).st_size
+        if size > current:
+            target = max(aligned(size), _FIRST_EXTENT, 2 * current)
+            os.pwrite(self.fd, bytes(target - current), current)
+            os.fdatasync(self.fd)
+            current = target
+        self._size = current
+
+    def close(self) -> None:
+        """Idempotent; later calls on a closed log fail with `OSError`."""
+        for resource in (self._map, self._buffer, self._shm):
+            if resource is not None and not resource.closed:
+                resource.close()
+        self._map = self._buffer = None
+        if self._direct is not None:
+            os.close(self._direct)
+            self._direct = None
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+def _map_counter(path: Path) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        if os.fstat(fd).st_size < _COUNTER.size:
+            os.ftruncate(fd, ALIGN)  # only ever grows it: every process truncates to this size
+        return mmap.mmap(fd, _COUNTER.size)
+    finally:
+        os.close(fd)
+
+
+def _open_direct(path: Path) -> int | None:
+    """A descriptor for durable direct writes, or None where the file system has none (tmpfs)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_DIRECT | os.O_DSYNC | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            return None
+        raise

@@ -1,0 +1,438 @@
+"""The `file://` store's log: folding, crashes at every step of a fold, torn and forged records,
+a failed sync, several store objects on one directory, and the pieces (`_Ranges`, record bodies).
+
+A "crash" here is an exception raised from inside the store at a chosen point, after which the
+store object is abandoned and the directory reopened by a fresh one, as a new process would; each
+test asserts that its crash point was reached. (Real SIGKILLs, also inside folds, are in
+`test_file_durability.py`.)
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pagekv.kv import KvIndeterminate, KvUnavailable, file_log
+from pagekv.kv import file as kv_file
+from pagekv.kv.file import FileStore, _Ranges
+from pagekv.kv.file_log import LogFile
+from pagekv.kv.file_records import Range, Takeover, Write, decode, encode
+
+SMALL_LOG = 12 * 1024  # room for two one-block records: nearly every write folds first
+
+
+class Crash(Exception):
+    """Stands for the process dying at an injected point."""
+
+
+class Model:
+    """What one namespace must hold: entries and generation, and the usage they imply."""
+
+    def __init__(self) -> None:
+        self.entries: dict[bytes, bytes] = {}
+        self.generation = 0
+
+    @property
+    def used(self) -> int:
+        return sum(len(k) + len(v) for k, v in self.entries.items())
+
+    def check(self, store: FileStore, actor: str = "a") -> None:
+        ns = store.namespace(actor)
+        assert dict(ns.list()) == self.entries
+        assert ns.get(list(self.entries)[:100]) == list(self.entries.values())[:100]
+        assert ns.generation() == self.generation
+        assert ns.used_bytes() == self.used
+
+
+def _folded(directory: Path) -> int:
+    db = apsw.Connection(str(directory / "kv.sqlite3"))
+    try:
+        return db.execute("SELECT epoch FROM log_state").get
+    finally:
+        db.close()
+
+
+def _random_op(rng: random.Random, store: FileStore, model: Model, actor: str = "a") -> None:
+    """One random operation on `store`, mirrored in `model`."""
+    ns = store.namespace(actor)
+    keys = [b"k%03d" % i for i in range(60)]
+    roll = rng.random()
+    if roll < 0.6:
+        puts = {k: rng.randbytes(rng.choice((0, 10, 3000, 9000))) for k in rng.sample(keys, 3)}
+        deletes = [k for k in rng.sample(keys, 2) if k not in puts]
+        ns.write(put=puts, delete=deletes, fence=model.generation)
+        model.entries.update(puts)
+        for key in deletes:
+            model.entries.pop(key, None)
+    elif roll < 0.75:
+        start, end = sorted(rng.sample(keys, 2))
+        ns.delete_range(start, end, fence=model.generation)
+        for key in [k for k in model.entries if start <= k < end]:
+            del model.entries[key]
+    elif roll < 0.9:
+        model.generation = ns.takeover()
+    elif roll < 0.95:
+        ns.drop(fence=model.generation)
+        model.entries.clear()
+    else:
+        assert ns.used_bytes() == model.used
+
+
+def test_a_small_log_folds_often_and_loses_nothing(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    store = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    model = Model()
+    for _ in range(300):
+        _random_op(rng, store, model)
+    model.check(store)
+    store.close()
+    assert _folded(tmp_path) >= 100  # the folds really happened
+    reopened = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    model.check(reopened)
+    reopened.close()
+
+
+def test_store_objects_sharing_a_directory_see_each_other(tmp_path: Path) -> None:
+    """Separate objects have separate locks, mappings and pending states, like processes."""
+    rng = random.Random(11)
+    stores = [FileStore(tmp_path, log_bytes=SMALL_LOG) for _ in range(3)]
+    model = Model()
+    for i in range(300):
+        _random_op(rng, rng.choice(stores), model)
+        if i % 10 == 0:
+            for store in stores:
+                model.check(store)
+    for store in stores:
+        model.check(store)
+        store.close()
+    assert _folded(tmp_path) >= 50
+
+
+@pytest.fixture
+def store_with_history(tmp_path: Path) -> Iterator[tuple[FileStore, Model]]:
+    rng = random.Random(3)
+    store = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    model = Model()
+    for _ in range(40):
+        _random_op(rng, store, model)
+    yield store, model
+    store.close()
+
+
+def _fold_step(
+    monkeypatch: pytest.MonkeyPatch, target: object, name: str, *, after: bool
+) -> list[str]:
+    """Make `target.name` raise `Crash` (before or after running) on its next call."""
+    fired: list[str] = []
+    original = getattr(target, name)
+
+    def crashing(*args: object, **kwargs: object) -> object:
+        if fired:
+            return original(*args, **kwargs)
+        fired.append(name)
+        if after:
+            original(*args, **kwargs)
+        raise Crash(name)
+
+    monkeypatch.setattr(target, name, crashing)
+    return fired
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "after"),
+    [
+        (LogFile, "write_header", True),  # sealed, nothing folded yet
+        (FileStore, "_transaction", False),  # sealed; the fold's transaction never began
+        (FileStore, "_start_epoch", False),  # folded and committed; no new epoch yet
+        (LogFile, "write_header", False),  # the sealing header never written
+    ],
+    ids=["after-seal", "before-fold", "after-fold", "before-seal"],
+)
+def test_a_crash_at_each_step_of_a_fold(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    store_with_history: tuple[FileStore, Model],
+    target: object,
+    name: str,
+    after: bool,
+) -> None:
+    store, model = store_with_history
+    folded = _folded(tmp_path)
+    ns = store.namespace("a")
+    fired = _fold_step(monkeypatch, target, name, after=after)
+    big = {b"fill-%d" % i: os.urandom(5000) for i in range(2)}
+    with pytest.raises(Crash):
+        for key, value in big.items():  # the second one needs a fold first
+            ns.write(put={key: value}, fence=model.generation)
+            model.entries[key] = value
+    assert fired == [name]
+    monkeypatch.undo()
+    # What the next process finds: everything acknowledged, each takeover once, usage exact.
+    reopened = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    model.check(reopened)
+    ns = reopened.namespace("a")
+    for key, value in big.items():  # room for one, so the second one finishes a fold
+        ns.write(put={b"after-" + key: value}, fence=model.generation)
+        model.entries[b"after-" + key] = value
+    model.check(reopened)
+    reopened.close()
+    assert _folded(tmp_path) > folded
+    model.check(FileStore(tmp_path, log_bytes=SMALL_LOG))
+
+
+@pytest.mark.parametrize("torn", [1, 2], ids=["sealing-header", "new-epoch-header"])
+def test_a_torn_header_falls_back_to_the_other_slot(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    store_with_history: tuple[FileStore, Model],
+    torn: int,
+) -> None:
+    """A fold writes two headers: the sealed one, then the next epoch's. Tear either write."""
+    store, model = store_with_history
+    calls: list[int] = []
+    original = LogFile.write_header
+
+    def tearing(self: LogFile, header: file_log.LogHeader) -> None:
+        calls.append(header.hseq)
+        original(self, header)
+        if len(calls) == torn:
+            with open(self.path, "r+b") as f:
+                f.seek((header.hseq % 2) * 512 + 12)
+                f.write(b"\xff" * 8)
+            raise Crash("torn header")
+
+    monkeypatch.setattr(LogFile, "write_header", tearing)
+    ns = store.namespace("a")
+    with pytest.raises(Crash):
+        for i in range(3):  # at most two fit before a fold
+            ns.write(put={b"fill-%d" % i: b"x" * 5000}, fence=model.generation)
+            model.entries[b"fill-%d" % i] = b"x" * 5000
+    monkeypatch.undo()
+    assert len(calls) == torn
+    reopened = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    header = reopened._header
+    assert header is not None and header.hseq == calls[-1] - 1  # the older slot
+    model.check(reopened)
+    reopened.namespace("a").put({b"after": b"tear"}, fence=model.generation)
+    model.entries[b"after"] = b"tear"
+    reopened.close()
+    model.check(FileStore(tmp_path, log_bytes=SMALL_LOG))
+
+
+def _tail(store: FileStore) -> tuple[int, int, bytes]:
+    header = store._header
+    assert header is not None
+    return store._offset, store._seq + 1, header.salt
+
+
+@pytest.mark.parametrize("salt_known", [False, True], ids=["forged", "genuine"])
+def test_a_record_counts_only_with_the_epochs_salt(tmp_path: Path, salt_known: bool) -> None:
+    store = FileStore(tmp_path)
+    ns = store.namespace("a")
+    ns.put({b"a": b"1"})
+    offset, seq, salt = _tail(store)
+    store.close()
+    record = encode(Write(ns._id, [(b"b", b"forged")], []))
+    log = LogFile(tmp_path / "kv.log")
+    log.append(offset, salt if salt_known else os.urandom(8), seq, record)
+    log.close()
+    reopened = FileStore(tmp_path)
+    expected = {b"a": b"1", b"b": b"forged"} if salt_known else {b"a": b"1"}
+    assert dict(reopened.namespace("a").list()) == expected
+    reopened.close()
+
+
+def test_a_torn_record_is_ignored_and_overwritten(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    ns = store.namespace("a")
+    ns.put({b"a": b"1"})
+    offset, seq, salt = _tail(store)
+    store.close()
+    body = encode(Write(ns._id, [(b"b", os.urandom(9000))], []))
+    log = LogFile(tmp_path / "kv.log")
+    log.append(offset, salt, seq, body)
+    log.close()
+    with open(tmp_path / "kv.log", "r+b") as f:  # the crash left the last block unwritten
+        f.seek(offset + 8192)
+        f.write(bytes(4096))
+    reopened = FileStore(tmp_path)
+    ns = reopened.namespace("a")
+    assert dict(ns.list()) == {b"a": b"1"}
+    ns.put({b"c": b"3"})  # lands where the torn record was
+    assert reopened._offset == offset + file_log.ALIGN
+    reopened.close()
+    assert dict(FileStore(tmp_path).namespace("a").list()) == {b"a": b"1", b"c": b"3"}
+
+
+def test_a_failed_sync_breaks_the_store_until_reopened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    ns = store.namespace("a")
+    ns.put({b"a": b"1"})
+    fired: list[int] = []
+    original = LogFile.append
+
+    def failing(self: LogFile, *args: object) -> None:
+        original(self, *args)  # written, but the device reported an error
+        fired.append(1)
+        raise OSError(errno.EIO, "injected I/O error")
+
+    monkeypatch.setattr(LogFile, "append", failing)
+    with pytest.raises(KvIndeterminate, match="injected I/O error"):
+        ns.put({b"b": b"2"})
+    monkeypatch.undo()
+    assert fired == [1]
+    for call in (lambda: ns.get([b"a"]), lambda: ns.put({b"c": b"3"}), ns.used_bytes):
+        with pytest.raises(KvUnavailable, match=r"failed to sync .* reopen it"):
+            call()
+    store.close()
+    # The outcome was unknown; reopening shows the truth (here the bytes had been written).
+    assert dict(FileStore(tmp_path).namespace("a").list()) == {b"a": b"1", b"b": b"2"}
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "pwrite-fdatasync"])
+def test_both_ways_of_writing_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    if not direct:
+        monkeypatch.setattr(file_log, "_open_direct", lambda path: None)
+    store = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    if direct and store._log._direct is None:
+        pytest.skip(f"{tmp_path} does not support O_DIRECT")
+    assert (store._log._direct is not None) == direct
+    rng = random.Random(5)
+    model = Model()
+    for _ in range(60):
+        _random_op(rng, store, model)
+    model.check(store)
+    store.close()
+    model.check(FileStore(tmp_path, log_bytes=SMALL_LOG))
+
+
+def _v1_store(directory: Path) -> None:
+    """A store as pagekv wrote it before the log: schema version 1, no `log_state`."""
+    directory.mkdir()
+    db = apsw.Connection(str(directory / "kv.sqlite3"))
+    assert db.execute("PRAGMA journal_mode=WAL").get == "wal"
+    db.execute(
+        "CREATE TABLE namespaces (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, "
+        "generation INTEGER NOT NULL DEFAULT 0, used INTEGER NOT NULL DEFAULT 0)"
+    )
+    db.execute(
+        "CREATE TABLE entries (ns INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL, "
+        "PRIMARY KEY (ns, key)) WITHOUT ROWID"
+    )
+    db.execute("INSERT INTO namespaces VALUES (1, 'a', 4, 11)")
+    db.execute("INSERT INTO entries VALUES (1, x'6b31', x'0102'), (1, x'6b32', x'0304050607')")
+    db.execute("PRAGMA user_version = 1")
+    db.close()
+
+
+def test_a_version_1_store_is_read_and_upgraded(tmp_path: Path) -> None:
+    _v1_store(tmp_path / "kv")
+    store = FileStore(tmp_path / "kv", log_bytes=SMALL_LOG)
+    model = Model()
+    model.entries = {b"k1": b"\x01\x02", b"k2": b"\x03\x04\x05\x06\x07"}
+    model.generation = 4
+    model.check(store)
+    rng = random.Random(9)
+    for _ in range(30):
+        _random_op(rng, store, model)
+    model.check(store)
+    store.close()
+    assert (
+        apsw.Connection(str(tmp_path / "kv" / "kv.sqlite3")).execute("PRAGMA user_version").get
+        == kv_file._SCHEMA_VERSION
+    )
+
+
+def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    FileStore(tmp_path / "kv").close()
+    db = apsw.Connection(str(tmp_path / "kv" / "kv.sqlite3"))
+    db.execute("PRAGMA user_version = 3")
+    db.close()
+    with pytest.raises(RuntimeError, match="schema version 3; this pagekv reads up to 2"):
+        FileStore(tmp_path / "kv")
+
+
+_keys = st.binary(min_size=1, max_size=3)
+
+
+@given(st.lists(st.tuples(_keys, st.one_of(st.none(), _keys))), st.lists(_keys))
+def test_ranges_match_a_list_of_intervals(
+    added: list[tuple[bytes, bytes | None]], probes: list[bytes]
+) -> None:
+    ranges = _Ranges()
+    for start, end in added:
+        ranges.add(start, end)
+    intervals = list(ranges)
+    assert intervals == sorted(intervals, key=lambda r: r[0])
+    for (_, end), (start, _) in itertools.pairwise(intervals):
+        assert end is not None and end < start  # disjoint and not touching
+    for key in [*probes, *(s for s, _ in added), *(e for _, e in added if e is not None)]:
+        expected = any(s <= key and (e is None or key < e) for s, e in added)
+        assert (key in ranges) == expected, (added, key)
+
+
+_records = st.one_of(
+    st.builds(
+        Write,
+        st.integers(0, 2**63),
+        st.lists(st.tuples(_keys, st.binary(max_size=40)), max_size=4),
+        st.lists(_keys, max_size=4),
+    ),
+    st.builds(
+        Range, st.integers(0, 2**63), st.binary(max_size=4), st.none() | _keys, st.integers(0, 99)
+    ),
+    st.builds(Takeover, st.integers(0, 2**63), st.integers(0, 2**63)),
+)
+
+
+@given(_records)
+def test_record_bodies_round_trip(record: Write | Range | Takeover) -> None:
+    assert decode(encode(record)) == record
+    with pytest.raises(ValueError, match="stray bytes"):
+        decode(encode(record) + b"\0")
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "after"),
+    [
+        (LogFile, "write_header", True),
+        (FileStore, "_transaction", False),
+        (FileStore, "_start_epoch", False),
+    ],
+    ids=["after-seal", "before-fold", "after-fold"],
+)
+def test_a_fold_left_unfinished_is_finished_by_another_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: object, name: str, after: bool
+) -> None:
+    """The other writer holds the epoch's pending state and has no reason to re-read the log but
+    the sealed header; without the seal its next record would go to an epoch already folded."""
+    model = Model()
+    folder, other = (FileStore(tmp_path, log_bytes=SMALL_LOG) for _ in range(2))
+    other.namespace("a").put({b"seen": b"by other"})
+    model.entries[b"seen"] = b"by other"
+    model.check(other)
+    fired = _fold_step(monkeypatch, target, name, after=after)
+    with pytest.raises(Crash):
+        for i in range(3):
+            folder.namespace("a").put({b"fill-%d" % i: b"x" * 5000})
+            model.entries[b"fill-%d" % i] = b"x" * 5000
+    monkeypatch.undo()
+    assert fired == [name]
+    other.namespace("a").put({b"after": b"the crash"})
+    model.entries[b"after"] = b"the crash"
+    model.check(other)
+    other.close()
+    model.check(FileStore(tmp_path, log_bytes=SMALL_LOG))
