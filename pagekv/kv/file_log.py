@@ -175,18 +175,24 @@ class LogFile:
         head = _LENGTH_SEQ.pack(len(body), seq)
         record = _CRC.pack(crc32c(body, crc32c(head, crc32c(salt)))) + head + body
         self.ensure_size(offset + len(record))
-        if self._direct is None:
-            os.pwrite(self.fd, record, offset)
-            os.fdatasync(self.fd)
-            return
-        size = aligned(len(record))
-        if self._buffer is None or len(self._buffer) < size:
-            if self._buffer is not None:
-                self._buffer.close()
-            self._buffer = mmap.mmap(-1, size)
-        self._buffer[:size] = record.ljust(size, b"\0")
-        with memoryview(self._buffer) as view:
-            os.pwritev(self._direct, [view[:size]], offset)
+        if self._direct is not None:
+            size = aligned(len(record))
+            if self._buffer is None or len(self._buffer) < size:
+                if self._buffer is not None:
+                    self._buffer.close()
+                self._buffer = mmap.mmap(-1, size)
+            self._buffer[:size] = record.ljust(size, b"\0")
+            try:
+                with memoryview(self._buffer) as view:
+                    os.pwritev(self._direct, [view[:size]], offset)
+                return
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                os.close(self._direct)  # wrote nothing: the file system wants other alignment
+                self._direct = None
+        os.pwrite(self.fd, record, offset)
+        os.fdatasync(self.fd)
 
     @staticmethod
     def record_size(body: bytes) -> int:

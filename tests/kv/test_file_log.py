@@ -436,3 +436,24 @@ def test_a_fold_left_unfinished_is_finished_by_another_writer(
     model.check(other)
     other.close()
     model.check(FileStore(tmp_path, log_bytes=SMALL_LOG))
+
+
+def test_a_direct_write_refused_for_alignment_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    if store._log._direct is None:
+        pytest.skip(f"{tmp_path} does not support O_DIRECT")
+    refused: list[int] = []
+
+    def pwritev(fd: int, buffers: object, offset: int) -> int:
+        refused.append(offset)
+        raise OSError(errno.EINVAL, "injected: bad alignment")
+
+    monkeypatch.setattr(file_log.os, "pwritev", pwritev)
+    store.namespace("a").put({b"k": b"v"})
+    assert len(refused) == 1 and store._log._direct is None
+    store.namespace("a").put({b"k2": b"v2"})
+    assert len(refused) == 1
+    store.close()
+    assert dict(FileStore(tmp_path).namespace("a").list()) == {b"k": b"v", b"k2": b"v2"}
