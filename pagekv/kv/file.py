@@ -232,6 +232,7 @@ class FileStore:
         self._offset = DATA_START
         self._seq = 0
         self._broken: OSError | None = None
+        self._sections = (_Section(self, exclusive=False), _Section(self, exclusive=True))
         try:
             self._db = apsw.Connection(str(self.path / "kv.sqlite3"))
             self._db.set_busy_timeout(_BUSY_TIMEOUT_MS)
@@ -259,7 +260,7 @@ class FileStore:
             pass  # replays the log now, so a damaged store fails at open
 
     def _section(self, *, exclusive: bool) -> _Section:
-        return _Section(self, exclusive)
+        return self._sections[exclusive]
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self)
@@ -478,13 +479,14 @@ class FileStore:
 class _Section:
     """`with store._section(exclusive=...):` — every operation's locks and catch-up.
 
-    A class, not a generator, as it runs on every request. An exclusive section also makes the
-    log writable (finishing an interrupted fold), so the block may append.
+    A class, not a generator, as it runs on every request; the store keeps one of each kind (they
+    hold no state of their own). An exclusive section also makes the log writable (finishing an
+    interrupted fold), so the block may append.
     """
 
     __slots__ = ("_exclusive", "_store")
 
-    def __init__(self, store: FileStore, exclusive: bool) -> None:
+    def __init__(self, store: FileStore, *, exclusive: bool) -> None:
         self._store = store
         self._exclusive = exclusive
 

@@ -6,7 +6,7 @@ Layout of `kv.log` (integers little-endian):
   sealed:u8 | crc32c:u32` over the bytes before the CRC. The valid slot with the larger `hseq`
   is the header; a new header goes to slot `hseq % 2`, so a torn header write leaves the previous
   one readable.
-- from byte 4096: **records**, each starting on a 4 KiB boundary: `crc32c:u32 | length:u32 |
+- from byte 4096: **records**, each starting on a 512-byte boundary: `crc32c:u32 | length:u32 |
   seq:u64 | body`, where the CRC covers the header's salt, the length, the sequence number and
   the body, and `seq` counts from 1 in each epoch. The log ends at the first record that does not
   check out.
@@ -14,9 +14,10 @@ Layout of `kv.log` (integers little-endian):
 Why a salted CRC and a contiguous `seq`: after a crash the bytes past the last record can be a
 torn record or records of an earlier epoch (the file is reused, never truncated). Neither can pass
 for a record of the current epoch, and a stored value that happens to contain record-shaped bytes
-cannot either, because it cannot know the random salt. Why 4 KiB alignment: each fsync then writes
-whole blocks that no earlier fsync wrote, which measured faster on ext4 than appending small
-records into a block flushed just before.
+cannot either, because it cannot know the random salt. Why 512-byte alignment: records are
+written with `O_DIRECT`, which needs sector-aligned offsets and lengths; on this ext4 a direct
+write of 4.3 KB took the same time at 512-byte and at 4 KiB alignment, and 512 wastes less of the
+log (a 100-byte write takes one sector, not one page).
 
 Invariant: a record is acknowledged only once it is durable (`LogFile.append` returned), and
 records are written one at a time, so at most the last record can be torn.
@@ -35,7 +36,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 DATA_START = 4096
-ALIGN = 4096
+ALIGN = 512
 _MAGIC = b"pkvlog1\0"
 _SLOT_SIZE = 512
 _HEADER = struct.Struct("<8sQQ8sB")
@@ -92,6 +93,7 @@ class LogFile:
         self._direct = _open_direct(path)
         self._buffer = mmap.mmap(-1, ALIGN) if self._direct is not None else None
         self._shm = _map_counter(path.with_suffix(".shm"))
+        self._salt, self._salt_crc = b"", crc32c(b"")
 
     def changes(self) -> int:
         """The change counter: a caller holding the lock that sees the value it saw last time
@@ -160,9 +162,15 @@ class LogFile:
         if view is None:
             return None
         body = view[start : start + length]
-        if crc != crc32c(body, crc32c(view[offset + 4 : start], crc32c(salt))):
+        if crc != crc32c(body, crc32c(view[offset + 4 : start], self._seed(salt))):
             return None
         return body
+
+    def _seed(self, salt: bytes) -> int:
+        """The CRC of the salt, which every record's CRC starts from (cached per epoch)."""
+        if salt != self._salt:
+            self._salt, self._salt_crc = salt, crc32c(salt)
+        return self._salt_crc
 
     def append(self, offset: int, salt: bytes, seq: int, body: bytes) -> None:
         """Write record `seq` at `offset`, durably: on disk when this returns.
@@ -173,7 +181,7 @@ class LogFile:
         write measured about 30 % faster than `pwrite` + `fdatasync` on ext4 (RESULTS.md).
         """
         head = _LENGTH_SEQ.pack(len(body), seq)
-        record = _CRC.pack(crc32c(body, crc32c(head, crc32c(salt)))) + head + body
+        record = _CRC.pack(crc32c(body, crc32c(head, self._seed(salt)))) + head + body
         self.ensure_size(offset + len(record))
         if self._direct is not None:
             size = aligned(len(record))
@@ -233,7 +241,7 @@ def _map_counter(path: Path) -> mmap.mmap:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         if os.fstat(fd).st_size < _COUNTER.size:
-            os.ftruncate(fd, ALIGN)  # only ever grows it: every process truncates to this size
+            os.ftruncate(fd, DATA_START)  # only grows it: every process truncates to this size
         return mmap.mmap(fd, _COUNTER.size)
     finally:
         os.close(fd)

@@ -39,7 +39,7 @@ HEAD = b"head"
 KILLS = 10
 # The default log, which these tests never fill, and one so small that the processes fold it into
 # the base every few writes, so kills and races also land inside folds.
-LOG_SIZES = ["", "?log_kib=64"]
+LOG_SIZES = ["", "?log_kib=8"]
 LOG_IDS = ["default-log", "folding-log"]
 
 

@@ -27,7 +27,7 @@ from pagekv.kv.file import FileStore, _Ranges
 from pagekv.kv.file_log import LogFile
 from pagekv.kv.file_records import Range, Takeover, Write, decode, encode
 
-SMALL_LOG = 12 * 1024  # room for two one-block records: nearly every write folds first
+SMALL_LOG = 12 * 1024  # room for one 5 KB record or 16 small ones: folds all the time
 
 
 class Crash(Exception):
