@@ -2,6 +2,7 @@
 
 Hand-packed with `struct` rather than CBOR: encoding is on every durable write, and a one-entry
 body packs in about a third of the time `cbor2.dumps` takes (measured; `benchmarks/RESULTS.md`).
+Writers encode straight from their arguments; only replays decode into `Record`s.
 Integers are little-endian; `ns` is the namespace's row id in the base.
 
 - WRITE: `op:u8 ns:u64 puts:u32 deletes:u32`, then per put `klen:u16 vlen:u32 key value`, then
@@ -29,24 +30,20 @@ _TAKEOVER = struct.Struct("<BQQ")
 _NO_END = 0xFFFF
 
 
-# Records are plain (not frozen) slotted dataclasses: one is made per durable write, and a frozen
-# dataclass's constructor costs three times as much.
-
-
 class Op(enum.IntEnum):
     WRITE = 0
     RANGE = 1
     TAKEOVER = 2
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Write:
     ns: int
     puts: Collection[tuple[bytes, bytes]]
     deletes: Collection[bytes]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Range:
     ns: int
     start: bytes
@@ -54,7 +51,7 @@ class Range:
     refund: int
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Takeover:
     ns: int
     generation: int
@@ -63,22 +60,22 @@ class Takeover:
 Record = Write | Range | Takeover
 
 
-def encode(record: Record) -> bytes:
-    match record:
-        case Write(ns, puts, deletes):
-            parts = [_WRITE.pack(Op.WRITE, ns, len(puts), len(deletes))]
-            for key, value in puts:
-                parts += (_PUT.pack(len(key), len(value)), key, value)
-            for key in deletes:
-                parts += (_KEY.pack(len(key)), key)
-            return b"".join(parts)
-        case Range(ns, start, end, refund):
-            elen = _NO_END if end is None else len(end)
-            return _RANGE.pack(Op.RANGE, ns, refund, len(start), elen) + start + (end or b"")
-        case Takeover(ns, generation):
-            return _TAKEOVER.pack(Op.TAKEOVER, ns, generation)
-        case unreachable:
-            assert_never(unreachable)
+def encode_write(ns: int, puts: dict[bytes, bytes], deletes: Collection[bytes]) -> bytes:
+    parts = [_WRITE.pack(Op.WRITE, ns, len(puts), len(deletes))]
+    for key, value in puts.items():
+        parts += (_PUT.pack(len(key), len(value)), key, value)
+    for key in deletes:
+        parts += (_KEY.pack(len(key)), key)
+    return b"".join(parts)
+
+
+def encode_range(ns: int, start: bytes, end: bytes | None, refund: int) -> bytes:
+    elen = _NO_END if end is None else len(end)
+    return _RANGE.pack(Op.RANGE, ns, refund, len(start), elen) + start + (end or b"")
+
+
+def encode_takeover(ns: int, generation: int) -> bytes:
+    return _TAKEOVER.pack(Op.TAKEOVER, ns, generation)
 
 
 def decode(body: bytes) -> Record:
