@@ -98,13 +98,13 @@ def _integrity_ok(directory: Path) -> None:
 # --- 0. the durability settings are really applied --------------------------------------------
 
 
-def test_file_store_runs_wal_and_synchronous_full(
+def test_file_store_base_runs_truncate_and_synchronous_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every statement the store's connection runs is traced: both pragmas must actually run.
 
     (This SQLite build defaults to synchronous=FULL, so reading the setting back would not catch a
-    pragma that never ran; builds whose WAL default is NORMAL would silently lose durability.)
+    pragma that never ran; builds whose default is NORMAL would silently lose durability.)
     """
     executed: list[str] = []
 
@@ -118,13 +118,13 @@ def test_file_store_runs_wal_and_synchronous_full(
     monkeypatch.setattr(apsw, "connection_hooks", [*apsw.connection_hooks, hook])
     store = open_kv(f"file://{tmp_path / 'store'}")
     try:
-        assert "PRAGMA JOURNAL_MODE=WAL" in executed
+        assert "PRAGMA JOURNAL_MODE=TRUNCATE" in executed
         assert "PRAGMA SYNCHRONOUS=FULL" in executed
     finally:
         store.close()
     db = apsw.Connection(str(tmp_path / "store" / "kv.sqlite3"))
     try:
-        assert db.execute("PRAGMA journal_mode").get == "wal"  # WAL mode persists in the file
+        assert db.execute("PRAGMA journal_mode").get == "delete"  # rollback mode, the default
     finally:
         db.close()
 
