@@ -1,14 +1,14 @@
 """The embedded durable backend: a log of our own in front of one SQLite file, in a directory.
 
-Why this engine (measured; `benchmarks/RESULTS.md`, "Engine choice"): a durable write must be
-fsynced before it returns. Native SQLite WAL+FULL pays one fsync plus a B-tree update and a 4 KiB
-WAL frame per commit, LMDB two fsyncs, and our earlier store (SQLite underneath) all of native's
-work plus the fence, the quota and Python around them. Writing each batch as one record appended
-to a preallocated log (`file_log.py`) pays one fsync and no B-tree work, which is what lets a
-one-entry write beat a native one-row commit. The B-tree work is done in bulk instead: when the
-log is full, its changes are **folded** into `kv.sqlite3` (rollback journal, `synchronous=FULL`)
-in one transaction, so reads stay indexed, memory stays bounded by the log's size, and opening a
-store replays at most one log.
+Why this engine (measured; `benchmarks/RESULTS.md`, "The current `file://` engine"): a durable
+write must be fsynced before it returns. Native SQLite WAL+FULL pays one fsync plus a B-tree
+update and a 4 KiB WAL frame per commit, LMDB two fsyncs, and our earlier store (SQLite
+underneath) all of native's work plus the fence, the quota and Python around them. Writing each
+batch as one record appended to a preallocated log (`file_log.py`) pays one durable write and no
+B-tree work, which is what lets a one-entry write keep up with a native one-row commit. The B-tree
+work is done in bulk instead: when the log is full, its changes are **folded** into `kv.sqlite3`
+(rollback journal, `synchronous=FULL`) in one transaction, so reads stay indexed, memory stays
+bounded by the log's size, and opening a store replays at most one log.
 
 Files: `kv.log` (records of the current epoch; bodies in `file_records.py`) and `kv.sqlite3` with
 `namespaces(id, name, generation, used)`, `entries(ns, key, value)` and `log_state(epoch)`, the
