@@ -85,6 +85,7 @@ _UPSERT = (
 )
 _SIZE = "length(key) + length(value)"
 _BUSY_TIMEOUT_MS = 30_000
+_BASE_PAGE_SIZE = 32 * 1024
 _KEYS_PER_QUERY = 500
 DEFAULT_LOG_BYTES = 32 * 2**20
 
@@ -256,6 +257,12 @@ class FileStore:
             # to the WAL and again at the checkpoint (measured: half the fold time). A store
             # another process holds open in WAL mode (pagekv before the log) stays in WAL until
             # every process has closed it; both modes are durable with synchronous=FULL.
+            if self._db.execute("PRAGMA page_count").get == 0:
+                # A new base: pages that hold a 4 KiB value in the leaf. The VFS stores 4.1 KB
+                # values; with 32 KiB pages a fold of them took 9 µs per entry instead of 21,
+                # and a random 128-key read of them 1.65 ms instead of 2.45 (100 B values: fold
+                # 2.4 vs 3.0 µs, read 0.93 vs 0.79 ms). Existing bases keep their page size.
+                self._db.execute(f"PRAGMA page_size={_BASE_PAGE_SIZE}")
             mode = str(self._db.execute("PRAGMA journal_mode=TRUNCATE").get).lower()
             self._db.execute("PRAGMA synchronous=FULL")
             synchronous = self._db.execute("PRAGMA synchronous").get

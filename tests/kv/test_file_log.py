@@ -420,3 +420,15 @@ def test_record_bodies_round_trip(record: Write | Range | Takeover) -> None:
     assert decode(body) == record
     with pytest.raises(ValueError, match="stray bytes"):
         decode(body + b"\0")
+
+
+def test_a_new_base_uses_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    FileStore(tmp_path / "new").close()
+    _v1_store(tmp_path / "old")
+    FileStore(tmp_path / "old").close()
+    sizes = {}
+    for name in ("new", "old"):
+        db = apsw.Connection(str(tmp_path / name / "kv.sqlite3"))
+        sizes[name] = db.execute("PRAGMA page_size").get
+        db.close()
+    assert sizes == {"new": kv_file._BASE_PAGE_SIZE, "old": 4096}
