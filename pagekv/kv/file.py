@@ -99,9 +99,6 @@ class _Ranges:
         self._starts: list[bytes] = []
         self._ends: list[bytes | None] = []
 
-    def __bool__(self) -> bool:
-        return bool(self._starts)
-
     def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
         return zip(self._starts, self._ends, strict=True)
 
@@ -114,9 +111,11 @@ class _Ranges:
 
     def add(self, start: bytes, end: bytes | None) -> None:
         lo = bisect.bisect_left(self._starts, start)
-        if lo > 0 and _reaches(self._ends[lo - 1], start):
-            lo -= 1
-            start = self._starts[lo]
+        if lo > 0:
+            previous_end = self._ends[lo - 1]
+            if previous_end is None or previous_end >= start:  # overlaps or touches: merge
+                lo -= 1
+                start = self._starts[lo]
         hi = lo
         while hi < len(self._starts) and (end is None or self._starts[hi] <= end):
             other = self._ends[hi]
@@ -124,10 +123,6 @@ class _Ranges:
             hi += 1
         self._starts[lo:hi] = [start]
         self._ends[lo:hi] = [end]
-
-
-def _reaches(end: bytes | None, key: bytes) -> bool:
-    return end is None or end >= key
 
 
 @dataclass(slots=True)
