@@ -46,6 +46,7 @@ _RECORD = struct.Struct("<IIQ")
 _LENGTH_SEQ = struct.Struct("<IQ")
 _COUNTER = struct.Struct("<Q")
 _FIRST_EXTENT = 256 * 1024
+_MAX_EXTENT = 2 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,17 +208,19 @@ class LogFile:
         return aligned(_RECORD.size + len(body))
 
     def ensure_size(self, size: int) -> None:
-        """Grow the file with zeros, doubling, so records mostly overwrite allocated blocks.
+        """Grow the file with zeros ahead of the records, so they overwrite allocated blocks.
 
-        Overwriting allocated blocks lets `fdatasync` skip the file-size metadata; the zeros are
-        synced here, once per extension, not with each record. The current size is read from
-        the file before growing it: zeros written from a stale size would erase records.
+        Overwriting allocated blocks lets a durable write skip the file-size metadata; the zeros
+        are synced here, once per extension, not with each record. Extensions double up to
+        `_MAX_EXTENT`, which bounds the pause of the write that pays for one. The current size is
+        read from the file before growing it: zeros written from a stale size would erase records.
         """
         if size <= self._size:
             return
         current = os.fstat(self.fd).st_size
         if size > current:
-            target = max(aligned(size), _FIRST_EXTENT, 2 * current)
+            step = min(max(current, _FIRST_EXTENT), _MAX_EXTENT)
+            target = max(aligned(size), current + step)
             os.pwrite(self.fd, bytes(target - current), current)
             os.fdatasync(self.fd)
             current = target
