@@ -140,9 +140,9 @@ def _folded_epochs(directory: Path) -> int:
 # --- 1. SIGKILL durability ---------------------------------------------------------------------
 
 
-def _writer(url: str, seed: int, start: int) -> None:
+def _writer(url: str, seed: int, start: int, actor: str = ACTOR) -> None:
     store = open_kv(url)
-    ns = store.namespace(ACTOR)
+    ns = store.namespace(actor)
     fence = ns.generation()
     n = start
     while True:
@@ -150,6 +150,35 @@ def _writer(url: str, seed: int, start: int) -> None:
         ns.write(put=puts, delete=deletes, fence=fence)
         print(f"ack {n}", flush=True)
         n += 1
+
+
+def _read_acks(child: subprocess.Popen[str], want: int) -> list[int]:
+    """The first `want` batch numbers a writer acknowledged (it keeps writing meanwhile)."""
+    assert child.stdout is not None
+    acked: list[int] = []
+    while len(acked) < want:
+        line = child.stdout.readline()
+        if not line:
+            raise AssertionError(f"writer exited {child.wait()} early: {_stderr(child)}")
+        acked.append(int(line.split()[1]))
+    return acked
+
+
+def _killed_acks(child: subprocess.Popen[str]) -> list[int]:
+    """The acknowledgements a SIGKILLed writer printed after those already read.
+
+    Read through the same buffered stream as `_read_acks`: `communicate()` would read the pipe
+    underneath it and miss lines the stream had already buffered.
+    """
+    assert child.stdout is not None
+    rest = child.stdout.read()
+    assert child.wait(timeout=30) == -signal.SIGKILL, _stderr(child)
+    return [int(line.split()[1]) for line in rest.splitlines()]
+
+
+def _stderr(child: subprocess.Popen[str]) -> str:
+    assert child.stderr is not None
+    return child.stderr.read()
 
 
 def _stored_head(items: list[tuple[bytes, bytes]]) -> int:
@@ -175,20 +204,11 @@ def test_sigkill_leaves_a_prefix_of_acknowledged_batches(tmp_path: Path, query: 
     for _round in range(KILLS):
         target = rng.randint(10, 80)
         child = _stream("writer", url, str(seed), str(applied + 1))
-        assert child.stdout is not None
-        acked: list[int] = []
-        while len(acked) < target:
-            line = child.stdout.readline()
-            if not line:
-                _, err = child.communicate()
-                raise AssertionError(f"writer exited {child.returncode} early: {err}")
-            acked.append(int(line.split()[1]))
+        acked = _read_acks(child, target)
         time.sleep(rng.uniform(0, 0.003))  # land the kill at a random point of a later write
         child.send_signal(signal.SIGKILL)
-        rest, err = child.communicate(timeout=30)
-        assert child.returncode == -signal.SIGKILL, (child.returncode, err)
+        acked += _killed_acks(child)
         kills += 1
-        acked += [int(line.split()[1]) for line in rest.splitlines()]
         # Acks are consecutive from where this round started, so each round made real progress.
         assert acked == list(range(applied + 1, applied + 1 + len(acked)))
         assert len(acked) >= target
@@ -227,6 +247,53 @@ def test_sigkill_leaves_a_prefix_of_acknowledged_batches(tmp_path: Path, query: 
     assert folds >= (KILLS if query else 0), folds  # the small log folded between the kills
     print(f"kills={kills} batches={applied + 2} in-flight batches found committed={in_flight_seen}")
     print(f"log epochs folded into the base: {folds}")
+
+
+def test_sigkill_of_several_writers_sharing_one_folding_log(tmp_path: Path) -> None:
+    """Three processes append to one log (each to its own namespace), fold it every few writes
+    and catch up with each other's records; all are killed at random moments, several times.
+    Each namespace must then hold exactly a prefix of its own batches, ending at its last
+    acknowledged batch or the one in flight."""
+    rng = random.Random(20261130)
+    directory = tmp_path / "store"
+    url = f"file://{directory}?log_kib=8"
+    writers = {f"writer-{k}": 1000 + k for k in range(3)}  # namespace -> batch seed
+    store = open_kv(url)
+    for actor in writers:
+        store.namespace(actor).takeover()
+    store.close()
+    applied = dict.fromkeys(writers, -1)
+    models: dict[str, dict[bytes, bytes]] = {actor: {} for actor in writers}
+    for _round in range(4):
+        children = {
+            actor: _stream("writer", url, str(seed), str(applied[actor] + 1), actor)
+            for actor, seed in writers.items()
+        }
+        acked = {actor: _read_acks(child, rng.randint(5, 25)) for actor, child in children.items()}
+        for child in children.values():
+            time.sleep(rng.uniform(0, 0.002))
+            child.send_signal(signal.SIGKILL)
+        for actor, child in children.items():
+            acked[actor] += _killed_acks(child)
+        store = open_kv(url)
+        for actor, seed in writers.items():
+            ns = store.namespace(actor)
+            items = ns.list()
+            last_ack = acked[actor][-1]
+            assert acked[actor] == list(range(applied[actor] + 1, last_ack + 1))
+            k = _stored_head(items)
+            assert k in (last_ack, last_ack + 1), (actor, k, last_ack)
+            for n in range(applied[actor] + 1, k + 1):
+                apply_batch(models[actor], seed, n)
+            assert dict(items) == models[actor], actor
+            assert ns.used_bytes() == sum(len(a) + len(b) for a, b in items)
+            assert ns.generation() == 1
+            applied[actor] = k
+        store.close()
+        _integrity_ok(directory)
+    folds = _folded_epochs(directory)
+    assert folds >= 20, folds  # the writers folded each other's records many times
+    print(f"batches per writer: {applied}; log epochs folded: {folds}")
 
 
 # --- 2. two processes racing takeovers ----------------------------------------------------------
@@ -360,7 +427,7 @@ def test_two_processes_racing_takeovers(tmp_path: Path, query: str) -> None:
 if __name__ == "__main__":
     role, *argv = sys.argv[1:]
     if role == "writer":
-        _writer(argv[0], int(argv[1]), int(argv[2]))
+        _writer(argv[0], int(argv[1]), int(argv[2]), *argv[3:])
     elif role == "racer":
         _racer(argv[0], int(argv[1]), int(argv[2]), int(argv[3]), argv[4])
     else:
