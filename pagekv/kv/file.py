@@ -109,6 +109,26 @@ class _Ranges:
         end = self._ends[i]
         return end is None or key < end
 
+    def gaps(
+        self, start: bytes | None, end: bytes | None
+    ) -> list[tuple[bytes | None, bytes | None]]:
+        """The parts of `[start, end)` (None: unbounded) that no range covers, in key order."""
+        out: list[tuple[bytes | None, bytes | None]] = []
+        low = start
+        for r_start, r_end in self:
+            if end is not None and r_start >= end:
+                break
+            if low is not None and r_end is not None and r_end <= low:
+                continue
+            if low is None or r_start > low:
+                out.append((low, r_start))
+            if r_end is None:
+                return out
+            low = r_end if low is None else max(low, r_end)
+        if end is None or low is None or low < end:
+            out.append((low, end))
+        return out
+
     def add(self, start: bytes, end: bytes | None) -> None:
         lo = bisect.bisect_left(self._starts, start)
         if lo > 0:
@@ -440,10 +460,28 @@ class FileStore:
         except apsw.Error as e:
             raise KvUnavailable(f"file store {self.path} is busy or unreadable: {e}") from e
 
-    def _rows(self, sql: str, args: tuple[Any, ...]) -> Iterator[Any]:
-        """Rows of a base query, read lazily; the caller holds a section."""
+    def _range(
+        self,
+        ns: int,
+        column: str,
+        start: bytes | None,
+        end: bytes | None,
+        reverse: bool,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, Any]]:
+        """`(key, column)` of the base's rows in `[start, end)` in key order, read lazily; the
+        caller holds a section."""
+        where, args = "ns = ?", [ns]
+        if start is not None:
+            where += " AND key >= ?"
+            args.append(start)
+        if end is not None:
+            where += " AND key < ?"
+            args.append(end)
+        order = "DESC" if reverse else "ASC"
+        sql = f"SELECT key, {column} FROM entries WHERE {where} ORDER BY key {order} LIMIT ?"
         try:
-            yield from self._db.execute(sql, args)
+            yield from self._db.execute(sql, (*args, -1 if limit is None else limit))
         except apsw.Error as e:
             raise KvUnavailable(f"file store {self.path} is busy or unreadable: {e}") from e
 
@@ -606,20 +644,15 @@ class FileNamespace(KvNamespace):
         self, start: bytes | None, end: bytes | None, limit: int | None, reverse: bool
     ) -> list[tuple[bytes, bytes]]:
         store, ns = self._store, self._id
-        where, args = "ns = ?", [ns]
-        if start is not None:
-            where += " AND key >= ?"
-            args.append(start)
-        if end is not None:
-            where += " AND key < ?"
-            args.append(end)
-        order = "DESC" if reverse else "ASC"
-        sql = f"SELECT key, value FROM entries WHERE {where} ORDER BY key {order}"
         with store._section(exclusive=False):
             pending = store._pending.get(ns)
             if pending is None:
-                return store._base(f"{sql} LIMIT ?", (*args, -1 if limit is None else limit))
-            base = (row for row in store._rows(sql, tuple(args)) if not pending.shadows(row[0]))
+                return list(store._range(ns, "value", start, end, reverse, limit))
+            base = (
+                row
+                for row in _visible_base(store, ns, pending, "value", start, end, reverse)
+                if row[0] not in pending.entries
+            )
             merged = heapq.merge(
                 base, _pending_items(pending, start, end, reverse), reverse=reverse
             )
@@ -654,11 +687,8 @@ class FileNamespace(KvNamespace):
                 for k, v in pending.entries.items()
                 if v is not None and start <= k < end
             ]
-            rows = store._rows(
-                f"SELECT key, {_SIZE} FROM entries WHERE ns = ? AND key >= ? AND key < ?",
-                (ns, start, end),
-            )
-            sizes += [size for key, size in rows if not pending.shadows(key)]
+            rows = _visible_base(store, ns, pending, _SIZE, start, end, reverse=False)
+            sizes += [size for key, size in rows if key not in pending.entries]
             if sizes:
                 refund = sum(sizes)
                 body = encode_range(ns, start, end, refund)
@@ -710,3 +740,23 @@ def _pending_items(
         value = pending.entries[key]
         if value is not None:
             yield key, value
+
+
+def _visible_base(
+    store: FileStore,
+    ns: int,
+    pending: _Pending,
+    column: str,
+    start: bytes | None,
+    end: bytes | None,
+    reverse: bool,
+) -> Iterator[tuple[bytes, Any]]:
+    """The base's rows in `[start, end)` outside the pending state's hidden ranges, in key order.
+
+    Reads only between the hidden ranges, so a range delete or drop of many keys costs nothing
+    to later reads of the same epoch.
+    """
+    gaps = pending.hidden.gaps(start, end)
+    for low, high in reversed(gaps) if reverse else gaps:
+        if low is None or high is None or low < high:
+            yield from store._range(ns, column, low, high, reverse)

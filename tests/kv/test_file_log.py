@@ -377,7 +377,7 @@ _keys = st.binary(min_size=1, max_size=3)
 
 
 @given(st.lists(st.tuples(_keys, st.one_of(st.none(), _keys))), st.lists(_keys))
-def test_ranges_match_a_list_of_intervals(
+def test_ranges_and_their_gaps_match_a_list_of_intervals(
     added: list[tuple[bytes, bytes | None]], probes: list[bytes]
 ) -> None:
     ranges = _Ranges()
@@ -387,9 +387,17 @@ def test_ranges_match_a_list_of_intervals(
     assert intervals == sorted(intervals, key=lambda r: r[0])
     for (_, end), (start, _) in itertools.pairwise(intervals):
         assert end is not None and end < start  # disjoint and not touching
-    for key in [*probes, *(s for s, _ in added), *(e for _, e in added if e is not None)]:
+    keys = [*probes, *(s for s, _ in added), *(e for _, e in added if e is not None)]
+    for key in keys:
         expected = any(s <= key and (e is None or key < e) for s, e in added)
         assert (key in ranges) == expected, (added, key)
+    for start, end in [(None, None), *itertools.pairwise(sorted(keys)[:6])]:
+        gaps = ranges.gaps(start, end)
+        assert gaps == sorted(gaps, key=lambda g: (g[0] is not None, g[0]))
+        for key in keys:
+            inside = (start is None or start <= key) and (end is None or key < end)
+            in_gap = any((lo is None or lo <= key) and (hi is None or key < hi) for lo, hi in gaps)
+            assert in_gap == (inside and key not in ranges), (added, start, end, gaps, key)
 
 
 _write_records = st.builds(
@@ -432,3 +440,89 @@ def test_a_new_base_uses_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path
         sizes[name] = db.execute("PRAGMA page_size").get
         db.close()
     assert sizes == {"new": kv_file._BASE_PAGE_SIZE, "old": 4096}
+
+
+def test_reads_skip_base_rows_hidden_by_a_range_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    ns = store.namespace("a")
+    for i in range(0, 600, 100):
+        ns.put({b"k%04d" % j: b"v" for j in range(i, i + 100)})
+    with store._section(exclusive=True):  # fold the rest too: all 600 rows in the base
+        store._fold()
+        store._start_epoch()
+    assert store._pending == {}
+    ns.delete_range(b"k0100", b"k0500")
+    rows_read: list[bytes] = []
+    original = FileStore._range
+
+    def counting(
+        self: FileStore, *args: object, **kwargs: object
+    ) -> Iterator[tuple[bytes, object]]:
+        for row in original(self, *args, **kwargs):  # type: ignore[arg-type]
+            rows_read.append(row[0])
+            yield row
+
+    monkeypatch.setattr(FileStore, "_range", counting)
+    assert [k for k, _ in ns.list()] == [b"k%04d" % j for j in (*range(100), *range(500, 600))]
+    assert len(rows_read) == 200  # none of the 400 hidden rows
+    rows_read.clear()
+    ns.drop()
+    assert ns.list() == [] and ns.list(reverse=True, limit=5) == []
+    assert rows_read == []
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "after"),
+    [
+        (LogFile, "write_header", True),
+        (FileStore, "_transaction", False),
+        (FileStore, "_start_epoch", False),
+    ],
+    ids=["after-seal", "before-fold", "after-fold"],
+)
+def test_a_fold_left_unfinished_is_finished_by_another_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: object, name: str, after: bool
+) -> None:
+    """The other writer holds the epoch's pending state and has no reason to re-read the log but
+    the sealed header; without the seal its next record would go to an epoch already folded."""
+    model = Model()
+    folder, other = (FileStore(tmp_path, log_bytes=SMALL_LOG) for _ in range(2))
+    other.namespace("a").put({b"seen": b"by other"})
+    model.entries[b"seen"] = b"by other"
+    model.check(other)
+    fired = _fold_step(monkeypatch, target, name, after=after)
+    with pytest.raises(Crash):
+        for i in range(3):
+            folder.namespace("a").put({b"fill-%d" % i: b"x" * 5000})
+            model.entries[b"fill-%d" % i] = b"x" * 5000
+    monkeypatch.undo()
+    assert fired == [name]
+    other.namespace("a").put({b"after": b"the crash"})
+    model.entries[b"after"] = b"the crash"
+    model.check(other)
+    other.close()
+    model.check(FileStore(tmp_path, log_bytes=SMALL_LOG))
+
+
+def test_a_direct_write_refused_for_alignment_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    if store._log._direct is None:
+        pytest.skip(f"{tmp_path} does not support O_DIRECT")
+    refused: list[int] = []
+
+    def pwritev(fd: int, buffers: object, offset: int) -> int:
+        refused.append(offset)
+        raise OSError(errno.EINVAL, "injected: bad alignment")
+
+    monkeypatch.setattr(file_log.os, "pwritev", pwritev)
+    store.namespace("a").put({b"k": b"v"})
+    assert len(refused) == 1 and store._log._direct is None
+    store.namespace("a").put({b"k2": b"v2"})
+    assert len(refused) == 1
+    store.close()
+    assert dict(FileStore(tmp_path).namespace("a").list()) == {b"k": b"v", b"k2": b"v2"}
