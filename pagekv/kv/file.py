@@ -263,7 +263,23 @@ class FileStore:
         self._broken: OSError | None = None
         self._sections = (_Section(self, exclusive=False), _Section(self, exclusive=True))
         try:
+            self._log = LogFile(self.path / "kv.log")
+        except OSError as e:
+            raise KvUnavailable(f"cannot open the log of the file store at {self.path}: {e}") from e
+        try:
             self._db = apsw.Connection(str(self.path / "kv.sqlite3"))
+        except apsw.Error as e:
+            self._log.close()
+            raise KvUnavailable(f"cannot open the file store at {self.path}: {e}") from e
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        """Check and upgrade the base, open the log and replay it, so damage shows at open."""
+        try:
             self._db.set_busy_timeout(_BUSY_TIMEOUT_MS)
             # One statement per execute: APSW runs a multi-statement string lazily, so a second
             # pragma after one that returns a row (journal_mode does) would never run. A rollback
@@ -295,11 +311,10 @@ class FileStore:
                 for statement in _SCHEMA:
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
-            self._log = LogFile(self.path / "kv.log")
-        except (apsw.Error, OSError) as e:
+        except apsw.Error as e:
             raise KvUnavailable(f"cannot open the file store at {self.path}: {e}") from e
         with self._section(exclusive=False):
-            pass  # replays the log now, so a damaged store fails at open
+            pass
 
     def _section(self, *, exclusive: bool) -> _Section:
         return self._sections[exclusive]
@@ -529,6 +544,7 @@ class FileStore:
             return [r[0] for r in self._base("SELECT name FROM namespaces ORDER BY name")]
 
     def close(self) -> None:
+        """Idempotent; also releases what a failed open had opened."""
         with self._lock:
             self._db.close()
             self._log.close()

@@ -73,7 +73,7 @@ def _decode_header(raw: bytes) -> LogHeader | None:
     return LogHeader(hseq, epoch, salt, bool(sealed))
 
 
-def aligned(size: int) -> int:
+def _aligned(size: int) -> int:
     return -(-size // ALIGN) * ALIGN
 
 
@@ -185,7 +185,7 @@ class LogFile:
         record = _CRC.pack(crc32c(body, crc32c(head, self._seed(salt)))) + head + body
         self.ensure_size(offset + len(record))
         if self._direct is not None:
-            size = aligned(len(record))
+            size = _aligned(len(record))
             if self._buffer is None or len(self._buffer) < size:
                 if self._buffer is not None:
                     self._buffer.close()
@@ -205,7 +205,7 @@ class LogFile:
 
     @staticmethod
     def record_size(body: bytes) -> int:
-        return aligned(_RECORD.size + len(body))
+        return _aligned(_RECORD.size + len(body))
 
     def ensure_size(self, size: int) -> None:
         """Grow the file with zeros ahead of the records, so they overwrite allocated blocks.
@@ -220,7 +220,7 @@ class LogFile:
         current = os.fstat(self.fd).st_size
         if size > current:
             step = min(max(current, _FIRST_EXTENT), _MAX_EXTENT)
-            target = max(aligned(size), current + step)
+            target = max(_aligned(size), current + step)
             os.pwrite(self.fd, bytes(target - current), current)
             os.fdatasync(self.fd)
             current = target
