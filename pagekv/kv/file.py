@@ -350,23 +350,24 @@ class FileStore:
             return
         old, header = self._header, log.decode_header(raw)
         self._header_bytes, self._header = raw, header
-        same_epoch = header is not None and old is not None and header.salt == old.salt
-        if trusted and self._live and same_epoch:
-            return  # only sealed since: the pending state still describes the epoch
+        folded = self._folded_epoch()
+        if header is not None and header.epoch > folded:
+            if trusted and self._live and old is not None and header.salt == old.salt:
+                # Only sealed since, and not folded yet (its folder died before the base): the
+                # pending state still describes the epoch. Once the base holds the epoch, the
+                # pending state must go, or a lookup of a key's old size would find its new one.
+                return
+            if header.epoch != folded + 1:
+                raise KvUnavailable(
+                    f"{log.path} holds epoch {header.epoch} but the base has folded only up to "
+                    f"{folded}; the store is damaged"
+                )
         self._pending.clear()
         self._offset, self._seq = DATA_START, 0
-        folded = self._folded_epoch()
         self._live = header is not None and header.epoch > folded
-        if not self._live:
-            return
-        assert header is not None
-        if header.epoch != folded + 1:
-            raise KvUnavailable(
-                f"{log.path} holds epoch {header.epoch} but the base has folded only up to "
-                f"{folded}; the store is damaged"
-            )
-        while (body := log.read_record(self._offset, header.salt, self._seq + 1)) is not None:
-            self._replay(body)
+        if header is not None and self._live:
+            while (body := log.read_record(self._offset, header.salt, self._seq + 1)) is not None:
+                self._replay(body)
 
     def _replay(self, body: bytes) -> None:
         try:
@@ -430,11 +431,11 @@ class FileStore:
         if not header.sealed:
             self._write_header(replace(header, hseq=header.hseq + 1, sealed=True))
         try:
-            for ns, pending in self._pending.items():
-                self._resolve(ns, pending)
             with self._transaction() as db:
                 if db.execute("SELECT epoch FROM log_state").get >= header.epoch:
-                    return
+                    return  # folded by a process that died before starting the next epoch
+                for ns, pending in self._pending.items():
+                    self._resolve(ns, pending)  # old sizes from the base before the fold
                 for ns, pending in self._pending.items():
                     for start, end in pending.hidden:
                         if end is None:
