@@ -405,6 +405,10 @@ class FileStore:
         header = self._header
         assert header is not None and self._live and not header.sealed
         offset, seq = self._offset, self._seq + 1
+        try:
+            self._log.ensure_size(offset + size)
+        except OSError as e:  # a full disk, say: nothing of this record was written
+            raise KvUnavailable(f"cannot grow {self._log.path}: {e}") from e
         change(self._pending_for(ns))
         self._offset, self._seq = offset + size, seq
         try:

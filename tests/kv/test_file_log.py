@@ -527,3 +527,30 @@ def test_a_direct_write_refused_for_alignment_falls_back(
     assert len(refused) == 1
     store.close()
     assert dict(FileStore(tmp_path).namespace("a").list()) == {b"k": b"v", b"k2": b"v2"}
+
+
+def test_a_full_disk_while_the_log_grows_rejects_the_write_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    ns = store.namespace("a")
+    ns.put({b"a": b"1"})
+    used = ns.used_bytes()
+    refused: list[int] = []
+    original = file_log.os.pwrite
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        if len(data) >= 2**16 and data.count(0) == len(data):  # the zeros of an extension
+            refused.append(len(data))
+            raise OSError(errno.ENOSPC, "injected: no space left on device")
+        return original(fd, data, offset)
+
+    monkeypatch.setattr(file_log.os, "pwrite", pwrite)
+    with pytest.raises(KvUnavailable, match="no space left"):
+        ns.put({b"big": os.urandom(100_000)} | {b"k%d" % i: os.urandom(100_000) for i in range(8)})
+    assert refused, "the extension never ran"
+    assert dict(ns.list()) == {b"a": b"1"} and ns.used_bytes() == used
+    monkeypatch.undo()
+    ns.put({b"b": b"2"})  # the store was not broken by it
+    store.close()
+    assert dict(FileStore(tmp_path).namespace("a").list()) == {b"a": b"1", b"b": b"2"}
