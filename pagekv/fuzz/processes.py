@@ -3,7 +3,8 @@
 The parent and the child generate the same transactions from the seed. The child prints
 `ack N` after transaction N commits; the parent kills it at a random moment, reopens the
 namespace itself and checks the content is the oracle's state after the last acknowledged
-transaction, or after the one in flight — then starts a new child from there.
+transaction, or after the one in flight — then starts a new child from there. When a sequence is
+done, the next one starts on a fresh actor, until the time is up.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pagekv.fuzz.oracle import Oracle, digest, run_txn
 from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.steps import StepGenerator, Txn
-from pagekv.kv import open_kv
+from pagekv.kv import KvStore, open_kv
 from pagekv.vfs import open_database
 
 
@@ -44,46 +45,67 @@ def child_main(argv: list[str]) -> None:
 def fuzz_processes(
     url: str, seed: int, seconds: float, max_blob: int = 2**20, count: int = 400
 ) -> Coverage:
-    """Kill committing children at random moments for `seconds`; raise `FuzzFailure` on a loss."""
+    """Kill committing children at random moments for `seconds`; raise `FuzzFailure` on a loss.
+
+    A run commits one generated sequence of transactions on a fresh actor, across as many child
+    lives as it takes; runs follow each other until the time is up, so a faster store gets more
+    crashes, not an early end.
+    """
     if url.startswith("memory:"):
         raise ValueError("--processes needs a durable store shared between processes (file://)")
     rng = random.Random(seed)
-    txns = _transactions(seed, count, max_blob)
-    actor = f"pagekv-fuzz-processes/{seed}/{time.time_ns()}"
-    oracle = Oracle()
-    coverage = Coverage(runs=1)
-    done = 0
+    coverage = Coverage(runs=0)
     deadline = time.monotonic() + seconds
     store = open_kv(url)
     try:
-        while done < len(txns) and time.monotonic() < deadline:
-            acked = _run_child(url, actor, seed, done, count, max_blob, rng)
-            coverage.crashes += 1
-            for n in range(done, acked + 1):
-                oracle.apply(txns[n])
-            done = acked + 1
-            if done < len(txns):
-                oracle.pending = txns[done]
-            with open_database(store.namespace(actor)) as db:
-                check = db.execute("PRAGMA integrity_check").fetchall()
-                if check != [("ok",)]:
-                    raise FuzzFailure(done, f"integrity_check after SIGKILL: {check[:5]}")
-                got = digest(db.connection)
-            old, new = oracle.states()
-            if got == new:
-                oracle.resolve(committed=True)
-                done += 1
-            elif got == old:
-                oracle.resolve(committed=False)
-            else:
-                raise FuzzFailure(done, "content after SIGKILL is neither acknowledged nor next")
-            coverage.verifications += 1
-            coverage.commits = done
-        store.namespace(actor).drop()
+        while time.monotonic() < deadline:
+            run_seed = rng.randrange(2**32)
+            coverage.runs += 1
+            _run(store, url, run_seed, max_blob, count, rng, deadline, coverage)
     finally:
         store.close()
-    coverage.steps = done
     return coverage
+
+
+def _run(
+    store: KvStore,
+    url: str,
+    seed: int,
+    max_blob: int,
+    count: int,
+    rng: random.Random,
+    deadline: float,
+    coverage: Coverage,
+) -> None:
+    txns = _transactions(seed, count, max_blob)
+    actor = f"pagekv-fuzz-processes/{seed}/{time.time_ns()}"
+    oracle = Oracle()
+    committed_before = coverage.commits
+    done = 0
+    while done < len(txns) and time.monotonic() < deadline:
+        acked = _run_child(url, actor, seed, done, count, max_blob, rng)
+        coverage.crashes += 1
+        for n in range(done, acked + 1):
+            oracle.apply(txns[n])
+        done = acked + 1
+        if done < len(txns):
+            oracle.pending = txns[done]
+        with open_database(store.namespace(actor)) as db:
+            check = db.execute("PRAGMA integrity_check").fetchall()
+            if check != [("ok",)]:
+                raise FuzzFailure(done, f"integrity_check after SIGKILL: {check[:5]}")
+            got = digest(db.connection)
+        old, new = oracle.states()
+        if got == new:
+            oracle.resolve(committed=True)
+            done += 1
+        elif got == old:
+            oracle.resolve(committed=False)
+        else:
+            raise FuzzFailure(done, "content after SIGKILL is neither acknowledged nor next")
+        coverage.verifications += 1
+        coverage.commits = coverage.steps = committed_before + done
+    store.namespace(actor).drop()
 
 
 def _run_child(
