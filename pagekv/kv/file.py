@@ -18,7 +18,8 @@ How an operation runs: under the store's thread lock and a `flock` on `kv.log` (
 exclusive to write, so processes sharing the directory are serialised), it first catches up with
 records other processes appended, then works on the **pending** state: each namespace's changes
 of the current epoch, kept in memory over the base. A write checks the fence and the quota there,
-appends one record, and applies it only once `fdatasync` returned.
+applies its change, and makes one record durable before any lock is released; if that write
+fails, the store refuses every request until it is reopened (`_append`).
 
 Invariants:
 - The visible state is the pending state over the base. The pending state is a function of the
