@@ -687,12 +687,15 @@ class FileNamespace(KvNamespace):
             check_fence(fence, pending.generation)
             if not batch.puts and not batch.deletes:
                 return
-            growth, unknown = pending.growth(batch)
-            if growth > 0 and pending.used + growth > store.limits.max_storage_bytes:
-                store._resolve(ns, pending)
-                owed = store._base_values(ns, unknown, _SIZE)
-                check_quota(store.limits, pending.used, growth - sum(owed.values()))
             puts, deletes = batch.puts, batch.deletes
+            limit = store.limits.max_storage_bytes
+            # The batch's new bytes bound its growth, so the exact check is rarely needed.
+            if pending.used + sum(map(len, puts)) + sum(map(len, puts.values())) > limit:
+                growth, unknown = pending.growth(batch)
+                if growth > 0 and pending.used + growth > limit:
+                    store._resolve(ns, pending)
+                    owed = store._base_values(ns, unknown, _SIZE)
+                    check_quota(store.limits, pending.used, growth - sum(owed.values()))
             store._append(
                 ns, encode_write(ns, puts, deletes), lambda p: p.write(puts.items(), deletes)
             )

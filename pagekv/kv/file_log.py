@@ -174,7 +174,8 @@ class LogFile:
         return self._salt_crc
 
     def append(self, offset: int, salt: bytes, seq: int, body: bytes) -> None:
-        """Write record `seq` at `offset`, durably: on disk when this returns.
+        """Write record `seq` at `offset`, durably: on disk when this returns. The caller has
+        made room with `ensure_size`, so the write lands on allocated, zeroed blocks.
 
         Where the file system allows it, the record's blocks (zero-padded to whole blocks) are
         written with `O_DIRECT | O_DSYNC`, one system call that bypasses the page cache and
@@ -183,7 +184,6 @@ class LogFile:
         """
         head = _LENGTH_SEQ.pack(len(body), seq)
         record = _CRC.pack(crc32c(body, crc32c(head, self._seed(salt)))) + head + body
-        self.ensure_size(offset + len(record))
         if self._direct is not None:
             size = _aligned(len(record))
             if self._buffer is None or len(self._buffer) < size:

@@ -251,6 +251,7 @@ def test_a_record_counts_only_with_the_epochs_salt(tmp_path: Path, salt_known: b
     store.close()
     record = encode_write(ns._id, {b"b": b"forged"}, [])
     log = LogFile(tmp_path / "kv.log")
+    log.ensure_size(offset + LogFile.record_size(record))
     log.append(offset, salt if salt_known else os.urandom(8), seq, record)
     log.close()
     reopened = FileStore(tmp_path)
@@ -267,6 +268,7 @@ def test_a_torn_record_is_ignored_and_overwritten(tmp_path: Path) -> None:
     store.close()
     body = encode_write(ns._id, {b"b": os.urandom(9000)}, [])
     log = LogFile(tmp_path / "kv.log")
+    log.ensure_size(offset + LogFile.record_size(body))
     log.append(offset, salt, seq, body)
     log.close()
     with open(tmp_path / "kv.log", "r+b") as f:  # the crash left the last block unwritten
