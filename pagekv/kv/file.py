@@ -197,18 +197,20 @@ class _Pending:
         return self._sorted
 
     def write(self, puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes]) -> None:
-        entries, hidden = self.entries, self.hidden
-        for key, value in itertools.chain(((k, None) for k in deletes), puts):
+        entries, hidden, used = self.entries, self.hidden, self.used
+        for key, value in itertools.chain(zip(deletes, itertools.repeat(None)), puts):
             if key in entries:
                 old = entries[key]
-                self.used -= 0 if old is None else len(key) + len(old)
+                if old is not None:
+                    used -= len(key) + len(old)
             else:
                 self._sorted = None
                 if key not in hidden:
                     self.unresolved.append(key)
             if value is not None:
-                self.used += len(key) + len(value)
+                used += len(key) + len(value)
             entries[key] = value
+        self.used = used
 
     def delete_range(self, start: bytes, end: bytes | None, refund: int) -> None:
         for key in [k for k in self.entries if start <= k and (end is None or k < end)]:
@@ -689,8 +691,8 @@ class FileNamespace(KvNamespace):
                 return
             puts, deletes = batch.puts, batch.deletes
             limit = store.limits.max_storage_bytes
-            # The batch's new bytes bound its growth, so the exact check is rarely needed.
-            if pending.used + sum(map(len, puts)) + sum(map(len, puts.values())) > limit:
+            # The batch's bytes bound its growth, so the exact check is rarely needed.
+            if pending.used + batch.payload > limit:
                 growth, unknown = pending.growth(batch)
                 if growth > 0 and pending.used + growth > limit:
                     store._resolve(ns, pending)

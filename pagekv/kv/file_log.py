@@ -47,6 +47,7 @@ _LENGTH_SEQ = struct.Struct("<IQ")
 _COUNTER = struct.Struct("<Q")
 _FIRST_EXTENT = 256 * 1024
 _MAX_EXTENT = 2 * 2**20
+_PADDING = bytes(ALIGN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,8 @@ class LogFile:
         self._map: mmap.mmap | None = None
         self._size = 0  # a lower bound of the file's size: other processes may have grown it
         self._direct = _open_direct(path)
-        self._buffer = mmap.mmap(-1, ALIGN) if self._direct is not None else None
+        self._buffer: mmap.mmap | None = None
+        self._buffer_view: memoryview | None = None
         self._shm = _map_counter(path.with_suffix(".shm"))
         self._salt, self._salt_crc = b"", crc32c(b"")
 
@@ -182,25 +184,28 @@ class LogFile:
         returns once the device has them; otherwise with `pwrite` and `fdatasync`. The direct
         write measured about 30 % faster than `pwrite` + `fdatasync` on ext4 (RESULTS.md).
         """
-        head = _LENGTH_SEQ.pack(len(body), seq)
-        record = _CRC.pack(crc32c(body, crc32c(head, self._seed(salt)))) + head + body
+        length = len(body)
+        crc = crc32c(body, crc32c(_LENGTH_SEQ.pack(length, seq), self._seed(salt)))
         if self._direct is not None:
-            size = _aligned(len(record))
+            end = _RECORD.size + length
+            size = _aligned(end)
             if self._buffer is None or len(self._buffer) < size:
-                if self._buffer is not None:
-                    self._buffer.close()
+                self._close_buffer()
                 self._buffer = mmap.mmap(-1, size)
-            self._buffer[:size] = record.ljust(size, b"\0")
+                self._buffer_view = memoryview(self._buffer)
+            buffer = self._buffer
+            _RECORD.pack_into(buffer, 0, crc, length, seq)
+            buffer[_RECORD.size : end] = body
+            buffer[end:size] = _PADDING[: size - end]
             try:
-                with memoryview(self._buffer) as view:
-                    os.pwritev(self._direct, [view[:size]], offset)
+                os.pwritev(self._direct, [self._buffer_view[:size]], offset)
                 return
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
                 os.close(self._direct)  # wrote nothing: the file system wants other alignment
                 self._direct = None
-        os.pwrite(self.fd, record, offset)
+        os.pwrite(self.fd, _RECORD.pack(crc, length, seq) + body, offset)
         os.fdatasync(self.fd)
 
     @staticmethod
@@ -226,12 +231,20 @@ class LogFile:
             current = target
         self._size = current
 
+    def _close_buffer(self) -> None:
+        if self._buffer_view is not None:
+            self._buffer_view.release()
+        if self._buffer is not None:
+            self._buffer.close()
+        self._buffer = self._buffer_view = None
+
     def close(self) -> None:
         """Idempotent; later calls on a closed log fail with `OSError`."""
-        for resource in (self._map, self._buffer, self._shm):
+        self._close_buffer()
+        for resource in (self._map, self._shm):
             if resource is not None and not resource.closed:
                 resource.close()
-        self._map = self._buffer = None
+        self._map = None
         if self._direct is not None:
             os.close(self._direct)
             self._direct = None

@@ -43,6 +43,9 @@ class WriteBatch:
 
     puts: dict[bytes, bytes]
     deletes: tuple[bytes, ...]
+    payload: int
+    """Bytes of the batch's keys and values (delete keys included): what `max_batch_bytes` caps,
+    and an upper bound of how much the write can add to the namespace's usage."""
 
 
 def entry_size(key: bytes, value: bytes) -> int:
@@ -116,7 +119,7 @@ def check_write(limits: KvLimits, put: Entries, delete: Sequence[bytes]) -> Writ
         raise TooManyEntries(f"batch of {n_entries} entries", n_entries, limits.max_batch_entries)
     if payload > limits.max_batch_bytes:
         raise BatchTooLarge(f"batch of {payload} bytes", payload, limits.max_batch_bytes)
-    return WriteBatch(puts, deletes)
+    return WriteBatch(puts, deletes, payload)
 
 
 def check_quota(limits: KvLimits, used: int, delta: int) -> int:
@@ -129,14 +132,18 @@ def check_quota(limits: KvLimits, used: int, delta: int) -> int:
     return after
 
 
-def quota_delta(batch: WriteBatch, old_sizes: Mapping[bytes, int]) -> int:
+def quota_delta(batch: WriteBatch, stored: Mapping[bytes, bytes]) -> int:
     """Exact change in stored bytes: overwrites are charged their difference, deletes refunded.
 
-    `old_sizes` maps every key of the batch that currently exists to its charged size.
+    `stored` maps keys to their stored values; it must hold every key of the batch that exists
+    (a backend can pass its whole map, since only the batch's keys are looked up).
     """
     delta = 0
     for key, value in batch.puts.items():
-        delta += entry_size(key, value) - old_sizes.get(key, 0)
+        old = stored.get(key)
+        delta += len(value) - len(old) if old is not None else len(key) + len(value)
     for key in batch.deletes:
-        delta -= old_sizes.get(key, 0)
+        old = stored.get(key)
+        if old is not None:
+            delta -= len(key) + len(old)
     return delta

@@ -63,12 +63,7 @@ class MemoryNamespace(KvNamespace):
         d = self._d
         with d.lock:
             check_fence(fence, d.generation)
-            old = {
-                k: entry_size(k, d.values[k])
-                for k in (*batch.puts, *batch.deletes)
-                if k in d.values
-            }
-            d.used = check_quota(self._limits, d.used, quota_delta(batch, old))
+            d.used = check_quota(self._limits, d.used, quota_delta(batch, d.values))
             for key in batch.deletes:
                 if key in d.values:
                     del d.values[key]

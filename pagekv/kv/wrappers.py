@@ -125,10 +125,13 @@ class CountingKv(KvWrapper):
     def write(
         self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
     ) -> None:
-        put = put if isinstance(put, Mapping) else list(put)
+        if isinstance(put, Mapping):
+            size = sum(map(len, put)) + sum(map(len, put.values()))
+        else:
+            put = list(put)
+            size = sum(len(k) + len(v) for k, v in put)
         delete = list(delete)
-        items = put.items() if isinstance(put, Mapping) else put
-        size = sum(len(k) + len(v) for k, v in items) + sum(map(len, delete))
+        size += sum(map(len, delete))
         with self._lock:
             stats = self.stats
             stats.round_trips["write"] += 1

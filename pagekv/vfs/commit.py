@@ -50,6 +50,10 @@ def plan_batches(pages: list[Page], limits: KvLimits, reserve_bytes: int) -> lis
         limits.max_batch_entries < 3
     ):
         raise ValueError(f"{limits} cannot hold a one-page commit")
+    n = len(pages)
+    fits_one_chunk = n <= min(per_chunk, max_index_entries)
+    if fits_one_chunk and base_bytes + new_chunk_bytes + n * page_bytes <= limits.max_batch_bytes:
+        return [Batch([pages])] if pages else []  # what the loop below makes, sooner
     batches: list[Batch] = []
     chunks: list[list[Page]] = []
     used = base_bytes

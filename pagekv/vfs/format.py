@@ -4,7 +4,7 @@ All keys live under `PREFIX` in the actor's namespace; integers are big-endian s
 numerically. Every stored page carries a CRC32C over `(txid, pgno, data)`, so a page read from the
 wrong key, a wrong version or a torn value is detected rather than returned.
 
-    PREFIX "H"                          head record (CBOR, see `Head`)
+    PREFIX "H"                          head record (`Head.encode`)
     PREFIX "X" txid:u64 part:u32        index part: which pages each delta chunk of `txid` holds
     PREFIX "D" txid:u64 chunk:u32       delta chunk: the writer's generation, then framed pages
     PREFIX "B" pgno:u32                 base page: a page folded in by compaction
@@ -23,7 +23,7 @@ from crc32c import crc32c
 
 from pagekv.vfs.errors import StorageCorrupt
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 PAGE_SIZE = 4096
 PREFIX = b"\x01"
 HEAD_KEY = PREFIX + b"H"
@@ -36,6 +36,11 @@ _GENERATION = struct.Struct(">Q")
 FRAME_BYTES = _FRAME.size + PAGE_SIZE
 _BASE_HEADER = struct.Struct(">QI")
 _INDEX_ENTRY = struct.Struct(">II")
+_HEAD = struct.Struct(">BIQQQQI")
+"""version, page_size, txid, size, compacted, base_pages, number of shrinks"""
+_SHRINK = struct.Struct(">QII")
+_TXID_U32 = struct.Struct(">QI")
+"""txid and a page, chunk or part number: in keys and in the page CRC"""
 ZERO_PAGE = bytes(PAGE_SIZE)
 LOCK_BYTE_PAGE = 0x40000000 // PAGE_SIZE + 1
 """SQLite's lock-byte page (the page holding offset 1 GiB); it is never written."""
@@ -43,11 +48,11 @@ MAX_TXID = 2**64 - 1
 
 
 def index_key(txid: int, part: int) -> bytes:
-    return _INDEX + struct.pack(">QI", txid, part)
+    return _INDEX + _TXID_U32.pack(txid, part)
 
 
 def delta_key(txid: int, chunk: int) -> bytes:
-    return _DELTA + struct.pack(">QI", txid, chunk)
+    return _DELTA + _TXID_U32.pack(txid, chunk)
 
 
 def base_key(pgno: int) -> bytes:
@@ -69,7 +74,7 @@ CHUNK_HEADER_BYTES = len(_VALUE_VERSION) + _GENERATION.size
 
 
 def parse_index_key(key: bytes) -> tuple[int, int]:
-    return struct.unpack(">QI", key[len(_INDEX) :])
+    return _TXID_U32.unpack(key[len(_INDEX) :])
 
 
 def parse_base_key(key: bytes) -> int:
@@ -77,7 +82,7 @@ def parse_base_key(key: bytes) -> int:
 
 
 def page_crc(txid: int, pgno: int, data: bytes) -> int:
-    return crc32c(data, crc32c(struct.pack(">QI", txid, pgno)))
+    return crc32c(data, crc32c(_TXID_U32.pack(txid, pgno)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +94,16 @@ class Shrink:
     pages: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Head:
     """The commit pointer and what readers need to find pages.
 
     Invariants: `compacted <= txid`; deltas with `compacted < t <= txid` are live; base pages
     `1..base_pages` hold every page as of `compacted`; `shrinks` lists the truncations of live
     deltas in commit order (each hides older versions of the pages above it).
+
+    Treated as immutable (a commit makes a new one); not frozen, because one is made per commit
+    and a frozen dataclass costs twice as much to make.
     """
 
     txid: int = 0
@@ -109,32 +117,46 @@ class Head:
         return -(-self.size // PAGE_SIZE)
 
     def encode(self) -> bytes:
-        return cbor2.dumps(
-            {
-                "v": FORMAT_VERSION,
-                "page_size": PAGE_SIZE,
-                "txid": self.txid,
-                "size": self.size,
-                "compacted": self.compacted,
-                "base_pages": self.base_pages,
-                "shrinks": [[s.txid, s.after_part, s.pages] for s in self.shrinks],
-            }
+        head = _HEAD.pack(
+            FORMAT_VERSION,
+            PAGE_SIZE,
+            self.txid,
+            self.size,
+            self.compacted,
+            self.base_pages,
+            len(self.shrinks),
         )
+        if not self.shrinks:
+            return head
+        return head + b"".join(_SHRINK.pack(s.txid, s.after_part, s.pages) for s in self.shrinks)
 
     @classmethod
     def decode(cls, raw: bytes) -> Head:
+        """Read a head of this version or of version 1 (CBOR, told apart by its first byte)."""
+        version = raw[0] if raw else None
+        if version is not None and 0xA0 <= version <= 0xBF:  # a CBOR map: version 1
+            return cls._decode_v1(raw)
+        if version is not None and version > FORMAT_VERSION:
+            raise _newer(version)
+        if version != FORMAT_VERSION or len(raw) < _HEAD.size:
+            raise StorageCorrupt(f"unreadable head record ({len(raw)} bytes, version {version})")
+        _, page_size, txid, size, compacted, base_pages, n_shrinks = _HEAD.unpack_from(raw)
+        if len(raw) != _HEAD.size + n_shrinks * _SHRINK.size:
+            raise StorageCorrupt(f"head record of {len(raw)} bytes for {n_shrinks} shrinks")
+        _check_page_size(page_size)
+        shrinks = tuple(Shrink(*s) for s in _SHRINK.iter_unpack(raw[_HEAD.size :]))
+        return cls(txid, size, compacted, base_pages, shrinks)
+
+    @classmethod
+    def _decode_v1(cls, raw: bytes) -> Head:
         try:
             d = cbor2.loads(raw)
             version = d["v"]
         except (cbor2.CBORDecodeError, KeyError, TypeError) as e:
             raise StorageCorrupt(f"unreadable head record: {e}") from e
-        if version > FORMAT_VERSION:
-            raise StorageCorrupt(
-                f"database format version {version} is newer than this pagekv reads "
-                f"({FORMAT_VERSION}); upgrade pagekv"
-            )
-        if d["page_size"] != PAGE_SIZE:
-            raise StorageCorrupt(f"stored page size {d['page_size']} is not {PAGE_SIZE}")
+        if version != 1:
+            raise _newer(version) if version > 1 else StorageCorrupt(f"head version {version}")
+        _check_page_size(d["page_size"])
         return cls(
             txid=d["txid"],
             size=d["size"],
@@ -142,6 +164,18 @@ class Head:
             base_pages=d["base_pages"],
             shrinks=tuple(Shrink(*s) for s in d["shrinks"]),
         )
+
+
+def _newer(version: int) -> StorageCorrupt:
+    return StorageCorrupt(
+        f"database format version {version} is newer than this pagekv reads "
+        f"({FORMAT_VERSION}); upgrade pagekv"
+    )
+
+
+def _check_page_size(page_size: int) -> None:
+    if page_size != PAGE_SIZE:
+        raise StorageCorrupt(f"stored page size {page_size} is not {PAGE_SIZE}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ never disagree about which version of a page is current.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pagekv.vfs.errors import StorageCorrupt
@@ -30,10 +30,10 @@ class PageIndex:
     """Index entries applied since the last compaction, superseded ones included."""
 
     def apply_commit(
-        self, txid: int, parts: Sequence[Sequence[tuple[int, int]]], shrinks: Iterable[Shrink]
+        self, txid: int, parts: Sequence[Sequence[tuple[int, int]]], shrinks: Sequence[Shrink]
     ) -> None:
         """Apply commit `txid`: its index parts in order, each shrink after its `after_part`."""
-        pending = sorted(shrinks, key=lambda s: s.after_part)
+        pending = sorted(shrinks, key=lambda s: s.after_part) if shrinks else []
         for number, entries in enumerate(parts):
             while pending and pending[0].after_part <= number:
                 self.apply_shrink(pending.pop(0).pages)

@@ -55,7 +55,7 @@ class Options:
     auto_compact: bool = True
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """The transaction being built: dirty pages and whatever was already staged to KV."""
 
@@ -283,10 +283,12 @@ class PageStore:
         return -(-self.size // PAGE_SIZE)
 
     def _dirty_pages(self) -> list[tuple[int, bytes]]:
+        """The dirty pages to store, in page order: none past EOF, never the lock-byte page."""
+        dirty = sorted(self._pending.dirty.items())
         pages = self._pages()
-        return sorted(
-            (p, d) for p, d in self._pending.dirty.items() if p <= pages and p != LOCK_BYTE_PAGE
-        )
+        if dirty and (dirty[-1][0] > pages or LOCK_BYTE_PAGE in self._pending.dirty):
+            return [(p, d) for p, d in dirty if p <= pages and p != LOCK_BYTE_PAGE]
+        return dirty
 
     def _stage(self) -> None:
         """Write the dirty pages under the pending txid now, to bound memory."""

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import apsw
 import cbor2
 import pytest
 
 from pagekv.kv import ActorKv, MemoryStore
 from pagekv.vfs import StorageCorrupt, open_database
-from pagekv.vfs.format import BASE_END, DELTA_END, DELTA_PREFIX, HEAD_KEY, PREFIX, Head
+from pagekv.vfs.format import (
+    BASE_END,
+    DELTA_END,
+    DELTA_PREFIX,
+    FORMAT_VERSION,
+    HEAD_KEY,
+    PREFIX,
+    Head,
+    Shrink,
+)
 from pagekv.vfs.pages import PageStore
 
 BASE_PREFIX = PREFIX + b"B"
@@ -55,16 +66,81 @@ def test_a_missing_page_below_eof_is_an_error_not_zeros(compacted: bool) -> None
         store.read(store.size, 0)
 
 
-def test_a_newer_format_is_refused_with_a_clear_error() -> None:
+def _as_version_1(head: Head) -> bytes:
+    """`head` as format version 1 stored it: a CBOR map."""
+    return cbor2.dumps(
+        {
+            "v": 1,
+            "page_size": 4096,
+            "txid": head.txid,
+            "size": head.size,
+            "compacted": head.compacted,
+            "base_pages": head.base_pages,
+            "shrinks": [[s.txid, s.after_part, s.pages] for s in head.shrinks],
+        }
+    )
+
+
+def _head(kv: ActorKv) -> bytes:
+    raw = kv.get([HEAD_KEY])[0]
+    assert raw is not None
+    return raw
+
+
+def _struct_version_99(raw: bytes) -> bytes:
+    return bytes([99]) + raw[1:]
+
+
+def _cbor_version_99(raw: bytes) -> bytes:
+    d = cbor2.loads(_as_version_1(Head.decode(raw)))
+    d["v"] = 99
+    return cbor2.dumps(d)
+
+
+@pytest.mark.parametrize("newer", [_struct_version_99, _cbor_version_99])
+def test_a_newer_format_is_refused_with_a_clear_error(newer: Callable[[bytes], bytes]) -> None:
     kv = _database(compacted=False)
-    head = cbor2.loads(kv.get([HEAD_KEY])[0])
-    head["v"] = 99
-    kv.put({HEAD_KEY: cbor2.dumps(head)})
+    kv.put({HEAD_KEY: newer(_head(kv))})
     with pytest.raises(StorageCorrupt, match="format version 99 is newer"):
         open_database(kv)
 
 
+def test_a_version_1_database_opens_and_its_next_commit_writes_the_current_format() -> None:
+    """Format 1 stored the head as CBOR; a reader of format 2 reads it, shrinks included."""
+    kv = MemoryStore().namespace("t")
+    with open_database(kv, auto_compact=False) as db:
+        db.execute("CREATE TABLE t(v BLOB)")
+        db.execute("INSERT INTO t VALUES (randomblob(100000)), (randomblob(10))")
+        db.execute("DELETE FROM t WHERE length(v) > 10")
+        db.execute("VACUUM")  # shrinks the file: the head lists a shrink
+        expected = db.execute("SELECT v FROM t").fetchall()
+    head = Head.decode(_head(kv))
+    assert head.shrinks, "the database must exercise the shrink list"
+    kv.put({HEAD_KEY: _as_version_1(head)})
+    with open_database(kv) as db:
+        assert db.execute("SELECT v FROM t").fetchall() == expected
+        assert db.execute("PRAGMA integrity_check").get == "ok"
+        assert _head(kv)[0] == 0xA7, "opening alone must not rewrite the head"
+        db.execute("INSERT INTO t VALUES (x'01')")
+    assert _head(kv)[0] == FORMAT_VERSION
+    assert Head.decode(_head(kv)).shrinks == head.shrinks
+    with open_database(kv) as db:
+        assert db.execute("SELECT v FROM t").fetchall() == [*expected, (b"\x01",)]
+
+
+@pytest.mark.parametrize(
+    "raw", [b"", b"\x00" * 49, bytes([FORMAT_VERSION]) + bytes(10), b"\xa7garbage"]
+)
+def test_an_unreadable_head_is_corrupt(raw: bytes) -> None:
+    with pytest.raises(StorageCorrupt):
+        Head.decode(raw)
+
+
 def test_head_record_round_trips() -> None:
-    head = Head(txid=7, size=3 * 4096 + 5, compacted=3, base_pages=2)
-    assert Head.decode(head.encode()) == head
-    assert head.pages == 4
+    shrinks = (Shrink(5, 0, 3), Shrink(6, 2, 1))
+    for head in (
+        Head(txid=7, size=3 * 4096 + 5, compacted=3, base_pages=2),
+        Head(txid=2**64 - 1, size=2**40, compacted=4, base_pages=9, shrinks=shrinks),
+    ):
+        assert Head.decode(head.encode()) == head
+    assert Head(size=3 * 4096 + 5).pages == 4
