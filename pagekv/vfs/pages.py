@@ -301,8 +301,6 @@ class PageStore:
                 self.counters["stage_batches"] += 1
                 pending.parts.append(entries)
                 pending.staged.update(entries)
-                for pgno, _ in entries:
-                    self.cache.discard(pgno)
         except BaseException as e:
             raise self._die(e) from e
         pending.dirty.clear()
@@ -354,8 +352,12 @@ class PageStore:
                 self._discard_pending()
                 raise
             self.index.apply_commit(txid, pending.parts, pending.shrinks)
+            # The cache may hold the previous version of any page this commit wrote: a staged
+            # page can have been brought in by a read-ahead after it was staged.
             if pending.floor is not None:
                 self.cache.drop_above(pending.floor)
+            for pgno in pending.staged:
+                self.cache.discard(pgno)
             for pgno, data in dirty:
                 self.cache.put(pgno, data)
             self.head = head

@@ -254,6 +254,33 @@ def test_staged_then_committed_page_is_not_read_stale() -> None:
     assert store.read(1, 0) == b"\x02"  # what the writer itself reads
 
 
+def test_read_ahead_during_a_staged_transaction_leaves_no_stale_page_cached() -> None:
+    """Found by the model test above: a read-ahead during a transaction caches the committed
+    version of pages the transaction has staged. The commit must evict them, or the next partial
+    write of such a page starts from the old version and commits a page that mixes both."""
+    kv = MemoryStore().namespace("t")
+    store = PageStore(kv)
+    pages = 200  # more than the open reads ahead, so the pages near the end start cold
+    old = _patterned(pages, 1)
+    store.write(old, 0)
+    store.sync()
+    store.compact()  # every page is a base page
+    store = PageStore(kv, options=Options(stage_pages=2))
+    assert len(store.cache) < pages - 10
+    at = (pages - 2) * PAGE_SIZE
+    new = _patterned(2, 2)
+    store.write(new, at)  # the last two pages, staged to KV at once
+    assert store.metrics()["stage_batches"] == 1
+    assert store.read(1, at - 4 * PAGE_SIZE) == old[at - 4 * PAGE_SIZE : at - 4 * PAGE_SIZE + 1]
+    assert at // PAGE_SIZE + 1 in store.cache, "the read-ahead must have cached a staged page"
+    store.sync()
+    store.write(b"!", at + 1)  # a partial write of a page the commit wrote: read, modify, write
+    store.sync()
+    want = old[:at] + new[:1] + b"!" + new[2:]
+    assert read_all(store) == want
+    assert read_all(PageStore(kv, read_only=True)) == want
+
+
 @pytest.mark.parametrize("compacted", [False, True], ids=["deltas", "base"])
 def test_read_ahead_larger_than_the_cache_keeps_the_page_read(compacted: bool) -> None:
     kv = MemoryStore().namespace("t")
