@@ -89,6 +89,8 @@ _BUSY_TIMEOUT_MS = 30_000
 _BASE_PAGE_SIZE = 32 * 1024
 _KEYS_PER_QUERY = 500
 DEFAULT_LOG_BYTES = 32 * 2**20
+_INSERT_MAX = 32
+"""New pending keys inserted one by one into the sorted keys; more are merged by a sort."""
 
 
 class _Ranges:
@@ -163,7 +165,9 @@ class _Pending:
     entries: dict[bytes, bytes | None] = field(default_factory=dict)
     hidden: _Ranges = field(default_factory=_Ranges)
     unresolved: list[bytes] = field(default_factory=list)
-    _sorted: list[bytes] | None = None
+    _sorted: list[bytes] = field(default_factory=list)
+    """The keys of `entries` in order, but for `_fresh`: those added since a range was asked for."""
+    _fresh: list[bytes] = field(default_factory=list)
 
     def shadows(self, key: bytes) -> bool:
         """Whether the base's row for `key` is not what readers see."""
@@ -191,10 +195,30 @@ class _Pending:
                 unknown.append(key)
         return delta, unknown
 
-    def sorted_keys(self) -> list[bytes]:
-        if self._sorted is None:
-            self._sorted = sorted(self.entries)
-        return self._sorted
+    def keys_in(self, start: bytes | None, end: bytes | None) -> list[bytes]:
+        """The keys of `entries` in `[start, end)` (None: unbounded), in order."""
+        keys, lo, hi = self._bounds(start, end)
+        return keys[lo:hi]
+
+    def _bounds(self, start: bytes | None, end: bytes | None) -> tuple[list[bytes], int, int]:
+        """All keys in order, and where `[start, end)` lies in them.
+
+        A range costs no pass over all keys, however many the epoch holds: a few new keys are
+        inserted one by one (a bisection and a move each), more are appended and sorted, which
+        merges them into the sorted run.
+        """
+        keys, fresh = self._sorted, self._fresh
+        if fresh:
+            if len(fresh) <= _INSERT_MAX:
+                for key in fresh:
+                    bisect.insort(keys, key)
+            else:
+                keys += fresh
+                keys.sort()
+            fresh.clear()
+        lo = 0 if start is None else bisect.bisect_left(keys, start)
+        hi = len(keys) if end is None else bisect.bisect_left(keys, end)
+        return keys, lo, hi
 
     def write(self, puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes]) -> None:
         entries, hidden, used = self.entries, self.hidden, self.used
@@ -204,7 +228,7 @@ class _Pending:
                 if old is not None:
                     used -= len(key) + len(old)
             else:
-                self._sorted = None
+                self._fresh.append(key)
                 if key not in hidden:
                     self.unresolved.append(key)
             if value is not None:
@@ -213,9 +237,10 @@ class _Pending:
         self.used = used
 
     def delete_range(self, start: bytes, end: bytes | None, refund: int) -> None:
-        for key in [k for k in self.entries if start <= k and (end is None or k < end)]:
+        keys, lo, hi = self._bounds(start, end)
+        for key in keys[lo:hi]:
             del self.entries[key]
-        self._sorted = None
+        del keys[lo:hi]
         self.hidden.add(start, end)
         self.used -= refund
 
@@ -709,10 +734,11 @@ class FileNamespace(KvNamespace):
             check_fence(fence, pending.generation)
             if start >= end:
                 return
+            entries = pending.entries
             sizes = [
                 len(k) + len(v)
-                for k, v in pending.entries.items()
-                if v is not None and start <= k < end
+                for k in pending.keys_in(start, end)
+                if (v := entries[k]) is not None
             ]
             rows = _visible_base(store, ns, pending, _SIZE, start, end, reverse=False)
             sizes += [size for key, size in rows if key not in pending.entries]
@@ -759,11 +785,8 @@ def _pending_items(
     pending: _Pending, start: bytes | None, end: bytes | None, reverse: bool
 ) -> Iterator[tuple[bytes, bytes]]:
     """The pending namespace's live entries in `[start, end)`, in key order."""
-    keys = pending.sorted_keys()
-    lo = 0 if start is None else bisect.bisect_left(keys, start)
-    hi = len(keys) if end is None else bisect.bisect_left(keys, end)
-    span: Iterable[bytes] = reversed(keys[lo:hi]) if reverse else keys[lo:hi]
-    for key in span:
+    keys = pending.keys_in(start, end)
+    for key in reversed(keys) if reverse else keys:
         value = pending.entries[key]
         if value is not None:
             yield key, value

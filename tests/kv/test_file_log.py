@@ -15,6 +15,7 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 
 from pagekv.kv import KvIndeterminate, KvUnavailable, file_log
 from pagekv.kv import file as kv_file
-from pagekv.kv.file import FileStore, _Ranges
+from pagekv.kv.file import _INSERT_MAX, FileStore, _Pending, _Ranges
 from pagekv.kv.file_log import LogFile
 from pagekv.kv.file_records import (
     Range,
@@ -400,6 +401,43 @@ def test_ranges_and_their_gaps_match_a_list_of_intervals(
             inside = (start is None or start <= key) and (end is None or key < end)
             in_gap = any((lo is None or lo <= key) and (hi is None or key < hi) for lo, hi in gaps)
             assert in_gap == (inside and key not in ranges), (added, start, end, gaps, key)
+
+
+_pending_ops = st.one_of(
+    st.tuples(st.just("put"), st.lists(_keys, max_size=_INSERT_MAX + 8)),
+    st.tuples(st.just("delete"), st.lists(_keys, max_size=3)),
+    st.tuples(st.just("range"), st.tuples(_keys, st.none() | _keys)),
+    st.tuples(st.just("ask"), st.tuples(st.none() | _keys, st.none() | _keys)),
+)
+
+
+def _inside(key: bytes, start: bytes | None, end: bytes | None) -> bool:
+    return (start is None or start <= key) and (end is None or key < end)
+
+
+@given(st.lists(_pending_ops, max_size=30))
+def test_pending_keys_in_a_range_match_a_dict(ops: list[tuple[str, Any]]) -> None:
+    """`_Pending` keeps its keys sorted incrementally (new keys inserted one by one, or merged by
+    a sort past `_INSERT_MAX`): every range must still list exactly the keys a dict holds."""
+    pending, model = _Pending(generation=0, used=0), dict[bytes, bytes | None]()
+    for op, arg in ops:
+        if op == "put":
+            pending.write([(k, b"v") for k in arg], ())
+            model.update(dict.fromkeys(arg, b"v"))
+        elif op == "delete":
+            pending.write((), arg)
+            model.update(dict.fromkeys(arg))
+        elif op == "range":
+            start, end = arg
+            if end is not None and start >= end:
+                continue
+            pending.delete_range(start, end, 0)
+            model = {k: v for k, v in model.items() if not _inside(k, start, end)}
+        else:
+            start, end = arg
+            assert pending.keys_in(start, end) == sorted(k for k in model if _inside(k, start, end))
+        assert pending.entries == model
+    assert pending.keys_in(None, None) == sorted(model)
 
 
 _write_records = st.builds(
