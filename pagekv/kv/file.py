@@ -91,6 +91,8 @@ _KEYS_PER_QUERY = 500
 DEFAULT_LOG_BYTES = 32 * 2**20
 _INSERT_MAX = 32
 """New pending keys inserted one by one into the sorted keys; more are merged by a sort."""
+_MAX_GAPS = 16
+"""Reads that would query more gaps between hidden ranges than this read the span at once."""
 
 
 class _Ranges:
@@ -804,9 +806,17 @@ def _visible_base(
     """The base's rows in `[start, end)` outside the pending state's hidden ranges, in key order.
 
     Reads only between the hidden ranges, so a range delete or drop of many keys costs nothing
-    to later reads of the same epoch.
+    to later reads of the same epoch. Past `_MAX_GAPS` gaps (many small range deletes, such as
+    one per actor in the registry's index) one query per gap costs more than reading the hidden
+    rows too, so the span is read at once and the hidden rows are skipped.
     """
-    gaps = pending.hidden.gaps(start, end)
+    hidden = pending.hidden
+    gaps = hidden.gaps(start, end)
+    if len(gaps) > _MAX_GAPS:
+        for row in store._range(ns, column, start, end, reverse):
+            if row[0] not in hidden:
+                yield row
+        return
     for low, high in reversed(gaps) if reverse else gaps:
         if low is None or high is None or low < high:
             yield from store._range(ns, column, low, high, reverse)

@@ -156,6 +156,39 @@ def _fold_step(
     return fired
 
 
+def test_reads_past_many_small_range_deletes_skip_every_hidden_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `_MAX_GAPS` hidden ranges a read queries the whole span once and skips hidden rows
+    itself (like the registry's index: one small range delete per actor)."""
+    store = FileStore(tmp_path)
+    ns = store.namespace("a")
+    ns.put({b"k%04d" % j: b"v" for j in range(100)})
+    with store._section(exclusive=True):
+        store._fold()
+        store._start_epoch()
+    hidden = range(0, 80, 2)
+    for j in hidden:  # 40 ranges of one row each, with a row between each pair
+        ns.delete_range(b"k%04d" % j, b"k%04d" % (j + 1))
+    assert len(store._pending_for(ns._id).hidden.gaps(None, None)) > kv_file._MAX_GAPS
+    visible = [b"k%04d" % j for j in range(100) if j not in hidden]
+    queries: list[object] = []
+    original = FileStore._range
+
+    def counting(self: FileStore, *args: object) -> Iterator[tuple[bytes, object]]:
+        queries.append(args)
+        return original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FileStore, "_range", counting)
+    assert [k for k, _ in ns.list()] == visible
+    assert len(queries) == 1, "one query for the span, not one per gap"
+    assert [k for k, _ in ns.list(reverse=True, limit=7)] == visible[::-1][:7]
+    middle = [k for k in visible if b"k0010" <= k < b"k0090"]
+    assert [k for k, _ in ns.list(start=b"k0010", end=b"k0090")] == middle
+    assert ns.used_bytes() == len(visible) * len(b"k0000v")
+    store.close()
+
+
 @pytest.mark.parametrize(
     ("target", "name", "after"),
     [
