@@ -32,6 +32,7 @@ _CALL_ATTEMPTS = 3
 """Wakes a call may take when an instance stops before the call reaches it (e.g. its run
 handler crashed right after the wake)."""
 _WAKE = b"wake/"
+_DUE = b"due/"
 log = logging.getLogger("pagekv.actor")
 
 
@@ -89,6 +90,7 @@ class Registry:
 
     async def _housekeeping(self) -> None:
         """Put idle instances to sleep, dispatch due schedules, wake sleeping actors on time."""
+        await anyio.to_thread.run_sync(self._index_due_times)
         last_poll = 0.0
         while True:
             await anyio.sleep(_IDLE_CHECK_S)
@@ -105,17 +107,49 @@ class Registry:
                     self.spawn(self._wake, name, key)
 
     async def _due_sleepers(self, now: float) -> list[tuple[str, str]]:
-        """Actors not live here whose newest wake entry is due."""
-        rows = await anyio.to_thread.run_sync(lambda: self._index.list(prefix=_WAKE))
-        newest: dict[str, dict[str, Any]] = {}
-        for key, value in rows:
-            aid = key[len(_WAKE) :].rsplit(b"/", 1)[0].decode()
-            newest[aid] = cbor2.loads(value)
-        return [
-            (entry["name"], entry["key"])
-            for aid, entry in newest.items()
-            if aid not in self._instances and entry["due"] is not None and entry["due"] <= now
-        ]
+        """Actors not live here whose newest wake entry is due.
+
+        Reads only the due entries up to `now`, so a poll costs the same with ten sleeping
+        actors or a million. A due entry is trusted only if the wake entry it points to still
+        holds that time (a newer generation or time replaced it otherwise); stale ones are
+        deleted on the way.
+        """
+        rows = await anyio.to_thread.run_sync(
+            lambda: self._index.list(
+                start=_DUE, end=_due_key(now, _WAKE + b"\xff"), limit=_MAX_WAKES
+            )
+        )
+        due: list[tuple[str, str]] = []
+        keys = [key for key, _ in rows]
+        step = self._index.limits.max_batch_entries
+        for part in (keys[i : i + step] for i in range(0, len(keys), step)):
+            values = await anyio.to_thread.run_sync(self._index.get, list(map(_wake_key, part)))
+            stale = []
+            for due_key, value in zip(part, values, strict=True):
+                entry = None if value is None else cbor2.loads(value)
+                due_now = None if entry is None else entry["due"]
+                if due_now is None or _due_key(due_now, _wake_key(due_key)) != due_key:
+                    stale.append(due_key)
+                elif actor_id(entry["name"], entry["key"]) not in self._instances:
+                    due.append((entry["name"], entry["key"]))
+            if stale:
+                await anyio.to_thread.run_sync(self._index.delete, stale)
+        return due
+
+    def _index_due_times(self) -> None:
+        """Give every wake entry with a due time its due entry (at start: the index may have been
+        written by a pagekv that kept no due entries, which then read every wake entry per poll)."""
+        present = {key for key, _ in self._index.list(prefix=_DUE)}
+        missing = []
+        for key, value in self._index.list(prefix=_WAKE):
+            entry = cbor2.loads(value)
+            if entry["due"] is not None:
+                due_key = _due_key(entry["due"], key)
+                if due_key not in present:
+                    missing.append((due_key, b""))
+        step = self._index.limits.max_batch_entries
+        for i in range(0, len(missing), step):
+            self._index.put(missing[i : i + step])
 
     async def _wake(self, name: str, key: str) -> None:
         try:
@@ -133,9 +167,13 @@ class Registry:
         prefix = _wake_prefix(instance.actor_id)
         generation = instance.ctx.db.database.generation
         entry = cbor2.dumps({"due": due, "name": instance.definition.name, "key": instance.key})
+        wake_key = prefix + b"%020d" % generation
+        puts = {wake_key: entry}
+        if due is not None:
+            puts[_due_key(due, wake_key)] = b""
 
         def write() -> None:
-            self._index.put({prefix + b"%020d" % generation: entry})
+            self._index.put(puts)
             self._index.delete_range(prefix, prefix + b"%020d" % generation)
 
         await anyio.to_thread.run_sync(write)
@@ -194,8 +232,11 @@ class Registry:
             record = index_key(instance.definition.name, instance.key)
 
             def remove() -> None:
+                wakes = self._index.list(prefix=prefix)
+                entries = [(key, cbor2.loads(value)["due"]) for key, value in wakes]
+                dues = [_due_key(due, key) for key, due in entries if due is not None]
                 self._index.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
-                self._index.delete([record])
+                self._index.delete([record, *dues])
 
             await anyio.to_thread.run_sync(remove)
 
@@ -249,6 +290,24 @@ def index_key(name: str, key: str) -> bytes:
 
 def _wake_prefix(aid: str) -> bytes:
     return _WAKE + aid.encode() + b"/"
+
+
+_DUE_DIGITS = 16
+_MAX_WAKES = 1000
+"""Due entries read per poll; the next poll, 0.5 s later, reads on."""
+
+
+def _due_key(due: float, wake_key: bytes) -> bytes:
+    """The due entry of wake entry `wake/<actor id>/<generation>` due at `due`:
+    `due/<milliseconds>/<actor id>/<generation>`. Due entries sort by time, so a poll reads only
+    the due ones. Rounded down: a wake can come up to 1 ms early, which is harmless (the actor
+    runs only the schedules that are due)."""
+    millis = max(0, int(due * 1000))
+    return b"%s%0*d/%s" % (_DUE, _DUE_DIGITS, millis, wake_key[len(_WAKE) :])
+
+
+def _wake_key(due_key: bytes) -> bytes:
+    return _WAKE + due_key[len(_DUE) + _DUE_DIGITS + 1 :]
 
 
 class ActorHandle:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.queue import MAX_MESSAGE_BYTES, MessageTooLarge, QueueFull
 from pagekv.actor.schedule import TooManySchedules, next_due
-from pagekv.kv import MemoryStore
+from pagekv.kv import CountingKv, MemoryStore
 
 pytestmark = pytest.mark.anyio
 WaitFor = Callable[..., Awaitable[None]]
@@ -72,6 +73,59 @@ async def test_recurring_schedules_keep_their_cadence(wait_for: WaitFor) -> None
         await wait_for(lambda: len(registry.live()[0].ctx.state["ticks"]) >= 3, what="3 ticks")
         assert await handle.pending() == ["tick"]
     assert next_due(10.0, 5.0, 31.0) == 35.0 and next_due(10.0, 5.0, 3.0) == 15.0
+
+
+async def test_a_wake_poll_reads_only_the_due_entries(wait_for: WaitFor) -> None:
+    """The registry polls its wake index every 0.5 s: that must cost nothing per sleeping actor
+    that is not due, or a server with many sleeping actors spends its time polling."""
+    registry = Registry([_ticker(sleep_timeout=0.05)], kv=MemoryStore())
+    keys = [f"k{i}" for i in range(40)]
+    async with registry.run() as client:
+        for key in keys:
+            await client.get_or_create("ticker", key).arm(3600)
+        await wait_for(lambda: not registry.live(), what="every actor asleep")
+        counting = CountingKv(registry._index)
+        registry._index = counting
+        assert await registry._due_sleepers(time.time()) == []
+        assert counting.stats.entries_read == 0, "no wake entry is due, so none is read"
+        due = await registry._due_sleepers(time.time() + 3601)
+        assert sorted(due) == [("ticker", key) for key in sorted(keys)]
+        assert counting.stats.round_trips["list"] == 2
+
+
+async def test_a_due_entry_left_behind_by_a_later_wake_time_is_ignored_and_removed() -> None:
+    registry = Registry([_ticker()], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("ticker", "k")
+        await handle.arm(3600)
+        (instance,) = registry.live()
+        now = time.time()
+        await registry.write_wake(instance, now - 5)  # due now ...
+        await registry.write_wake(instance, now + 3600)  # ... no longer
+        await instance.stop("sleep")
+        index = registry._index
+        before = [key for key, _ in index.list(prefix=b"due/")]
+        assert await registry._due_sleepers(now) == []
+        after = [key for key, _ in index.list(prefix=b"due/")]
+        assert len(after) == len(before) - 1, "the stale due entry is deleted"
+        assert len(after) >= 1, "the entry of the wake time that holds stays"
+
+
+async def test_a_wake_index_without_due_entries_is_completed_at_start(wait_for: WaitFor) -> None:
+    """An index written by a pagekv that kept no due entries still wakes its actors on time."""
+    store = MemoryStore()
+    async with Registry([_ticker()], kv=store).run() as client:
+        await client.get_or_create("ticker", "k").arm(0.8)
+    index = store.namespace("pagekv-registry")
+    index.delete([key for key, _ in index.list(prefix=b"due/")])
+    registry = Registry([_ticker()], kv=store)
+    async with registry.run() as client:
+        await wait_for(lambda: bool(registry.live()), what="the schedule waking the actor")
+        await wait_for(
+            lambda: registry.live() and registry.live()[0].ctx.state["ticks"] == ["once"],
+            what="the tick",
+        )
+        assert await client.get("ticker", "k").ticks() == ["once"]
 
 
 async def test_schedules_survive_a_restart_of_the_whole_process(tmp_path: Path) -> None:
