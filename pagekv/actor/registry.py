@@ -8,6 +8,7 @@ namespace, `actor_id = name/quoted-key`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -51,6 +52,7 @@ class Registry:
         self.store: KvStore
         self._instances: dict[str, ActorInstance] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        self._wake_lock = threading.Lock()
         self._tg: TaskGroup | None = None
         self.counters: Counter[str] = Counter()
         """Wakes, sleeps, destroys, crashes, takeovers, actions, and startup phase times."""
@@ -110,31 +112,35 @@ class Registry:
         """Actors not live here whose newest wake entry is due.
 
         Reads only the due entries up to `now`, so a poll costs the same with ten sleeping
-        actors or a million. A due entry is trusted only if the wake entry it points to still
-        holds that time (a newer generation or time replaced it otherwise); stale ones are
-        deleted on the way.
+        actors or a million. A due entry counts only if the wake entry it names still holds that
+        time. One whose wake entry is gone (a newer generation removed it, or the actor was
+        destroyed) is deleted: only a stale writer of that generation could write the wake entry
+        again, and the newer generation's own entries decide the wake then.
         """
         rows = await anyio.to_thread.run_sync(
             lambda: self._index.list(
                 start=_DUE, end=_due_key(now, _WAKE + b"\xff"), limit=_MAX_WAKES
             )
         )
-        due: list[tuple[str, str]] = []
+        due: dict[str, tuple[str, str]] = {}
         keys = [key for key, _ in rows]
         step = self._index.limits.max_batch_entries
         for part in (keys[i : i + step] for i in range(0, len(keys), step)):
             values = await anyio.to_thread.run_sync(self._index.get, list(map(_wake_key, part)))
-            stale = []
+            orphans = []
             for due_key, value in zip(part, values, strict=True):
-                entry = None if value is None else cbor2.loads(value)
-                due_now = None if entry is None else entry["due"]
-                if due_now is None or _due_key(due_now, _wake_key(due_key)) != due_key:
-                    stale.append(due_key)
-                elif actor_id(entry["name"], entry["key"]) not in self._instances:
-                    due.append((entry["name"], entry["key"]))
-            if stale:
-                await anyio.to_thread.run_sync(self._index.delete, stale)
-        return due
+                if value is None:
+                    orphans.append(due_key)
+                    continue
+                entry = cbor2.loads(value)
+                if entry["due"] is None or _due_key(entry["due"], _wake_key(due_key)) != due_key:
+                    continue  # a later time replaced it; the write that did removes it
+                aid = actor_id(entry["name"], entry["key"])
+                if aid not in self._instances:
+                    due[aid] = (entry["name"], entry["key"])
+            if orphans:
+                await anyio.to_thread.run_sync(self._index.delete, orphans)
+        return list(due.values())
 
     def _index_due_times(self) -> None:
         """Give every wake entry with a due time its due entry (at start: the index may have been
@@ -162,7 +168,9 @@ class Registry:
 
         Entries are per generation and readers take the newest, so a stale instance that writes
         late can never replace a newer instance's wake time (no compare-and-set needed); older
-        generations' entries are removed.
+        generations' entries are removed. The due entries of this and older generations' wake
+        times go in the same batch as the new one arrives, so no due entry outlives its time
+        unless a newer generation wrote it (the poll never has to guess what is stale).
         """
         prefix = _wake_prefix(instance.actor_id)
         generation = instance.ctx.db.database.generation
@@ -173,8 +181,14 @@ class Registry:
             puts[_due_key(due, wake_key)] = b""
 
         def write() -> None:
-            self._index.put(puts)
-            self._index.delete_range(prefix, prefix + b"%020d" % generation)
+            with self._wake_lock:  # the list and the write below see no other writer of ours
+                older = [
+                    _due_key(old, key)
+                    for key, value in self._index.list(start=prefix, end=prefix_end(wake_key))
+                    if (old := cbor2.loads(value)["due"]) is not None
+                ]
+                self._index.write(put=puts, delete=[k for k in older if k not in puts])
+                self._index.delete_range(prefix, wake_key)
 
         await anyio.to_thread.run_sync(write)
 

@@ -9,6 +9,7 @@ import textwrap
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -16,6 +17,7 @@ import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.queue import MAX_MESSAGE_BYTES, MessageTooLarge, QueueFull
+from pagekv.actor.registry import actor_id
 from pagekv.actor.schedule import TooManySchedules, next_due
 from pagekv.kv import CountingKv, MemoryStore
 
@@ -93,22 +95,44 @@ async def test_a_wake_poll_reads_only_the_due_entries(wait_for: WaitFor) -> None
         assert counting.stats.round_trips["list"] == 2
 
 
-async def test_a_due_entry_left_behind_by_a_later_wake_time_is_ignored_and_removed() -> None:
+def _writer(generation: int) -> Any:
+    """What `Registry.write_wake` reads of an instance of ticker/k with this generation."""
+    return SimpleNamespace(
+        actor_id=actor_id("ticker", "k"),
+        key="k",
+        definition=SimpleNamespace(name="ticker"),
+        ctx=SimpleNamespace(db=SimpleNamespace(database=SimpleNamespace(generation=generation))),
+    )
+
+
+async def test_each_wake_time_replaces_the_due_entries_it_supersedes() -> None:
+    """A new wake time removes the due entries of its own and older generations' earlier times in
+    the same batch, but never a newer generation's: that one decides while it lives."""
     registry = Registry([_ticker()], kv=MemoryStore())
-    async with registry.run() as client:
-        handle = client.get_or_create("ticker", "k")
-        await handle.arm(3600)
-        (instance,) = registry.live()
-        now = time.time()
-        await registry.write_wake(instance, now - 5)  # due now ...
-        await registry.write_wake(instance, now + 3600)  # ... no longer
-        await instance.stop("sleep")
-        index = registry._index
-        before = [key for key, _ in index.list(prefix=b"due/")]
-        assert await registry._due_sleepers(now) == []
-        after = [key for key, _ in index.list(prefix=b"due/")]
-        assert len(after) == len(before) - 1, "the stale due entry is deleted"
-        assert len(after) >= 1, "the entry of the wake time that holds stays"
+    hour = time.time() + 3600
+
+    def due_entries() -> list[bytes]:
+        return [key for key, _ in registry._index.list(prefix=b"due/")]
+
+    async with registry.run():
+        await registry.write_wake(_writer(2), hour)
+        await registry.write_wake(_writer(2), hour + 60)
+        assert len(due_entries()) == 1, "generation 2's earlier time is gone"
+        await registry.write_wake(_writer(1), hour + 120)  # a stale instance, writing late
+        assert len(due_entries()) == 2, "a stale generation leaves the newer one's entry alone"
+        assert await registry._due_sleepers(hour + 3600) == [("ticker", "k")], "once"
+        await registry.write_wake(_writer(2), None)
+        assert due_entries() == [], "no wake time: every older due entry is gone"
+        assert await registry._due_sleepers(hour + 3600) == []
+
+
+async def test_a_due_entry_whose_wake_entry_is_gone_is_deleted_by_the_poll() -> None:
+    registry = Registry([_ticker()], kv=MemoryStore())
+    async with registry.run():
+        await registry.write_wake(_writer(1), time.time() + 3600)
+        registry._index.delete_range(b"wake/", b"wake0")  # as a newer generation's write does
+        assert await registry._due_sleepers(time.time() + 7200) == []
+        assert registry._index.list(prefix=b"due/") == []
 
 
 async def test_a_wake_index_without_due_entries_is_completed_at_start(wait_for: WaitFor) -> None:
