@@ -501,6 +501,8 @@ def test_record_bodies_round_trip(record: Write | Range | Takeover) -> None:
     assert decode(body) == record
     with pytest.raises(ValueError, match="stray bytes"):
         decode(body + b"\0")
+    with pytest.raises(ValueError, match="unknown log record op 9"):
+        decode(b"\x09" + body[1:])
 
 
 def test_a_new_base_uses_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
