@@ -109,7 +109,7 @@ class Registry:
                     self.spawn(self._wake, name, key)
 
     async def _due_sleepers(self, now: float) -> list[tuple[str, str]]:
-        """Actors not live here whose newest wake entry is due.
+        """Actors not live here with a wake entry that is due.
 
         Reads only the due entries up to `now`, so a poll costs the same with ten sleeping
         actors or a million. A due entry counts only if the wake entry it names still holds that
@@ -166,11 +166,12 @@ class Registry:
     async def write_wake(self, instance: ActorInstance, due: float | None) -> None:
         """Record `instance`'s next wake time under its own generation.
 
-        Entries are per generation and readers take the newest, so a stale instance that writes
-        late can never replace a newer instance's wake time (no compare-and-set needed); older
-        generations' entries are removed. The due entries of this and older generations' wake
-        times go in the same batch as the new one arrives, so no due entry outlives its time
-        unless a newer generation wrote it (the poll never has to guess what is stale).
+        Entries are per generation, so a stale instance that writes late can never replace a
+        newer instance's wake time (no compare-and-set needed); at worst its entry wakes the
+        actor early, which is harmless. Older generations' entries are removed. The due entries
+        of this and older generations' wake times go in the same batch as the new one arrives, so
+        no due entry outlives its time unless a newer generation wrote it (the poll never has to
+        guess what is stale).
         """
         prefix = _wake_prefix(instance.actor_id)
         generation = instance.ctx.db.database.generation
