@@ -146,13 +146,8 @@ class Registry:
         """Give every wake entry with a due time its due entry (at start: the index may have been
         written by a pagekv that kept no due entries, which then read every wake entry per poll)."""
         present = {key for key, _ in self._index.list(prefix=_DUE)}
-        missing = []
-        for key, value in self._index.list(prefix=_WAKE):
-            entry = cbor2.loads(value)
-            if entry["due"] is not None:
-                due_key = _due_key(entry["due"], key)
-                if due_key not in present:
-                    missing.append((due_key, b""))
+        wakes = self._index.list(prefix=_WAKE)
+        missing = [(key, b"") for key in _due_keys(wakes) if key not in present]
         step = self._index.limits.max_batch_entries
         for i in range(0, len(missing), step):
             self._index.put(missing[i : i + step])
@@ -183,11 +178,7 @@ class Registry:
 
         def write() -> None:
             with self._wake_lock:  # the list and the write below see no other writer of ours
-                older = [
-                    _due_key(old, key)
-                    for key, value in self._index.list(start=prefix, end=prefix_end(wake_key))
-                    if (old := cbor2.loads(value)["due"]) is not None
-                ]
+                older = _due_keys(self._index.list(start=prefix, end=prefix_end(wake_key)))
                 self._index.write(put=puts, delete=[k for k in older if k not in puts])
                 self._index.delete_range(prefix, wake_key)
 
@@ -247,9 +238,7 @@ class Registry:
             record = index_key(instance.definition.name, instance.key)
 
             def remove() -> None:
-                wakes = self._index.list(prefix=prefix)
-                entries = [(key, cbor2.loads(value)["due"]) for key, value in wakes]
-                dues = [_due_key(due, key) for key, due in entries if due is not None]
+                dues = _due_keys(self._index.list(prefix=prefix))
                 self._index.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
                 self._index.delete([record, *dues])
 
@@ -319,6 +308,12 @@ def _due_key(due: float, wake_key: bytes) -> bytes:
     runs only the schedules that are due)."""
     millis = max(0, int(due * 1000))
     return b"%s%0*d/%s" % (_DUE, _DUE_DIGITS, millis, wake_key[len(_WAKE) :])
+
+
+def _due_keys(wakes: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
+    """The due entries that wake entries `(key, value)` call for."""
+    dues = ((key, cbor2.loads(value)["due"]) for key, value in wakes)
+    return [_due_key(due, key) for key, due in dues if due is not None]
 
 
 def _wake_key(due_key: bytes) -> bytes:
