@@ -1,11 +1,19 @@
 """Folding committed deltas into base pages, in bounded, fenced, idempotent batches.
 
-A pass folds every live delta up to the head: it writes the newest version of each delta page as
-a base page (and zero pages for holes), then moves the head's `compacted` mark, then deletes the
-folded chunks and index parts and any base pages past EOF. Until the head moves, readers still
-prefer the deltas, so the base writes are invisible; after it moves the deltas are ignored, so the
-deletes are invisible. A crash at any point leaves a readable database, and a pass repeated after a
-crash writes the same bytes again.
+A pass folds every live delta up to the head. If the file shrank since the last pass, it first
+deletes the base pages past EOF (no reader looks there). Then it writes the newest version of each
+delta page as a base page (and zero pages for holes), the last batch carrying the head move
+(`compacted` and `base_pages` set, `shrinks` cleared), so a small pass writes once before it
+deletes the folded chunks and index parts. Until the head moves, readers still prefer the deltas,
+so the base writes are invisible; after it moves the deltas are ignored, so the deletes are
+invisible. A crash at any point leaves a readable database, and a pass repeated after a crash
+writes the same bytes again.
+
+Invariant: when the head has no shrinks, no base page lies past EOF. A shrink is recorded in the
+head until the pass that deletes what lies past EOF moves the head, so skipping the range delete
+of a pass without shrinks (most passes) leaves nothing behind. Pages are taken from the page cache
+where it holds them (a cached page is the newest committed version, the one the index points at),
+so a pass over recently written pages reads nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from pagekv.vfs.format import (
     delta_key,
     encode_base,
 )
+from pagekv.vfs.page_cache import PageCache
 from pagekv.vfs.page_index import DeltaLoc, PageIndex
 from pagekv.vfs.recovery import delete_txids
 
@@ -56,14 +65,22 @@ class _BatchWriter:
             self.puts, self.bytes = {}, 0
 
 
-def compact(kv: ActorKv, fence: int, head: Head, index: PageIndex) -> tuple[Head, int]:
+def compact(
+    kv: ActorKv, fence: int, head: Head, index: PageIndex, cache: PageCache
+) -> tuple[Head, int]:
     """Fold all live deltas; return the new head and the number of pages written."""
     pages = head.pages
+    if head.shrinks:
+        kv.delete_range(base_key(pages + 1), BASE_END, fence=fence)
+    writer = _BatchWriter(kv, fence, kv.limits)
     by_chunk: dict[DeltaLoc, list[int]] = {}
     for pgno, loc in index.deltas.items():
-        by_chunk.setdefault(loc, []).append(pgno)
-    writer = _BatchWriter(kv, fence, kv.limits)
-    folded = 0
+        data = cache.peek(pgno)
+        if data is None:
+            by_chunk.setdefault(loc, []).append(pgno)
+        else:
+            writer.put(base_key(pgno), encode_base(loc[0], pgno, data))
+    folded = len(index.deltas) - sum(map(len, by_chunk.values()))
     ordered = sorted(by_chunk)
     per_read = min(_CHUNKS_PER_READ, kv.limits.max_batch_entries)
     for i in range(0, len(ordered), per_read):
@@ -80,9 +97,8 @@ def compact(kv: ActorKv, fence: int, head: Head, index: PageIndex) -> tuple[Head
         if pgno not in index.deltas and pgno != LOCK_BYTE_PAGE:
             writer.put(base_key(pgno), encode_base(head.txid, pgno, ZERO_PAGE))
             folded += 1
-    writer.flush()
     new_head = replace(head, compacted=head.txid, base_pages=pages, shrinks=())
-    kv.write(put={HEAD_KEY: new_head.encode()}, fence=fence)
+    writer.put(HEAD_KEY, new_head.encode())
+    writer.flush()
     delete_txids(kv, fence, 0, head.txid)
-    kv.delete_range(base_key(pages + 1), BASE_END, fence=fence)
     return new_head, folded

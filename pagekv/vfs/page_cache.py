@@ -26,6 +26,10 @@ class PageCache:
         self._pages.move_to_end(pgno)
         return data
 
+    def peek(self, pgno: int) -> bytes | None:
+        """The cached page, if any, without counting a hit or a miss or refreshing its age."""
+        return self._pages.get(pgno)
+
     def __contains__(self, pgno: int) -> bool:
         return pgno in self._pages
 

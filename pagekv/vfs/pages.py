@@ -395,7 +395,7 @@ class PageStore:
             stats = self.kv.stats  # compaction's own share of the traffic, for write amplification
             written, round_trips = stats.bytes_written, stats.total
             try:
-                new_head, folded = compact(self.kv, self.generation, head, self.index)
+                new_head, folded = compact(self.kv, self.generation, head, self.index, self.cache)
             except (KvUnavailable, LimitError, StorageCorrupt) as e:
                 self.last_error = e
                 raise

@@ -28,8 +28,16 @@ from pagekv.kv import (
     KvLimits,
     MemoryStore,
 )
-from pagekv.vfs import Database, open_database
-from pagekv.vfs.format import DELTA_PREFIX, HEAD_KEY, INDEX_PREFIX, Head
+from pagekv.vfs import Database, DatabaseDead, open_database
+from pagekv.vfs.format import (
+    BASE_END,
+    DELTA_PREFIX,
+    HEAD_KEY,
+    INDEX_PREFIX,
+    Head,
+    base_key,
+    parse_base_key,
+)
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -399,6 +407,92 @@ def test_compaction_bounds_live_deltas_and_open_cost() -> None:
         late = Counter(counting.stats.round_trips)
         assert db.execute("SELECT count(*), max(id) FROM t").fetchall() == [(1010, 1009)]
     assert late == early, f"open after 10 commits: {dict(early)}, after 1010: {dict(late)}"
+
+
+def _compaction_round_trips(db: Database) -> Counter[str]:
+    before = Counter(db.metrics()["round_trips"])
+    assert db.compact() > 0
+    return Counter(db.metrics()["round_trips"]) - before
+
+
+def _base_pages(kv: ActorKv) -> list[int]:
+    return [parse_base_key(k) for k, _ in kv.list(start=base_key(0), end=BASE_END)]
+
+
+def test_a_compaction_pass_over_cached_pages_reads_nothing_and_writes_once() -> None:
+    kv = fresh_ns()
+    with open_database(kv, auto_compact=False) as db:
+        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+        for i in range(200):
+            db.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}" * 20))
+        rows = db.execute("SELECT * FROM t").fetchall()
+        assert _compaction_round_trips(db) == Counter({"write": 1, "delete_range": 2})
+        cold_pages = page_count(db)
+    with open_database(kv, auto_compact=False) as db:
+        assert db.execute("SELECT * FROM t").fetchall() == rows
+        assert db.metrics()["live_deltas"] == 0
+        assert db.metrics()["delta_pages"] == 0
+    assert _base_pages(kv) == list(range(1, cold_pages + 1))
+
+
+def test_a_compaction_pass_reads_the_pages_it_has_not_cached() -> None:
+    kv = fresh_ns()
+    with open_database(kv, auto_compact=False) as db:
+        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+        for i in range(200):
+            db.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}" * 20))
+        rows = db.execute("SELECT * FROM t").fetchall()
+    with open_database(kv, auto_compact=False, cache_pages=1) as db:
+        trips = _compaction_round_trips(db)
+        assert trips["get"] >= 1 and trips["write"] == 1, trips
+    with open_database(kv, auto_compact=False) as db:
+        assert db.execute("SELECT * FROM t").fetchall() == rows
+
+
+def _shrunk(kv: ActorKv) -> list[tuple[Any, ...]]:
+    """A database whose base pages reach past EOF: compacted big, then shrunk by VACUUM."""
+    with open_database(kv, auto_compact=False) as db:
+        fill_blobs(db, 40, 6 * KiB, seed=8, one_transaction=True)
+        db.compact()
+        db.execute("DELETE FROM t WHERE id >= 4")
+        db.execute("VACUUM")
+        assert max(_base_pages(kv)) > page_count(db)
+        return db.execute("SELECT * FROM t ORDER BY id").fetchall()
+
+
+def test_a_pass_after_a_shrink_deletes_the_base_past_eof_first() -> None:
+    kv = fresh_ns()
+    rows = _shrunk(kv)
+    with open_database(kv, auto_compact=False) as db:
+        assert _compaction_round_trips(db)["delete_range"] == 3
+        pages = page_count(db)
+    assert _base_pages(kv) == list(range(1, pages + 1))
+    with open_database(kv, auto_compact=False) as db:
+        assert db.execute("SELECT * FROM t ORDER BY id").fetchall() == rows
+
+
+@pytest.mark.parametrize("kind", list(FaultKind), ids=lambda k: k.value)
+def test_no_base_page_past_eof_survives_a_pass_cut_short_at_any_write(kind: FaultKind) -> None:
+    """The invariant that lets a pass without shrinks skip the range delete: cut the pass after a
+    shrink at each of its writes in turn, finish with a full pass, and nothing lies past EOF."""
+    writes = 4  # the range delete past EOF, the base pages with the head, chunks, index parts
+    for index in range(writes):
+        kv = fresh_ns()
+        rows = _shrunk(kv)
+        faulty = FaultyKv(kv, faults=[Fault(index, kind)])
+        faulty.enabled = False
+        db = open_database(faulty, auto_compact=False)
+        faulty.enabled = True
+        lost = InjectedUnavailable if kind is FaultKind.FAIL_BEFORE else DatabaseDead
+        with pytest.raises(lost):
+            db.compact()
+        assert faulty.fired_count() == 1, f"fault at write {index} did not fire"
+        db.close()
+        with open_database(kv, auto_compact=False) as db:
+            db.compact()
+            pages = page_count(db)
+            assert db.execute("SELECT * FROM t ORDER BY id").fetchall() == rows
+        assert _base_pages(kv) == list(range(1, pages + 1)), f"{kind.value} at write {index}"
 
 
 # -- orphans of an interrupted staged commit -------------------------------------------------
