@@ -17,7 +17,6 @@ from pagekv.kv.errors import (
 from pagekv.kv.file import FileStore
 from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
-from pagekv.kv.postgres import PostgresNamespace, PostgresStore
 from pagekv.kv.url import DEFAULT_URL, open_kv
 from pagekv.kv.wrappers import (
     READ_OPS,
@@ -68,3 +67,13 @@ __all__ = [
     "open_kv",
     "prefix_end",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`PostgresStore` and `PostgresNamespace` on first use: psycopg takes ~0.1 s to import, and
+    most processes (the CLI, `memory://` and `file://` users) never need it."""
+    if name in ("PostgresNamespace", "PostgresStore"):
+        from pagekv.kv import postgres
+
+        return getattr(postgres, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

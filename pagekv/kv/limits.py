@@ -85,7 +85,7 @@ def check_write(limits: KvLimits, put: Entries, delete: Sequence[bytes]) -> Writ
     On every write of every backend, so the common case (bytes keys and values within limits)
     costs one loop with no calls beyond `len`; anything unusual takes the checked path.
     """
-    items = put.items() if isinstance(put, Mapping) else put
+    items = put.items() if type(put) is dict or isinstance(put, Mapping) else put
     max_key, max_value = limits.max_key_bytes, limits.max_value_bytes
     puts: dict[bytes, bytes] = {}
     n_entries = payload = 0

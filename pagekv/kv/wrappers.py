@@ -125,17 +125,20 @@ class CountingKv(KvWrapper):
     def write(
         self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
     ) -> None:
-        if isinstance(put, Mapping):
+        if type(put) is dict or isinstance(put, Mapping):  # the type test skips the ABC's
             size = sum(map(len, put)) + sum(map(len, put.values()))
         else:
             put = list(put)
             size = sum(len(k) + len(v) for k, v in put)
-        delete = list(delete)
-        size += sum(map(len, delete))
+        entries = len(put)
+        if delete:
+            delete = list(delete)
+            size += sum(map(len, delete))
+            entries += len(delete)
         with self._lock:
             stats = self.stats
             stats.round_trips["write"] += 1
-            stats.entries_written += len(put) + len(delete)
+            stats.entries_written += entries
             stats.bytes_written += size
         self.inner.write(put=put, delete=delete, fence=fence)
 

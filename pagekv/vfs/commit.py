@@ -39,45 +39,57 @@ def pages_per_chunk(limits: KvLimits) -> int:
     return n
 
 
-def plan_batches(pages: list[Page], limits: KvLimits, reserve_bytes: int) -> list[Batch]:
-    """Split `pages` greedily into batches; each leaves `reserve_bytes` and one entry spare."""
-    per_chunk = pages_per_chunk(limits)
-    max_index_entries = (limits.max_value_bytes - VALUE_HEADER_BYTES) // INDEX_ENTRY_BYTES
-    base_bytes = INDEX_KEY_BYTES + VALUE_HEADER_BYTES + reserve_bytes
-    new_chunk_bytes = DELTA_KEY_BYTES + CHUNK_HEADER_BYTES
-    page_bytes = FRAME_BYTES + INDEX_ENTRY_BYTES
-    if base_bytes + new_chunk_bytes + page_bytes > limits.max_batch_bytes or (
-        limits.max_batch_entries < 3
-    ):
-        raise ValueError(f"{limits} cannot hold a one-page commit")
-    n = len(pages)
-    fits_one_chunk = n <= min(per_chunk, max_index_entries)
-    if fits_one_chunk and base_bytes + new_chunk_bytes + n * page_bytes <= limits.max_batch_bytes:
-        return [Batch([pages])] if pages else []  # what the loop below makes, sooner
-    batches: list[Batch] = []
-    chunks: list[list[Page]] = []
-    used = base_bytes
-    n_pages = 0
-    for page in pages:
-        new_chunk = not chunks or len(chunks[-1]) >= per_chunk
-        cost = page_bytes + (new_chunk_bytes if new_chunk else 0)
-        full = (
-            used + cost > limits.max_batch_bytes
-            or (new_chunk and len(chunks) + 3 > limits.max_batch_entries)
-            or n_pages + 1 > max_index_entries
+class BatchPlanner:
+    """Splits a commit's pages into batches within `limits`. What the limits imply is worked out
+    once per open database, not at every commit."""
+
+    def __init__(self, limits: KvLimits) -> None:
+        if limits.max_batch_entries < 3:
+            raise ValueError(f"{limits} cannot hold a commit: chunk, index part and head")
+        self.limits = limits
+        self.per_chunk = pages_per_chunk(limits)
+        self.max_index_entries = (limits.max_value_bytes - VALUE_HEADER_BYTES) // INDEX_ENTRY_BYTES
+        self.new_chunk_bytes = DELTA_KEY_BYTES + CHUNK_HEADER_BYTES
+        self.page_bytes = FRAME_BYTES + INDEX_ENTRY_BYTES
+        self.one_chunk_pages = min(self.per_chunk, self.max_index_entries)
+        self.one_batch_room = (
+            limits.max_batch_bytes - INDEX_KEY_BYTES - VALUE_HEADER_BYTES - self.new_chunk_bytes
         )
-        if full:
+        """Bytes left for reserve and pages in a batch of one chunk and one index part."""
+
+    def plan(self, pages: list[Page], reserve_bytes: int) -> list[Batch]:
+        """Split `pages` greedily into batches; each leaves `reserve_bytes` and one entry spare."""
+        n = len(pages)
+        if n <= self.one_chunk_pages and reserve_bytes + n * self.page_bytes <= self.one_batch_room:
+            return [Batch([pages])] if pages else []  # what the loop below makes, sooner
+        limits = self.limits
+        base_bytes = INDEX_KEY_BYTES + VALUE_HEADER_BYTES + reserve_bytes
+        if base_bytes + self.new_chunk_bytes + self.page_bytes > limits.max_batch_bytes:
+            raise ValueError(f"{limits} cannot hold a one-page commit")
+        batches: list[Batch] = []
+        chunks: list[list[Page]] = []
+        used = base_bytes
+        n_pages = 0
+        for page in pages:
+            new_chunk = not chunks or len(chunks[-1]) >= self.per_chunk
+            cost = self.page_bytes + (self.new_chunk_bytes if new_chunk else 0)
+            full = (
+                used + cost > limits.max_batch_bytes
+                or (new_chunk and len(chunks) + 3 > limits.max_batch_entries)
+                or n_pages + 1 > self.max_index_entries
+            )
+            if full:
+                batches.append(Batch(chunks))
+                chunks, used, n_pages, new_chunk = [], base_bytes, 0, True
+                cost = self.page_bytes + self.new_chunk_bytes
+            if new_chunk:
+                chunks.append([])
+            chunks[-1].append(page)
+            used += cost
+            n_pages += 1
+        if chunks:
             batches.append(Batch(chunks))
-            chunks, used, n_pages, new_chunk = [], base_bytes, 0, True
-            cost = page_bytes + new_chunk_bytes
-        if new_chunk:
-            chunks.append([])
-        chunks[-1].append(page)
-        used += cost
-        n_pages += 1
-    if chunks:
-        batches.append(Batch(chunks))
-    return batches
+        return batches
 
 
 def encode_batch(

@@ -35,10 +35,12 @@ _FRAME = struct.Struct(">II")
 _GENERATION = struct.Struct(">Q")
 FRAME_BYTES = _FRAME.size + PAGE_SIZE
 _BASE_HEADER = struct.Struct(">QI")
+_BASE_BYTES = 1 + _BASE_HEADER.size + PAGE_SIZE
 _INDEX_ENTRY = struct.Struct(">II")
 _HEAD = struct.Struct(">BIQQQQI")
 """version, page_size, txid, size, compacted, base_pages, number of shrinks"""
 _SHRINK = struct.Struct(">QII")
+_PGNO = struct.Struct(">I")
 _TXID_U32 = struct.Struct(">QI")
 """txid and a page, chunk or part number: in keys and in the page CRC"""
 ZERO_PAGE = bytes(PAGE_SIZE)
@@ -56,7 +58,7 @@ def delta_key(txid: int, chunk: int) -> bytes:
 
 
 def base_key(pgno: int) -> bytes:
-    return _BASE + struct.pack(">I", pgno)
+    return _BASE + _PGNO.pack(pgno)
 
 
 def txid_bound(kind_key: bytes, txid: int) -> bytes:
@@ -78,7 +80,7 @@ def parse_index_key(key: bytes) -> tuple[int, int]:
 
 
 def parse_base_key(key: bytes) -> int:
-    return struct.unpack(">I", key[len(_BASE) :])[0]
+    return _PGNO.unpack_from(key, len(_BASE))[0]
 
 
 def page_crc(txid: int, pgno: int, data: bytes) -> int:
@@ -215,10 +217,10 @@ def encode_base(txid: int, pgno: int, data: bytes) -> bytes:
 
 def decode_base(pgno: int, raw: bytes) -> tuple[int, bytes]:
     """Return `(txid the version came from, page data)`."""
-    if raw[:1] != _VALUE_VERSION or len(raw) != 1 + _BASE_HEADER.size + PAGE_SIZE:
+    if len(raw) != _BASE_BYTES or raw[0] != _VALUE_VERSION[0]:
         raise StorageCorrupt(f"malformed base page {pgno} ({len(raw)} bytes)")
     txid, crc = _BASE_HEADER.unpack_from(raw, 1)
-    data = raw[1 + _BASE_HEADER.size :]
+    data = raw[_BASE_BYTES - PAGE_SIZE :]
     if page_crc(txid, pgno, data) != crc:
         raise StorageCorrupt(f"CRC mismatch in base page {pgno}")
     return txid, data

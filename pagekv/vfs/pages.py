@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 
 from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
-from pagekv.vfs.commit import Batch, encode_batch, pages_per_chunk, plan_batches
+from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
 from pagekv.vfs.compaction import compact
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import (
@@ -103,7 +103,8 @@ class PageStore:
         self.size = self.head.size
         self._pending = _Pending()
         self._read_ahead = ReadAhead()
-        self._pages_per_chunk = pages_per_chunk(self.limits)
+        self._planner = BatchPlanner(self.limits)
+        self._pages_per_chunk = self._planner.per_chunk
         self.read_page(1, mixed=False)
 
     # -- reads ------------------------------------------------------------------------------
@@ -112,7 +113,10 @@ class PageStore:
         """Bytes `offset..offset+amount`, short if the file ends first."""
         with self._lock:
             self._check_alive()
-            end = min(offset + amount, self.size)
+            end = offset + amount
+            if amount == PAGE_SIZE and not offset % PAGE_SIZE and end <= self.size:
+                return self.read_page(end // PAGE_SIZE)  # SQLite's page reads: no copy
+            end = min(end, self.size)
             out = bytearray()
             pos = offset
             while pos < end:
@@ -295,7 +299,7 @@ class PageStore:
         txid = self.head.txid + 1
         pending = self._pending
         try:
-            for batch in plan_batches(self._dirty_pages(), self.limits, 0):
+            for batch in self._planner.plan(self._dirty_pages(), 0):
                 puts, entries = self._encode(txid, batch)
                 self.kv.write(put=puts, fence=self.generation)
                 self.counters["stage_batches"] += 1
@@ -332,7 +336,7 @@ class PageStore:
             head = Head(txid, self.size, old.compacted, old.base_pages, shrinks)
             head_raw = head.encode()
             dirty = self._dirty_pages()
-            batches = plan_batches(dirty, self.limits, len(HEAD_KEY) + len(head_raw)) or [Batch([])]
+            batches = self._planner.plan(dirty, len(HEAD_KEY) + len(head_raw)) or [Batch([])]
             staged_before = bool(pending.parts)
             written = 0
             try:
