@@ -54,9 +54,11 @@ class MemoryNamespace(KvNamespace):
             hi = len(d.keys) if end is None else bisect.bisect_left(d.keys, end)
             if reverse:
                 stop = lo if limit is None else max(lo, hi - limit)
-                return [(k, d.values[k]) for k in reversed(d.keys[stop:hi])]
-            stop = hi if limit is None else min(hi, lo + limit)
-            return [(k, d.values[k]) for k in d.keys[lo:stop]]
+                keys = d.keys[stop:hi][::-1]
+            else:
+                stop = hi if limit is None else min(hi, lo + limit)
+                keys = d.keys[lo:stop]
+            return list(zip(keys, map(d.values.__getitem__, keys), strict=True))
 
     def _write(self, batch: WriteBatch, fence: int | None) -> None:
         self._round_trip()

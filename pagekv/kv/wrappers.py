@@ -8,6 +8,7 @@ Both implement the `ActorKv` interface by delegation, so the VFS cannot tell the
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 import threading
 import time
@@ -146,11 +147,16 @@ class CountingKv(KvWrapper):
         with self._lock:
             self.stats.round_trips[op] += 1
         result = fn(*args, **kwargs)
-        if op in ("get", "list"):
-            pairs = result if op == "list" else [(b"", v) for v in result if v is not None]
-            with self._lock:
-                self.stats.entries_read += len(pairs)
-                self.stats.bytes_read += sum(len(k) + len(v) for k, v in pairs)
+        if op == "list":
+            entries, size = len(result), sum(map(len, itertools.chain.from_iterable(result)))
+        elif op == "get":
+            found = [v for v in result if v is not None]
+            entries, size = len(found), sum(map(len, found))
+        else:
+            return result
+        with self._lock:
+            self.stats.entries_read += entries
+            self.stats.bytes_read += size
         return result
 
 

@@ -39,6 +39,17 @@ class PageCache:
         while len(self._pages) > self.capacity:
             self._pages.popitem(last=False)
 
+    def put_many(self, pages: dict[int, bytes]) -> None:
+        """`put` of each page in order (a read-ahead's), without a call per page: the pages end
+        up newest, in their order, so evicting the oldest after all of them leaves what evicting
+        after each would."""
+        cached = self._pages
+        cached.update(pages)
+        for pgno in pages:
+            cached.move_to_end(pgno)
+        for _ in range(len(cached) - self.capacity):
+            cached.popitem(last=False)
+
     def discard(self, pgno: int) -> None:
         self._pages.pop(pgno, None)
 

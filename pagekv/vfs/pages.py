@@ -128,7 +128,7 @@ class PageStore:
 
     def read_page(self, pgno: int, *, mixed: bool = True) -> bytes:
         pending = self._pending
-        if pgno > self._pages() or pgno == LOCK_BYTE_PAGE:
+        if pgno > -(-self.size // PAGE_SIZE) or pgno == LOCK_BYTE_PAGE:
             return ZERO_PAGE
         data = pending.dirty.get(pgno)
         if data is not None:
@@ -154,14 +154,17 @@ class PageStore:
         stop = min(pgno + self._read_ahead.window(pgno), self.head.pages + 1)
         max_chunks = min((stop - pgno) // self._pages_per_chunk + 1, self.limits.max_batch_entries)
         chunks: dict[tuple[int, int], None] = {}
-        base: list[int] = []
-        for page in range(pgno, stop):
-            loc = index.deltas.get(page)
-            if loc is not None:
-                if len(chunks) < max_chunks:
-                    chunks[loc] = None
-            elif page <= index.base_limit and page != LOCK_BYTE_PAGE:
-                base.append(page)
+        if index.deltas:
+            base: range | list[int] = []
+            for page in range(pgno, stop):
+                loc = index.deltas.get(page)
+                if loc is not None:
+                    if len(chunks) < max_chunks:
+                        chunks[loc] = None
+                elif page <= index.base_limit and page != LOCK_BYTE_PAGE:
+                    base.append(page)
+        else:  # all base pages (the lock-byte page, never stored, needs no exclusion)
+            base = range(pgno, min(stop, index.base_limit + 1))
         quarter = (stop - pgno) // 4 if mixed else stop
         fetched: dict[int, bytes] = {}
         in_delta = pgno in index.deltas
@@ -169,9 +172,8 @@ class PageStore:
             fetched.update(self._get_chunks(list(chunks)))
         if base and (not in_delta or len(base) >= quarter):
             fetched.update(self._list_base(base[0], base[-1] + 1))
-        for page, data in fetched.items():
-            self.cache.put(page, data)
-        end = pgno
+        self.cache.put_many(fetched)
+        end = stop if fetched.keys() >= set(range(pgno, stop)) else pgno
         while end in fetched:
             end += 1
         self._read_ahead.fetched(end)

@@ -13,7 +13,7 @@ import struct
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -35,6 +35,7 @@ from pagekv.vfs.format import (
     decode_chunk,
     parse_base_key,
 )
+from pagekv.vfs.page_cache import PageCache
 from pagekv.vfs.pages import Options, PageStore
 
 MAX_OFFSET = 64 * 1024
@@ -363,3 +364,24 @@ def test_lock_byte_page_is_never_stored() -> None:
     last = (LOCK_BYTE_PAGE + 1) * PAGE_SIZE
     assert reopened.read(PAGE_SIZE, last) == bytes([(LOCK_BYTE_PAGE + 2) % 200 + 1]) * PAGE_SIZE
     assert reopened.size == (LOCK_BYTE_PAGE + 2) * PAGE_SIZE
+
+
+@given(
+    capacity=st.integers(1, 8),
+    before=st.lists(st.integers(1, 12), max_size=10),
+    batch=st.dictionaries(st.integers(1, 12), st.binary(max_size=2), max_size=10),
+)
+def test_caching_a_read_ahead_at_once_is_caching_its_pages_one_by_one(
+    capacity: int, before: list[int], batch: dict[int, bytes]
+) -> None:
+    """`put_many` leaves the cache as `put` of each page in turn would: same pages, same data,
+    same order of eviction."""
+    one_by_one, at_once = PageCache(capacity), PageCache(capacity)
+    for pgno in before:
+        one_by_one.put(pgno, b"old")
+        at_once.put(pgno, b"old")
+    for pgno, data in batch.items():
+        one_by_one.put(pgno, data)
+    at_once.put_many(batch)
+    assert len(at_once) <= capacity
+    assert list(at_once._pages.items()) == list(one_by_one._pages.items())
