@@ -162,6 +162,9 @@ class PageStoreMachine(RuleBasedStateMachine):
         assert not self.store.has_pending()
         self.store.compact()
         assert self.store.metrics()["live_deltas"] == 0
+        pages = self.store.head.pages
+        stored = [parse_base_key(k) for k, _ in self.kv.list(start=base_key(1), end=BASE_END)]
+        assert all(p <= pages for p in stored), f"base pages past EOF ({pages}): {stored[-3:]}"
 
     @invariant()
     def size_matches(self) -> None:
