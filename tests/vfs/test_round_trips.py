@@ -419,29 +419,30 @@ def _base_pages(kv: ActorKv) -> list[int]:
     return [parse_base_key(k) for k, _ in kv.list(start=base_key(0), end=BASE_END)]
 
 
+def _one_row_commits(db: Database) -> list[tuple[Any, ...]]:
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+    for i in range(200):
+        db.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}" * 20))
+    return db.execute("SELECT * FROM t").fetchall()
+
+
 def test_a_compaction_pass_over_cached_pages_reads_nothing_and_writes_once() -> None:
     kv = fresh_ns()
     with open_database(kv, auto_compact=False) as db:
-        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
-        for i in range(200):
-            db.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}" * 20))
-        rows = db.execute("SELECT * FROM t").fetchall()
+        rows = _one_row_commits(db)
         assert _compaction_round_trips(db) == Counter({"write": 1, "delete_range": 2})
-        cold_pages = page_count(db)
+        pages = page_count(db)
     with open_database(kv, auto_compact=False) as db:
         assert db.execute("SELECT * FROM t").fetchall() == rows
         assert db.metrics()["live_deltas"] == 0
         assert db.metrics()["delta_pages"] == 0
-    assert _base_pages(kv) == list(range(1, cold_pages + 1))
+    assert _base_pages(kv) == list(range(1, pages + 1))
 
 
 def test_a_compaction_pass_reads_the_pages_it_has_not_cached() -> None:
     kv = fresh_ns()
     with open_database(kv, auto_compact=False) as db:
-        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
-        for i in range(200):
-            db.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}" * 20))
-        rows = db.execute("SELECT * FROM t").fetchall()
+        rows = _one_row_commits(db)
     with open_database(kv, auto_compact=False, cache_pages=1) as db:
         trips = _compaction_round_trips(db)
         assert trips["get"] >= 1 and trips["write"] == 1, trips
