@@ -77,6 +77,8 @@ class PageStore:
         self.options = options
         self._lock = threading.RLock()
         self.cache = PageCache(options.cache_pages)
+        self._planner = BatchPlanner(self.limits)  # before the takeover: bad limits change nothing
+        self._pages_per_chunk = self._planner.per_chunk
         self.dead: BaseException | None = None
         self.last_error: BaseException | None = None
         self.counters: dict[str, int] = dict.fromkeys(
@@ -103,8 +105,6 @@ class PageStore:
         self.size = self.head.size
         self._pending = _Pending()
         self._read_ahead = ReadAhead()
-        self._planner = BatchPlanner(self.limits)
-        self._pages_per_chunk = self._planner.per_chunk
         self.read_page(1, mixed=False)
 
     # -- reads ------------------------------------------------------------------------------

@@ -590,3 +590,10 @@ def test_orphans_of_an_interrupted_staged_commit_are_removed_at_open(
         ]
         assert db.execute("SELECT b FROM t WHERE id = 1000").fetchall() == [(b"\x01",)]
         assert integrity(db) == [("ok",)]
+
+
+def test_limits_too_small_for_any_commit_fail_at_open_and_change_nothing() -> None:
+    kv = fresh_ns(KvLimits(max_batch_entries=2))
+    with pytest.raises(ValueError, match="cannot hold a commit"):
+        open_database(kv)
+    assert kv.generation() == 0
