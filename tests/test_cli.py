@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_a_command_imports_only_its_own_modules() -> None:
@@ -22,3 +23,17 @@ def test_a_command_imports_only_its_own_modules() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "2 one-row commits" in done.stdout
+
+
+def test_inspect_does_without_the_http_stack(tmp_path: Path) -> None:
+    """`pagekv inspect` reads the store beside a running server; it needs the wire format, not
+    the ASGI app (starlette and uvicorn)."""
+    script = (
+        "import sys\n"
+        "from pagekv.cli import main\n"
+        f"assert main(['inspect', '--kv', 'file://{tmp_path}']) == 0\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn'))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
