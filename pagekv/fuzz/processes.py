@@ -108,6 +108,11 @@ def _run(
     store.namespace(actor).drop()
 
 
+_CHILD = "import sys; from pagekv.fuzz.processes import child_main; child_main(sys.argv[1:])"
+"""The child's program. Not `-m pagekv.fuzz.processes`: the package imports this module first,
+and running it again as `__main__` made Python warn on every child's start."""
+
+
 def _run_child(
     url: str, actor: str, seed: int, start: int, count: int, max_blob: int, rng: random.Random
 ) -> int:
@@ -115,8 +120,8 @@ def _run_child(
     child = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "pagekv.fuzz.processes",
+            "-c",
+            _CHILD,
             url,
             actor,
             str(seed),
@@ -154,7 +159,3 @@ def _run_child(
             child.kill()
             child.wait()
     return acked
-
-
-if __name__ == "__main__":
-    child_main(sys.argv[1:])
