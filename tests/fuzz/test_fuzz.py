@@ -135,11 +135,12 @@ def test_bounded_fuzz_session_passes(seed: int | None, capsys: pytest.CaptureFix
         assert int(out.split(f"{event} ")[1].split(",")[0]) > 0, f"no {event} in {out}"
 
 
-def test_real_crashes_with_sigkill(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_real_crashes_with_sigkill(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     code = main(
         ["fuzz", "--processes", "--kv", f"file://{tmp_path}/kv", "--seconds", "8", "--seed", "5"]
     )
-    out = capsys.readouterr().out
+    out, err = capfd.readouterr()  # the children's stderr too: they must start cleanly
     assert code == 0, out
     crashes = int(out.split("crashes ")[1].split(",")[0])
     assert crashes >= 3, out
+    assert "Warning" not in err, err
