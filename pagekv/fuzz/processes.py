@@ -29,16 +29,22 @@ def _transactions(seed: int, count: int, max_blob: int) -> list[Txn]:
     return [s for s in generator.steps(count) if isinstance(s, Txn)]
 
 
+_COMPACT_DELTAS = 8
+"""The child compacts every few commits (the default is 256, more than a run commits), so that
+kills land in compactions too."""
+
+
 def child_main(argv: list[str]) -> None:
-    """Entry point of the child: commit transactions `start..` and acknowledge each."""
+    """Entry point of the child: commit transactions `start..` and acknowledge each, with the
+    number of compactions this child has finished (`ack N COMPACTIONS`)."""
     url, actor, seed, start, count, max_blob = argv
     txns = _transactions(int(seed), int(count), int(max_blob))
     store = open_kv(url)
-    db = open_database(store.namespace(actor))
+    db = open_database(store.namespace(actor), compact_deltas=_COMPACT_DELTAS)
     print("ready", flush=True)
     for n in range(int(start), len(txns)):
         run_txn(db.connection, txns[n])
-        print(f"ack {n}", flush=True)
+        print(f"ack {n} {db.metrics()['compactions']}", flush=True)
     print("done", flush=True)
 
 
@@ -83,8 +89,9 @@ def _run(
     committed_before = coverage.commits
     done = 0
     while done < len(txns) and time.monotonic() < deadline:
-        acked = _run_child(url, actor, seed, done, count, max_blob, rng)
+        acked, compactions = _run_child(url, actor, seed, done, count, max_blob, rng)
         coverage.crashes += 1
+        coverage.compactions += compactions
         for n in range(done, acked + 1):
             oracle.apply(txns[n])
         done = acked + 1
@@ -115,8 +122,9 @@ and running it again as `__main__` made Python warn on every child's start."""
 
 def _run_child(
     url: str, actor: str, seed: int, start: int, count: int, max_blob: int, rng: random.Random
-) -> int:
-    """Start a child at `start`, SIGKILL it after a random delay; return the last acked index."""
+) -> tuple[int, int]:
+    """Start a child at `start`, SIGKILL it after a random delay; return the last acknowledged
+    index and the compactions the child had finished by then."""
     child = subprocess.Popen(
         [
             sys.executable,
@@ -133,7 +141,7 @@ def _run_child(
         text=True,
     )
     assert child.stdout is not None
-    acked = start - 1
+    acked, compactions = start - 1, 0
     try:
         if child.stdout.readline().strip() != "ready":
             raise FuzzFailure(start, f"child failed to start (exit {child.wait()})")
@@ -148,14 +156,19 @@ def _run_child(
             line = child.stdout.readline()
             if not line or line.strip() == "done":
                 break
-            acked = int(line.split()[1])
+            acked, compactions = _parse_ack(line)
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
         for line in child.stdout:
             if line.startswith("ack "):
-                acked = int(line.split()[1])
+                acked, compactions = _parse_ack(line)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
-    return acked
+    return acked, compactions
+
+
+def _parse_ack(line: str) -> tuple[int, int]:
+    _, acked, compactions = line.split()
+    return int(acked), int(compactions)
