@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from flows import TERMINAL, settle
+from flows import TERMINAL, durably, settle
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.workflow import (
@@ -527,7 +527,9 @@ async def test_cancel_stops_a_sleeping_workflow_for_good() -> None:
 
     async with Registry([a], kv=store).run() as client:
         handle = client.get_or_create("wf", "k")
-        await settle(handle, WorkflowState.SLEEPING)
+        # The database, not only memory (which says SLEEPING before the commit): the wake's
+        # schedule row commits with the recorded state.
+        await durably(handle, WorkflowState.SLEEPING)
         assert await handle.schedules() == 1, "the sleep's deadline is a schedule row"
         await handle.workflow.cancel()
         assert await handle.schedules() == 0
