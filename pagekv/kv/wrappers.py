@@ -13,13 +13,13 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, assert_never
 
 from pagekv.kv.api import ActorKv, KvStore, Shorthands
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
-from pagekv.kv.limits import Entries, KvLimits
+from pagekv.kv.limits import Entries, KvLimits, is_mapping
 
 T = TypeVar("T")
 
@@ -67,7 +67,7 @@ class KvWrapper(Shorthands):
     def write(
         self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
     ) -> None:
-        put = dict(put.items()) if isinstance(put, Mapping) else list(put)
+        put = dict(put.items()) if is_mapping(put) else list(put)
         self._call("write", self.inner.write, put=put, delete=list(delete), fence=fence)
 
     def delete_range(self, start: bytes, end: bytes, *, fence: int | None = None) -> None:
@@ -126,7 +126,7 @@ class CountingKv(KvWrapper):
     def write(
         self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
     ) -> None:
-        if type(put) is dict or isinstance(put, Mapping):  # the type test skips the ABC's
+        if is_mapping(put):
             size = sum(map(len, put)) + sum(map(len, put.values()))
         else:
             put = list(put)

@@ -25,6 +25,7 @@ from typing import Any, TypeVar, cast
 
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import ActorKv, KvStore
+from pagekv.kv.limits import is_mapping
 from pagekv.kv.wrappers import KvWrapper
 
 T = TypeVar("T")
@@ -80,7 +81,7 @@ class _MeteredKv(KvWrapper):
         self._meter.count(op)
         if op == "write" and self._commits:
             put: Mapping[bytes, bytes] | Sequence[tuple[bytes, bytes]] = kwargs["put"]
-            items = put.items() if isinstance(put, Mapping) else put
+            items = put.items() if is_mapping(put) else put
             size = sum(len(k) + len(v) for k, v in items) + sum(map(len, kwargs["delete"]))
             self._meter.commit_bytes.observe((), size)
         return fn(*args, **kwargs)

@@ -78,7 +78,6 @@ class PageStore:
         self._lock = threading.RLock()
         self.cache = PageCache(options.cache_pages)
         self._planner = BatchPlanner(self.limits)  # before the takeover: bad limits change nothing
-        self._pages_per_chunk = self._planner.per_chunk
         self.dead: BaseException | None = None
         self.last_error: BaseException | None = None
         self.counters: dict[str, int] = dict.fromkeys(
@@ -128,7 +127,7 @@ class PageStore:
 
     def read_page(self, pgno: int, *, mixed: bool = True) -> bytes:
         pending = self._pending
-        if pgno > -(-self.size // PAGE_SIZE) or pgno == LOCK_BYTE_PAGE:
+        if pgno > self._pages() or pgno == LOCK_BYTE_PAGE:
             return ZERO_PAGE
         data = pending.dirty.get(pgno)
         if data is not None:
@@ -152,7 +151,8 @@ class PageStore:
         one round trip. Caches every current page it brings."""
         index = self.index
         stop = min(pgno + self._read_ahead.window(pgno), self.head.pages + 1)
-        max_chunks = min((stop - pgno) // self._pages_per_chunk + 1, self.limits.max_batch_entries)
+        per_chunk = self._planner.per_chunk
+        max_chunks = min((stop - pgno) // per_chunk + 1, self.limits.max_batch_entries)
         chunks: dict[tuple[int, int], None] = {}
         if index.deltas:
             base: range | list[int] = []
@@ -168,7 +168,7 @@ class PageStore:
         quarter = (stop - pgno) // 4 if mixed else stop
         fetched: dict[int, bytes] = {}
         in_delta = pgno in index.deltas
-        if chunks and (in_delta or len(chunks) * self._pages_per_chunk >= quarter):
+        if chunks and (in_delta or len(chunks) * per_chunk >= quarter):
             fetched.update(self._get_chunks(list(chunks)))
         if base and (not in_delta or len(base) >= quarter):
             fetched.update(self._list_base(base[0], base[-1] + 1))
