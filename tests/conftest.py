@@ -1,4 +1,5 @@
-"""Session-wide fixtures: the PostgreSQL server that every `postgresql://` test runs against.
+"""Session-wide fixtures: the PostgreSQL server that every `postgresql://` test runs against;
+and a check that no compiled module is older than its source.
 
 `./test` needs nothing else: the first test that asks for `postgres_server` starts a throwaway
 cluster (temporary directory, 127.0.0.1, a random free port, as the `postgres` user when run as
@@ -15,13 +16,34 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from pagekv.kv.pg_cluster import HOW_TO_INSTALL, TempCluster, find_pg_bin
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to test stale compiled code: Python imports `pages.cpython-*.so` before
+    `pages.py`, so an edit to a compiled module does nothing until it is rebuilt (`./test` does
+    that itself; a bare `pytest` does not)."""
+    with open(_ROOT / "pyproject.toml", "rb") as f:
+        compiled = tomllib.load(f)["tool"]["pagekv"]["compiled"]
+    for name in compiled:
+        source = _ROOT / name
+        for built in source.parent.glob(f"{source.stem}.*.so"):
+            if built.stat().st_mtime < source.stat().st_mtime:
+                pytest.exit(
+                    f"{built.name} is older than {name}: rebuild it (./test does, or "
+                    "`pip install -e .`)",
+                    returncode=2,
+                )
 
 
 @dataclass

@@ -9,6 +9,7 @@ that are already known to be within bounds.
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -132,18 +133,18 @@ class KvNamespace(Shorthands, abc.ABC):
             self._write(batch, fence)
 
     def delete_range(self, start: bytes, end: bytes, *, fence: int | None = None) -> None:
-        start = check_bound(self._limits, start, "start key")
-        end = check_bound(self._limits, end, "end key")
-        assert start is not None and end is not None
-        self._delete_range(start, end, fence)
+        lo = check_bound(self._limits, start, "start key")
+        hi = check_bound(self._limits, end, "end key")
+        assert lo is not None and hi is not None
+        self._delete_range(lo, hi, fence)
 
     @abc.abstractmethod
-    def _get(self, keys: list[bytes]) -> list[bytes | None]: ...
+    def _get(self, keys: builtins.list[bytes]) -> builtins.list[bytes | None]: ...
 
     @abc.abstractmethod
     def _list(
         self, start: bytes | None, end: bytes | None, limit: int | None, reverse: bool
-    ) -> list[tuple[bytes, bytes]]: ...
+    ) -> builtins.list[tuple[bytes, bytes]]: ...
 
     @abc.abstractmethod
     def _write(self, batch: WriteBatch, fence: int | None) -> None: ...

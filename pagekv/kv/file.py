@@ -521,7 +521,8 @@ class FileStore:
     ) -> Iterator[tuple[bytes, Any]]:
         """`(key, column)` of the base's rows in `[start, end)` in key order, read lazily; the
         caller holds a section."""
-        where, args = "ns = ?", [ns]
+        where = "ns = ?"
+        args: list[int | bytes] = [ns]
         if start is not None:
             where += " AND key >= ?"
             args.append(start)

@@ -94,7 +94,6 @@ class LogFile:
         self._size = 0  # a lower bound of the file's size: other processes may have grown it
         self._direct = _open_direct(path)
         self._buffer: mmap.mmap | None = None
-        self._buffer_view: memoryview | None = None
         self._shm = _map_counter(path.with_suffix(".shm"))
         self._salt, self._salt_crc = b"", crc32c(b"")
 
@@ -192,13 +191,12 @@ class LogFile:
             if self._buffer is None or len(self._buffer) < size:
                 self._close_buffer()
                 self._buffer = mmap.mmap(-1, size)
-                self._buffer_view = memoryview(self._buffer)
             buffer = self._buffer
             _RECORD.pack_into(buffer, 0, crc, length, seq)
             buffer[_RECORD.size : end] = body
             buffer[end:size] = _PADDING[: size - end]
             try:
-                os.pwritev(self._direct, [self._buffer_view[:size]], offset)
+                os.pwritev(self._direct, [memoryview(buffer)[:size]], offset)
                 return
             except OSError as e:
                 if e.errno != errno.EINVAL:
@@ -232,11 +230,9 @@ class LogFile:
         self._size = current
 
     def _close_buffer(self) -> None:
-        if self._buffer_view is not None:
-            self._buffer_view.release()
         if self._buffer is not None:
             self._buffer.close()
-        self._buffer = self._buffer_view = None
+        self._buffer = None
 
     def close(self) -> None:
         """Idempotent; later calls on a closed log fail with `OSError`."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from typing_extensions import TypeIs
+
 from pagekv.kv.errors import (
     BatchTooLarge,
     InvalidKey,
@@ -48,7 +50,7 @@ class WriteBatch:
     and an upper bound of how much the write can add to the namespace's usage."""
 
 
-def is_mapping(entries: Entries) -> bool:
+def is_mapping(entries: Entries) -> TypeIs[Mapping[bytes, bytes]]:
     """Whether `entries` is a mapping rather than pairs; a `dict` (what every caller in pagekv
     passes) is told without the `Mapping` ABC's check, which cost more than the rest of a test."""
     return type(entries) is dict or isinstance(entries, Mapping)
@@ -70,7 +72,7 @@ def _check_key(limits: KvLimits, key: object, what: str = "key") -> bytes:
     return key
 
 
-def check_keys(limits: KvLimits, keys: Iterable[bytes]) -> list[bytes]:
+def check_keys(limits: KvLimits, keys: Iterable[object]) -> list[bytes]:
     """Validate the keys of a `get`: each key and their number."""
     checked = [_check_key(limits, k) for k in keys]
     if len(checked) > limits.max_batch_entries:
@@ -80,30 +82,35 @@ def check_keys(limits: KvLimits, keys: Iterable[bytes]) -> list[bytes]:
     return checked
 
 
-def check_bound(limits: KvLimits, key: bytes | None, what: str) -> bytes | None:
+def check_bound(limits: KvLimits, key: object, what: str) -> bytes | None:
     """Validate an optional range bound or prefix."""
     return None if key is None else _check_key(limits, key, what)
 
 
-def check_write(limits: KvLimits, put: Entries, delete: Sequence[bytes]) -> WriteBatch:
+def _check_value(key: bytes, value: object) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidKey(f"value of key {key[:32]!r} must be bytes, not {type(value).__name__}")
+    return bytes(value)
+
+
+def check_write(limits: KvLimits, put: Entries, delete: Sequence[object]) -> WriteBatch:
     """Validate one write batch against every per-batch limit.
 
     On every write of every backend, so the common case (bytes keys and values within limits)
-    costs one loop with no calls beyond `len`; anything unusual takes the checked path.
+    costs one loop with no calls beyond `len`; anything unusual takes the checked path. Keys and
+    values are typed `object` here: this is where a caller's wrong types become `InvalidKey`.
     """
-    items = put.items() if is_mapping(put) else put
+    pairs: Iterable[tuple[object, object]] = put.items() if is_mapping(put) else put
     max_key, max_value = limits.max_key_bytes, limits.max_value_bytes
     puts: dict[bytes, bytes] = {}
     n_entries = payload = 0
-    for key, value in items:
-        if type(key) is not bytes or not 0 < len(key) <= max_key:
-            key = _check_key(limits, key)
-        if type(value) is not bytes:
-            if not isinstance(value, bytes | bytearray | memoryview):
-                raise InvalidKey(
-                    f"value of key {key[:32]!r} must be bytes, not {type(value).__name__}"
-                )
-            value = bytes(value)
+    for raw_key, raw_value in pairs:
+        key = (
+            raw_key
+            if type(raw_key) is bytes and 0 < len(raw_key) <= max_key
+            else _check_key(limits, raw_key)
+        )
+        value = raw_value if type(raw_value) is bytes else _check_value(key, raw_value)
         if len(value) > max_value:
             raise ValueTooLarge(
                 f"value of {len(value)} bytes for key {key[:32]!r}", len(value), max_value

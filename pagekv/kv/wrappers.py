@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, assert_never
 
+from mypy_extensions import mypyc_attr
+
 from pagekv.kv.api import ActorKv, KvStore, Shorthands
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.limits import Entries, KvLimits, is_mapping
@@ -27,6 +29,7 @@ WRITE_OPS = frozenset({"write", "delete_range", "takeover", "drop"})
 READ_OPS = frozenset({"get", "list", "generation", "used_bytes"})
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KvWrapper(Shorthands):
     """Forwards every `ActorKv` call to `inner` through one hook, `_call`: override it to observe
     or alter calls (the base of every wrapper, and of users' own)."""
@@ -109,6 +112,7 @@ class KvStats:
         return sum(self.round_trips.values())
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CountingKv(KvWrapper):
     """Counts every call that reaches the inner store, including calls that fail."""
 
@@ -146,7 +150,7 @@ class CountingKv(KvWrapper):
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         with self._lock:
             self.stats.round_trips[op] += 1
-        result = fn(*args, **kwargs)
+        result: Any = fn(*args, **kwargs)
         if op == "list":
             entries, size = len(result), sum(map(len, itertools.chain.from_iterable(result)))
         elif op == "get":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
@@ -154,15 +155,17 @@ class PageStore:
         per_chunk = self._planner.per_chunk
         max_chunks = min((stop - pgno) // per_chunk + 1, self.limits.max_batch_entries)
         chunks: dict[tuple[int, int], None] = {}
+        base: Sequence[int]
         if index.deltas:
-            base: range | list[int] = []
+            listed: list[int] = []
             for page in range(pgno, stop):
                 loc = index.deltas.get(page)
                 if loc is not None:
                     if len(chunks) < max_chunks:
                         chunks[loc] = None
                 elif page <= index.base_limit and page != LOCK_BYTE_PAGE:
-                    base.append(page)
+                    listed.append(page)
+            base = listed
         else:  # all base pages (the lock-byte page, never stored, needs no exclusion)
             base = range(pgno, min(stop, index.base_limit + 1))
         quarter = (stop - pgno) // 4 if mixed else stop

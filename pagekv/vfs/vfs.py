@@ -151,7 +151,9 @@ class PageVfs(apsw.VFS):
         self.file = PageFile(store)
         super().__init__(self.vfs_name, base="")
 
-    def xOpen(self, name: str | apsw.URIFilename | None, flags: list[int]) -> PageFile:
+    def xOpen(  # type: ignore[override]  # APSW takes any object with VFSFile's methods
+        self, name: str | apsw.URIFilename | None, flags: list[int]
+    ) -> PageFile:
         filename = name.filename() if isinstance(name, apsw.URIFilename) else name
         if filename != MAIN_FILE or not flags[0] & apsw.SQLITE_OPEN_MAIN_DB:
             raise apsw.CantOpenError(

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pagekv.kv import KvIndeterminate, KvUnavailable, file_log
 from pagekv.kv import file as kv_file
 from pagekv.kv.file import _INSERT_MAX, FileStore, _Pending, _Ranges
-from pagekv.kv.file_log import LogFile
+from pagekv.kv.file_log import LogFile, LogHeader
 from pagekv.kv.file_records import (
     Range,
     Takeover,
@@ -137,28 +137,68 @@ def store_with_history(tmp_path: Path) -> Iterator[tuple[FileStore, Model]]:
     store.close()
 
 
-def _fold_step(
-    monkeypatch: pytest.MonkeyPatch, target: object, name: str, *, after: bool
-) -> list[str]:
-    """Make `target.name` raise `Crash` (before or after running) on its next call."""
+def _crash_at(monkeypatch: pytest.MonkeyPatch, store: FileStore, step: str) -> list[str]:
+    """Make the next fold of `store` raise `Crash` at `step`; return the list it is recorded in.
+
+    The crashes are injected where the fold touches the disk: the log's header writes (the seal,
+    then the next epoch's header) and the base's `BEGIN IMMEDIATE`.
+    """
     fired: list[str] = []
-    original = getattr(target, name)
+    if step == "before-fold":
 
-    def crashing(*args: object, **kwargs: object) -> object:
-        if fired:
-            return original(*args, **kwargs)
-        fired.append(name)
+        def tracer(cursor: object, sql: str, bindings: object) -> bool:
+            if sql == "BEGIN IMMEDIATE" and not fired:
+                fired.append(step)
+                raise Crash(step)
+            return True
+
+        store._db.exec_trace = tracer
+        return fired
+    skip, after = {"before-seal": (0, False), "after-seal": (0, True), "after-fold": (1, False)}[
+        step
+    ]
+    original = LogFile.write_header
+    calls = 0
+
+    def write_header(log: LogFile, header: LogHeader) -> None:
+        nonlocal calls
+        calls += 1
+        if fired or calls <= skip:
+            return original(log, header)
+        fired.append(step)
         if after:
-            original(*args, **kwargs)
-        raise Crash(name)
+            original(log, header)
+        raise Crash(step)
 
-    monkeypatch.setattr(target, name, crashing)
+    monkeypatch.setattr(LogFile, "write_header", write_header)
     return fired
 
 
-def test_reads_past_many_small_range_deletes_skip_every_hidden_row(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _trace_base_reads(store: FileStore) -> tuple[list[str], list[bytes]]:
+    """Record the range queries on the base's entries and the keys of the rows they return."""
+    queries: list[str] = []
+    rows: list[bytes] = []
+    ranges: set[int] = set()
+
+    def exec_trace(cursor: apsw.Cursor, sql: str, bindings: object) -> bool:
+        if sql.startswith("SELECT key, value FROM entries") and "ORDER BY key" in sql:
+            ranges.add(id(cursor))
+            queries.append(sql)
+        else:
+            ranges.discard(id(cursor))
+        return True
+
+    def row_trace(cursor: apsw.Cursor, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        if id(cursor) in ranges:
+            rows.append(row[0])
+        return row
+
+    store._db.exec_trace = exec_trace
+    store._db.row_trace = row_trace
+    return queries, rows
+
+
+def test_reads_past_many_small_range_deletes_skip_every_hidden_row(tmp_path: Path) -> None:
     """Past `_MAX_GAPS` hidden ranges a read queries the whole span once and skips hidden rows
     itself (like the registry's index: one small range delete per actor)."""
     store = FileStore(tmp_path)
@@ -172,14 +212,7 @@ def test_reads_past_many_small_range_deletes_skip_every_hidden_row(
         ns.delete_range(b"k%04d" % j, b"k%04d" % (j + 1))
     assert len(store._pending_for(ns._id).hidden.gaps(None, None)) > kv_file._MAX_GAPS
     visible = [b"k%04d" % j for j in range(100) if j not in hidden]
-    queries: list[object] = []
-    original = FileStore._range
-
-    def counting(self: FileStore, *args: object) -> Iterator[tuple[bytes, object]]:
-        queries.append(args)
-        return original(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(FileStore, "_range", counting)
+    queries, _ = _trace_base_reads(store)
     assert [k for k, _ in ns.list()] == visible
     assert len(queries) == 1, "one query for the span, not one per gap"
     assert [k for k, _ in ns.list(reverse=True, limit=7)] == visible[::-1][:7]
@@ -190,33 +223,30 @@ def test_reads_past_many_small_range_deletes_skip_every_hidden_row(
 
 
 @pytest.mark.parametrize(
-    ("target", "name", "after"),
+    "step",
     [
-        (LogFile, "write_header", True),  # sealed, nothing folded yet
-        (FileStore, "_transaction", False),  # sealed; the fold's transaction never began
-        (FileStore, "_start_epoch", False),  # folded and committed; no new epoch yet
-        (LogFile, "write_header", False),  # the sealing header never written
+        "after-seal",  # sealed, nothing folded yet
+        "before-fold",  # sealed; the fold's transaction never began
+        "after-fold",  # folded and committed; no new epoch yet
+        "before-seal",  # the sealing header never written
     ],
-    ids=["after-seal", "before-fold", "after-fold", "before-seal"],
 )
 def test_a_crash_at_each_step_of_a_fold(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     store_with_history: tuple[FileStore, Model],
-    target: object,
-    name: str,
-    after: bool,
+    step: str,
 ) -> None:
     store, model = store_with_history
     folded = _folded(tmp_path)
     ns = store.namespace("a")
-    fired = _fold_step(monkeypatch, target, name, after=after)
+    fired = _crash_at(monkeypatch, store, step)
     big = {b"fill-%d" % i: os.urandom(5000) for i in range(2)}
     with pytest.raises(Crash):
         for key, value in big.items():  # the second one needs a fold first
             ns.write(put={key: value}, fence=model.generation)
             model.entries[key] = value
-    assert fired == [name]
+    assert fired == [step]
     monkeypatch.undo()
     # What the next process finds: everything acknowledged, each takeover once, usage exact.
     reopened = FileStore(tmp_path, log_bytes=SMALL_LOG)
@@ -517,9 +547,7 @@ def test_a_new_base_uses_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path
     assert sizes == {"new": kv_file._BASE_PAGE_SIZE, "old": 4096}
 
 
-def test_reads_skip_base_rows_hidden_by_a_range_delete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_reads_skip_base_rows_hidden_by_a_range_delete(tmp_path: Path) -> None:
     store = FileStore(tmp_path, log_bytes=SMALL_LOG)
     ns = store.namespace("a")
     for i in range(0, 600, 100):
@@ -529,17 +557,7 @@ def test_reads_skip_base_rows_hidden_by_a_range_delete(
         store._start_epoch()
     assert store._pending == {}
     ns.delete_range(b"k0100", b"k0500")
-    rows_read: list[bytes] = []
-    original = FileStore._range
-
-    def counting(
-        self: FileStore, *args: object, **kwargs: object
-    ) -> Iterator[tuple[bytes, object]]:
-        for row in original(self, *args, **kwargs):  # type: ignore[arg-type]
-            rows_read.append(row[0])
-            yield row
-
-    monkeypatch.setattr(FileStore, "_range", counting)
+    _, rows_read = _trace_base_reads(store)
     assert [k for k, _ in ns.list()] == [b"k%04d" % j for j in (*range(100), *range(500, 600))]
     assert len(rows_read) == 200  # none of the 400 hidden rows
     rows_read.clear()
@@ -549,17 +567,9 @@ def test_reads_skip_base_rows_hidden_by_a_range_delete(
     store.close()
 
 
-@pytest.mark.parametrize(
-    ("target", "name", "after"),
-    [
-        (LogFile, "write_header", True),
-        (FileStore, "_transaction", False),
-        (FileStore, "_start_epoch", False),
-    ],
-    ids=["after-seal", "before-fold", "after-fold"],
-)
+@pytest.mark.parametrize("step", ["after-seal", "before-fold", "after-fold"])
 def test_a_fold_left_unfinished_is_finished_by_another_writer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: object, name: str, after: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
     """The other writer holds the epoch's pending state and has no reason to re-read the log but
     the sealed header; without the seal its next record would go to an epoch already folded."""
@@ -568,13 +578,13 @@ def test_a_fold_left_unfinished_is_finished_by_another_writer(
     other.namespace("a").put({b"seen": b"by other"})
     model.entries[b"seen"] = b"by other"
     model.check(other)
-    fired = _fold_step(monkeypatch, target, name, after=after)
+    fired = _crash_at(monkeypatch, folder, step)
     with pytest.raises(Crash):
         for i in range(3):
             folder.namespace("a").put({b"fill-%d" % i: b"x" * 5000})
             model.entries[b"fill-%d" % i] = b"x" * 5000
     monkeypatch.undo()
-    assert fired == [name]
+    assert fired == [step]
     model.check(other)  # reads first: the base may already hold the epoch the other still has
     other.namespace("a").put({b"after": b"the crash"})
     model.entries[b"after"] = b"the crash"

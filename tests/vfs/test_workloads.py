@@ -20,7 +20,7 @@ import pytest
 
 from pagekv.kv import ActorKv, CountingKv
 from pagekv.vfs import Database, open_database
-from pagekv.vfs.pages import PageStore
+from pagekv.vfs.vfs import PageFile
 
 Rows = list[tuple[Any, ...]]
 KiB = 1024
@@ -422,14 +422,14 @@ def test_100MiB_transaction_keeps_memory_bounded(
     stage_pages = 1024
     blobs = 100
     peak_dirty = 0
-    original_write = PageStore.write
+    original_write = PageFile.xWrite
 
-    def write(self: PageStore, data: bytes, offset: int) -> None:
+    def write(self: PageFile, data: bytes, offset: int) -> None:
         nonlocal peak_dirty
         original_write(self, data, offset)
-        peak_dirty = max(peak_dirty, len(self._pending.dirty))
+        peak_dirty = max(peak_dirty, len(self.store._pending.dirty))
 
-    monkeypatch.setattr(PageStore, "write", write)
+    monkeypatch.setattr(PageFile, "xWrite", write)
     rng = random.Random(100)
     excess = 0
     tracemalloc.start()
