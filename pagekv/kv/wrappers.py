@@ -32,7 +32,11 @@ READ_OPS = frozenset({"get", "list", "generation", "used_bytes"})
 @mypyc_attr(allow_interpreted_subclasses=True)
 class KvWrapper(Shorthands):
     """Forwards every `ActorKv` call to `inner` through one hook, `_call`: override it to observe
-    or alter calls (the base of every wrapper, and of users' own)."""
+    or alter calls (the base of every wrapper, and of users' own).
+
+    Arguments are passed on unchecked, so a wrong type gets the inner store's `InvalidKey`. That
+    is why range bounds are typed `object`: compiled, a `bytes` parameter is checked on entry and
+    would raise a `TypeError` of its own first (keys inside collections are not checked)."""
 
     def __init__(self, inner: ActorKv) -> None:
         self.inner = inner
@@ -45,15 +49,14 @@ class KvWrapper(Shorthands):
         return fn(*args, **kwargs)
 
     def get(self, keys: Iterable[bytes]) -> list[bytes | None]:
-        keys = list(keys)
-        return self._call("get", self.inner.get, keys)
+        return self._call("get", self.inner.get, list(keys))
 
     def list(
         self,
         *,
-        prefix: bytes | None = None,
-        start: bytes | None = None,
-        end: bytes | None = None,
+        prefix: object = None,
+        start: object = None,
+        end: object = None,
         limit: int | None = None,
         reverse: bool = False,
     ) -> list[tuple[bytes, bytes]]:
@@ -73,7 +76,7 @@ class KvWrapper(Shorthands):
         put = dict(put.items()) if is_mapping(put) else list(put)
         self._call("write", self.inner.write, put=put, delete=list(delete), fence=fence)
 
-    def delete_range(self, start: bytes, end: bytes, *, fence: int | None = None) -> None:
+    def delete_range(self, start: object, end: object, *, fence: int | None = None) -> None:
         self._call("delete_range", self.inner.delete_range, start, end, fence=fence)
 
     def takeover(self) -> int:
@@ -87,6 +90,14 @@ class KvWrapper(Shorthands):
 
     def drop(self, *, fence: int | None = None) -> None:
         self._call("drop", self.inner.drop, fence=fence)
+
+
+def _payload(put: Entries, delete: Iterable[Any]) -> int:
+    """Bytes of a write's keys and values (`put` a mapping, or a list of pairs)."""
+    size = sum(map(len, delete))
+    if is_mapping(put):
+        return size + sum(map(len, put)) + sum(map(len, put.values()))
+    return size + sum(len(k) + len(v) for k, v in put)
 
 
 @dataclass
@@ -130,16 +141,14 @@ class CountingKv(KvWrapper):
     def write(
         self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
     ) -> None:
-        if is_mapping(put):
-            size = sum(map(len, put)) + sum(map(len, put.values()))
-        else:
+        if not is_mapping(put):
             put = list(put)
-            size = sum(len(k) + len(v) for k, v in put)
-        entries = len(put)
-        if delete:
-            delete = list(delete)
-            size += sum(map(len, delete))
-            entries += len(delete)
+        delete = list(delete) if delete else ()
+        entries = len(put) + len(delete)
+        try:
+            size = _payload(put, delete)
+        except TypeError:  # a key or value without a length: the store rejects the write
+            size = 0
         with self._lock:
             stats = self.stats
             stats.round_trips["write"] += 1

@@ -18,6 +18,7 @@ from pagekv.kv import (
     FiredFault,
     InjectedIndeterminate,
     InjectedUnavailable,
+    InvalidKey,
     KvIndeterminate,
     KvStats,
     KvStore,
@@ -34,6 +35,38 @@ APPLY = FaultKind.APPLY_THEN_RAISE
 @pytest.fixture
 def kv(store: KvStore) -> ActorKv:
     return store.namespace("actor")
+
+
+# --- every wrapper ---------------------------------------------------------------------------
+
+_BAD_CALLS: dict[str, Callable[[ActorKv], object]] = {
+    "put-int-key": lambda kv: kv.put({1: b"v"}),  # type: ignore[dict-item]
+    "put-str-key": lambda kv: kv.put({"k": b"v"}),  # type: ignore[dict-item]
+    "put-int-value": lambda kv: kv.put({b"k": 1}),  # type: ignore[dict-item]
+    "put-pairs-str-key": lambda kv: kv.put([("k", b"v")]),  # type: ignore[list-item]
+    "delete-int-key": lambda kv: kv.delete([1]),  # type: ignore[list-item]
+    "get-str-key": lambda kv: kv.get(["k"]),  # type: ignore[list-item]
+    "list-str-prefix": lambda kv: kv.list(prefix="k"),  # type: ignore[arg-type]
+    "list-str-start": lambda kv: kv.list(start="k"),  # type: ignore[arg-type]
+    "list-int-end": lambda kv: kv.list(end=1),  # type: ignore[arg-type]
+    "range-str-start": lambda kv: kv.delete_range("a", b"b"),  # type: ignore[arg-type]
+    "range-int-end": lambda kv: kv.delete_range(b"a", 2),  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("call", _BAD_CALLS.values(), ids=_BAD_CALLS.keys())
+@pytest.mark.parametrize("wrap", [CountingKv, FaultyKv, pagekv.kv.wrappers.KvWrapper])
+def test_a_wrapper_rejects_bad_input_as_its_store_does(
+    kv: ActorKv, wrap: Callable[[ActorKv], ActorKv], call: Callable[[ActorKv], object]
+) -> None:
+    """A wrapper forwards arguments unchecked, so a wrong type meets the store's own check and
+    error (compiled wrappers must not raise a `TypeError` of their own first)."""
+    with pytest.raises(Exception) as direct:
+        call(kv)
+    assert isinstance(direct.value, InvalidKey)
+    with pytest.raises(InvalidKey):
+        call(wrap(kv))
+    assert kv.list() == []
 
 
 # --- CountingKv ------------------------------------------------------------------------------
