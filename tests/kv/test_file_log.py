@@ -147,7 +147,8 @@ def _crash_at(monkeypatch: pytest.MonkeyPatch, store: FileStore, step: str) -> l
     if step == "before-fold":
 
         def tracer(cursor: object, sql: str, bindings: object) -> bool:
-            if sql == "BEGIN IMMEDIATE" and not fired:
+            sealed = store._header is not None and store._header.sealed  # the fold's, no other
+            if sql == "BEGIN IMMEDIATE" and sealed and not fired:
                 fired.append(step)
                 raise Crash(step)
             return True
