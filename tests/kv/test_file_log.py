@@ -13,7 +13,7 @@ import errno
 import itertools
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pagekv.kv import KvIndeterminate, KvUnavailable, file_log
 from pagekv.kv import file as kv_file
 from pagekv.kv.file import _INSERT_MAX, FileStore, _Pending, _Ranges
-from pagekv.kv.file_log import LogFile, LogHeader
+from pagekv.kv.file_log import LogFile
 from pagekv.kv.file_records import (
     Range,
     Takeover,
@@ -158,21 +158,37 @@ def _crash_at(monkeypatch: pytest.MonkeyPatch, store: FileStore, step: str) -> l
     skip, after = {"before-seal": (0, False), "after-seal": (0, True), "after-fold": (1, False)}[
         step
     ]
-    original = LogFile.write_header
     calls = 0
 
-    def write_header(log: LogFile, header: LogHeader) -> None:
+    def header_write(write: Callable[[], object], data: bytes) -> None:
         nonlocal calls
         calls += 1
         if fired or calls <= skip:
-            return original(log, header)
+            write()
+            return
         fired.append(step)
         if after:
-            original(log, header)
+            write()
         raise Crash(step)
 
-    monkeypatch.setattr(LogFile, "write_header", write_header)
+    _on_header_writes(monkeypatch, header_write)
     return fired
+
+
+def _on_header_writes(
+    monkeypatch: pytest.MonkeyPatch, hook: Callable[[Callable[[], object], bytes], None]
+) -> None:
+    """Route the log's header writes (a `pwrite` below `DATA_START`) through `hook(write, data)`,
+    which decides whether and when `write()` runs; every other `pwrite` runs as usual."""
+    real_pwrite = os.pwrite
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        if offset >= file_log.DATA_START:
+            return real_pwrite(fd, data, offset)
+        hook(lambda: real_pwrite(fd, data, offset), data)
+        return len(data)
+
+    monkeypatch.setattr(file_log.os, "pwrite", pwrite)
 
 
 def _trace_base_reads(store: FileStore) -> tuple[list[str], list[bytes]]:
@@ -272,18 +288,16 @@ def test_a_torn_header_falls_back_to_the_other_slot(
     """A fold writes two headers: the sealed one, then the next epoch's. Tear either write."""
     store, model = store_with_history
     calls: list[int] = []
-    original = LogFile.write_header
+    real_pwrite = os.pwrite
 
-    def tearing(self: LogFile, header: file_log.LogHeader) -> None:
-        calls.append(header.hseq)
-        original(self, header)
+    def tearing(write: Callable[[], object], data: bytes) -> None:
+        calls.append(int.from_bytes(data[8:16], "little"))  # hseq
+        write()
         if len(calls) == torn:
-            with open(self.path, "r+b") as f:
-                f.seek((header.hseq % 2) * 512 + 12)
-                f.write(b"\xff" * 8)
+            real_pwrite(store._log.fd, b"\xff" * 8, (calls[-1] % 2) * 512 + 12)
             raise Crash("torn header")
 
-    monkeypatch.setattr(LogFile, "write_header", tearing)
+    _on_header_writes(monkeypatch, tearing)
     ns = store.namespace("a")
     with pytest.raises(Crash):
         for i in range(3):  # at most two fit before a fold
@@ -355,14 +369,21 @@ def test_a_failed_sync_breaks_the_store_until_reopened(
     ns = store.namespace("a")
     ns.put({b"a": b"1"})
     fired: list[int] = []
-    original = LogFile.append
+    real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
 
-    def failing(self: LogFile, *args: object) -> None:
-        original(self, *args)  # written, but the device reported an error
+    def pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        real_pwritev(fd, buffers, offset)  # written, but the device reported an error
+        del buffers  # the traceback must not keep a view of the log's buffer
         fired.append(1)
         raise OSError(errno.EIO, "injected I/O error")
 
-    monkeypatch.setattr(LogFile, "append", failing)
+    def fdatasync(fd: int) -> None:  # the same where the log is written without O_DIRECT
+        real_fdatasync(fd)
+        fired.append(1)
+        raise OSError(errno.EIO, "injected I/O error")
+
+    monkeypatch.setattr(file_log.os, "pwritev", pwritev)
+    monkeypatch.setattr(file_log.os, "fdatasync", fdatasync)
     with pytest.raises(KvIndeterminate, match="injected I/O error"):
         ns.put({b"b": b"2"})
     monkeypatch.undo()
@@ -379,8 +400,15 @@ def test_a_failed_sync_breaks_the_store_until_reopened(
 def test_both_ways_of_writing_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
 ) -> None:
-    if not direct:
-        monkeypatch.setattr(file_log, "_open_direct", lambda path: None)
+    if not direct:  # refuse O_DIRECT as tmpfs does
+        real_open = os.open
+
+        def open_without_direct(path: str, flags: int, *args: int) -> int:
+            if flags & os.O_DIRECT:
+                raise OSError(errno.EINVAL, "injected: no O_DIRECT here")
+            return real_open(path, flags, *args)
+
+        monkeypatch.setattr(file_log.os, "open", open_without_direct)
     store = FileStore(tmp_path, log_bytes=SMALL_LOG)
     if direct and store._log._direct is None:
         pytest.skip(f"{tmp_path} does not support O_DIRECT")
