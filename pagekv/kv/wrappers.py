@@ -92,12 +92,11 @@ class KvWrapper(Shorthands):
         self._call("drop", self.inner.drop, fence=fence)
 
 
-def _payload(put: Entries, delete: Iterable[Any]) -> int:
-    """Bytes of a write's keys and values (`put` a mapping, or a list of pairs)."""
-    size = sum(map(len, delete))
+def _payload(put: Entries) -> int:
+    """Bytes of the keys and values of `put` (a mapping, or a list of pairs)."""
     if is_mapping(put):
-        return size + sum(map(len, put)) + sum(map(len, put.values()))
-    return size + sum(len(k) + len(v) for k, v in put)
+        return sum(map(len, put)) + sum(map(len, put.values()))
+    return sum(len(k) + len(v) for k, v in put)
 
 
 @dataclass
@@ -143,10 +142,11 @@ class CountingKv(KvWrapper):
     ) -> None:
         if not is_mapping(put):
             put = list(put)
-        delete = list(delete) if delete else ()
+        if delete:
+            delete = list(delete)
         entries = len(put) + len(delete)
         try:
-            size = _payload(put, delete)
+            size = _payload(put) + (sum(map(len, delete)) if delete else 0)
         except TypeError:  # a key or value without a length: the store rejects the write
             size = 0
         with self._lock:
