@@ -36,11 +36,12 @@ class KvLimits:
     max_storage_bytes: int = 10 * 2**30
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class WriteBatch:
     """A validated write: puts (the last put of a key wins) and deletes of other keys.
 
-    Not frozen: one is made per write, and a frozen dataclass costs twice as much to make.
+    One is made per write, so `__init__` is written out: mypyc compiles a written `__init__`,
+    but a dataclass's generated one runs interpreted, about 6x slower (250 vs 40 ns).
     """
 
     puts: dict[bytes, bytes]
@@ -48,6 +49,11 @@ class WriteBatch:
     payload: int
     """Bytes of the batch's keys and values (delete keys included): what `max_batch_bytes` caps,
     and an upper bound of how much the write can add to the namespace's usage."""
+
+    def __init__(self, puts: dict[bytes, bytes], deletes: tuple[bytes, ...], payload: int) -> None:
+        self.puts = puts
+        self.deletes = deletes
+        self.payload = payload
 
 
 def is_mapping(entries: Entries) -> TypeIs[Mapping[bytes, bytes]]:

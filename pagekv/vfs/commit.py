@@ -27,9 +27,15 @@ from pagekv.vfs.format import (
 Page = tuple[int, bytes]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Batch:
+    """One KV write's worth of a commit's pages, in chunks. Made per commit, so `__init__` is
+    written out, as `WriteBatch`'s is."""
+
     chunks: list[list[Page]]
+
+    def __init__(self, chunks: list[list[Page]]) -> None:
+        self.chunks = chunks
 
 
 def pages_per_chunk(limits: KvLimits) -> int:

@@ -16,7 +16,7 @@ move is the only visibility point.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import cbor2
 from crc32c import crc32c
@@ -96,7 +96,7 @@ class Shrink:
     pages: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Head:
     """The commit pointer and what readers need to find pages.
 
@@ -104,15 +104,29 @@ class Head:
     `1..base_pages` hold every page as of `compacted`; `shrinks` lists the truncations of live
     deltas in commit order (each hides older versions of the pages above it).
 
-    Treated as immutable (a commit makes a new one); not frozen, because one is made per commit
-    and a frozen dataclass costs twice as much to make.
+    Treated as immutable (a commit makes a new one). One is made per commit, so `__init__` is
+    written out, as `WriteBatch`'s is, and frozen would need `object.__setattr__` in it.
     """
 
-    txid: int = 0
-    size: int = 0
-    compacted: int = 0
-    base_pages: int = 0
-    shrinks: tuple[Shrink, ...] = field(default_factory=tuple)
+    txid: int
+    size: int
+    compacted: int
+    base_pages: int
+    shrinks: tuple[Shrink, ...]
+
+    def __init__(
+        self,
+        txid: int = 0,
+        size: int = 0,
+        compacted: int = 0,
+        base_pages: int = 0,
+        shrinks: tuple[Shrink, ...] = (),
+    ) -> None:
+        self.txid = txid
+        self.size = size
+        self.compacted = compacted
+        self.base_pages = base_pages
+        self.shrinks = shrinks
 
     @property
     def pages(self) -> int:
@@ -180,12 +194,17 @@ def _check_page_size(page_size: int) -> None:
         raise StorageCorrupt(f"stored page size {page_size} is not {PAGE_SIZE}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Chunk:
-    """A decoded delta chunk: the generation that wrote it and its pages."""
+    """A decoded delta chunk: the generation that wrote it and its pages. One is made per chunk
+    read, so `__init__` is written out, as `WriteBatch`'s is."""
 
     generation: int
     pages: dict[int, bytes]
+
+    def __init__(self, generation: int, pages: dict[int, bytes]) -> None:
+        self.generation = generation
+        self.pages = pages
 
 
 def encode_chunk(generation: int, txid: int, pages: list[tuple[int, bytes]]) -> bytes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
 from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
@@ -56,18 +56,27 @@ class Options:
     auto_compact: bool = True
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Pending:
-    """The transaction being built: dirty pages and whatever was already staged to KV."""
+    """The transaction being built: dirty pages and whatever was already staged to KV. One is
+    made per commit, so `__init__` is written out, as `WriteBatch`'s is."""
 
-    dirty: dict[int, bytes] = field(default_factory=dict)
-    staged: dict[int, int] = field(default_factory=dict)
+    dirty: dict[int, bytes]
+    staged: dict[int, int]
     """Staged page -> chunk number under the pending txid."""
-    parts: list[list[tuple[int, int]]] = field(default_factory=list)
-    shrinks: list[Shrink] = field(default_factory=list)
-    chunks: int = 0
-    floor: int | None = None
+    parts: list[list[tuple[int, int]]]
+    shrinks: list[Shrink]
+    chunks: int
+    floor: int | None
     """Lowest page count the file shrank to; committed pages above it are hidden."""
+
+    def __init__(self) -> None:
+        self.dirty = {}
+        self.staged = {}
+        self.parts = []
+        self.shrinks = []
+        self.chunks = 0
+        self.floor = None
 
 
 class PageStore:
