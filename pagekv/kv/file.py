@@ -43,7 +43,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, assert_never
+from typing import Any, Final, assert_never
 
 import apsw
 
@@ -63,8 +63,8 @@ from pagekv.kv.file_records import (
 )
 from pagekv.kv.limits import KvLimits, WriteBatch, check_quota
 
-_SCHEMA_VERSION = 2
-_SCHEMA = (
+_SCHEMA_VERSION: Final = 2
+_SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS namespaces (
         id INTEGER PRIMARY KEY,
         name TEXT NOT NULL UNIQUE,
@@ -80,18 +80,18 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS log_state (epoch INTEGER NOT NULL)",
     "INSERT INTO log_state(epoch) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM log_state)",
 )
-_UPSERT = (
+_UPSERT: Final = (
     "INSERT INTO entries(ns, key, value) VALUES (?, ?, ?) "
     "ON CONFLICT(ns, key) DO UPDATE SET value = excluded.value"
 )
-_SIZE = "length(key) + length(value)"
-_BUSY_TIMEOUT_MS = 30_000
-_BASE_PAGE_SIZE = 32 * 1024
-_KEYS_PER_QUERY = 500
-DEFAULT_LOG_BYTES = 32 * 2**20
-_INSERT_MAX = 32
+_SIZE: Final = "length(key) + length(value)"
+_BUSY_TIMEOUT_MS: Final = 30_000
+_BASE_PAGE_SIZE: Final = 32 * 1024
+_KEYS_PER_QUERY: Final = 500
+DEFAULT_LOG_BYTES: Final = 32 * 2**20
+_INSERT_MAX: Final = 32
 """New pending keys inserted one by one into the sorted keys; more are merged by a sort."""
-_MAX_GAPS = 16
+_MAX_GAPS: Final = 16
 """Reads that would query more gaps between hidden ranges than this read the span at once."""
 
 
@@ -223,20 +223,25 @@ class _Pending:
         return keys, lo, hi
 
     def write(self, puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes]) -> None:
-        entries, hidden, used = self.entries, self.hidden, self.used
-        for key, value in itertools.chain(zip(deletes, itertools.repeat(None)), puts):
-            if key in entries:
-                old = entries[key]
-                if old is not None:
-                    used -= len(key) + len(old)
-            else:
-                self._fresh.append(key)
-                if key not in hidden:
-                    self.unresolved.append(key)
-            if value is not None:
-                used += len(key) + len(value)
-            entries[key] = value
-        self.used = used
+        for key in deletes:
+            self._set(key, None)
+        for key, value in puts:
+            self._set(key, value)
+
+    def _set(self, key: bytes, value: bytes | None) -> None:
+        """Record `key`'s new value (None: deleted) and keep `used` an upper bound."""
+        entries = self.entries
+        if key in entries:
+            old = entries[key]
+            if old is not None:
+                self.used -= len(key) + len(old)
+        else:
+            self._fresh.append(key)
+            if key not in self.hidden:
+                self.unresolved.append(key)
+        if value is not None:
+            self.used += len(key) + len(value)
+        entries[key] = value
 
     def delete_range(self, start: bytes, end: bytes | None, refund: int) -> None:
         keys, lo, hi = self._bounds(start, end)

@@ -32,22 +32,23 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from crc32c import crc32c
 
-DATA_START = 4096
-ALIGN = 512
-_MAGIC = b"pkvlog1\0"
-_SLOT_SIZE = 512
-_HEADER = struct.Struct("<8sQQ8sB")
-_CRC = struct.Struct("<I")
-_HEADER_BYTES = _HEADER.size + _CRC.size
-_RECORD = struct.Struct("<IIQ")
-_LENGTH_SEQ = struct.Struct("<IQ")
-_COUNTER = struct.Struct("<Q")
-_FIRST_EXTENT = 256 * 1024
-_MAX_EXTENT = 2 * 2**20
-_PADDING = bytes(ALIGN)
+DATA_START: Final = 4096
+ALIGN: Final = 512
+_MAGIC: Final = b"pkvlog1\0"
+_SLOT_SIZE: Final = 512
+_HEADER: Final = struct.Struct("<8sQQ8sB")
+_CRC: Final = struct.Struct("<I")
+_HEADER_BYTES: Final = _HEADER.size + _CRC.size
+_RECORD: Final = struct.Struct("<IIQ")
+_LENGTH_SEQ: Final = struct.Struct("<IQ")
+_COUNTER: Final = struct.Struct("<Q")
+_FIRST_EXTENT: Final = 256 * 1024
+_MAX_EXTENT: Final = 2 * 2**20
+_PADDING: Final = bytes(ALIGN)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,14 +20,14 @@ import enum
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import assert_never
+from typing import Final, assert_never
 
-_WRITE = struct.Struct("<BQII")
-_PUT = struct.Struct("<HI")
-_KEY = struct.Struct("<H")
-_RANGE = struct.Struct("<BQQHH")
-_TAKEOVER = struct.Struct("<BQQ")
-_NO_END = 0xFFFF
+_WRITE: Final = struct.Struct("<BQII")
+_PUT: Final = struct.Struct("<HI")
+_KEY: Final = struct.Struct("<H")
+_RANGE: Final = struct.Struct("<BQQHH")
+_TAKEOVER: Final = struct.Struct("<BQQ")
+_NO_END: Final = 0xFFFF
 
 
 class Op(enum.IntEnum):
@@ -58,15 +58,18 @@ class Takeover:
 
 
 Record = Write | Range | Takeover
-_OPS = {op.value: op for op in Op}
+_OPS: Final = {op.value: op for op in Op}
 
 
 def encode_write(ns: int, puts: dict[bytes, bytes], deletes: Collection[bytes]) -> bytes:
     parts = [_WRITE.pack(Op.WRITE, ns, len(puts), len(deletes))]
     for key, value in puts.items():
-        parts += (_PUT.pack(len(key), len(value)), key, value)
+        parts.append(_PUT.pack(len(key), len(value)))
+        parts.append(key)
+        parts.append(value)
     for key in deletes:
-        parts += (_KEY.pack(len(key)), key)
+        parts.append(_KEY.pack(len(key)))
+        parts.append(key)
     return b"".join(parts)
 
 

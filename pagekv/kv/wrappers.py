@@ -13,9 +13,9 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, assert_never
+from typing import Any, Final, TypeVar, assert_never
 
 from mypy_extensions import mypyc_attr
 
@@ -25,8 +25,8 @@ from pagekv.kv.limits import Entries, KvLimits, is_mapping
 
 T = TypeVar("T")
 
-WRITE_OPS = frozenset({"write", "delete_range", "takeover", "drop"})
-READ_OPS = frozenset({"get", "list", "generation", "used_bytes"})
+WRITE_OPS: Final = frozenset({"write", "delete_range", "takeover", "drop"})
+READ_OPS: Final = frozenset({"get", "list", "generation", "used_bytes"})
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -93,10 +93,16 @@ class KvWrapper(Shorthands):
 
 
 def _payload(put: Entries) -> int:
-    """Bytes of the keys and values of `put` (a mapping, or a list of pairs)."""
-    if is_mapping(put):
-        return sum(map(len, put)) + sum(map(len, put.values()))
-    return sum(len(k) + len(v) for k, v in put)
+    """Bytes of the keys and values of `put` (a mapping, or a list of pairs).
+
+    A plain loop: compiled, `sum(map(len, ...))` looks up and calls each builtin generically,
+    which cost 6k instructions per commit. Items are `Sized`, not `bytes`: any key or value with
+    a length is counted, and the store judges its type."""
+    pairs: Iterable[tuple[Sized, Sized]] = put.items() if is_mapping(put) else put
+    size = 0
+    for key, value in pairs:
+        size += len(key) + len(value)
+    return size
 
 
 @dataclass

@@ -19,6 +19,7 @@ so a pass over recently written pages reads nothing.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Final
 
 from pagekv.kv import ActorKv, KvLimits
 from pagekv.vfs.errors import StorageCorrupt
@@ -37,7 +38,7 @@ from pagekv.vfs.page_cache import PageCache
 from pagekv.vfs.page_index import DeltaLoc, PageIndex
 from pagekv.vfs.recovery import delete_txids
 
-_CHUNKS_PER_READ = 8
+_CHUNKS_PER_READ: Final = 8
 
 
 class _BatchWriter:

@@ -17,36 +17,37 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Final
 
 import cbor2
 from crc32c import crc32c
 
 from pagekv.vfs.errors import StorageCorrupt
 
-FORMAT_VERSION = 2
-PAGE_SIZE = 4096
-PREFIX = b"\x01"
-HEAD_KEY = PREFIX + b"H"
-_INDEX = PREFIX + b"X"
-_DELTA = PREFIX + b"D"
-_BASE = PREFIX + b"B"
-_VALUE_VERSION = b"\x01"
-_FRAME = struct.Struct(">II")
-_GENERATION = struct.Struct(">Q")
-FRAME_BYTES = _FRAME.size + PAGE_SIZE
-_BASE_HEADER = struct.Struct(">QI")
-_BASE_BYTES = 1 + _BASE_HEADER.size + PAGE_SIZE
-_INDEX_ENTRY = struct.Struct(">II")
-_HEAD = struct.Struct(">BIQQQQI")
+FORMAT_VERSION: Final = 2
+PAGE_SIZE: Final = 4096
+PREFIX: Final = b"\x01"
+HEAD_KEY: Final = PREFIX + b"H"
+_INDEX: Final = PREFIX + b"X"
+_DELTA: Final = PREFIX + b"D"
+_BASE: Final = PREFIX + b"B"
+_VALUE_VERSION: Final = b"\x01"
+_FRAME: Final = struct.Struct(">II")
+_GENERATION: Final = struct.Struct(">Q")
+FRAME_BYTES: Final = _FRAME.size + PAGE_SIZE
+_BASE_HEADER: Final = struct.Struct(">QI")
+_BASE_BYTES: Final = 1 + _BASE_HEADER.size + PAGE_SIZE
+_INDEX_ENTRY: Final = struct.Struct(">II")
+_HEAD: Final = struct.Struct(">BIQQQQI")
 """version, page_size, txid, size, compacted, base_pages, number of shrinks"""
-_SHRINK = struct.Struct(">QII")
-_PGNO = struct.Struct(">I")
-_TXID_U32 = struct.Struct(">QI")
+_SHRINK: Final = struct.Struct(">QII")
+_PGNO: Final = struct.Struct(">I")
+_TXID_U32: Final = struct.Struct(">QI")
 """txid and a page, chunk or part number: in keys and in the page CRC"""
-ZERO_PAGE = bytes(PAGE_SIZE)
-LOCK_BYTE_PAGE = 0x40000000 // PAGE_SIZE + 1
+ZERO_PAGE: Final = bytes(PAGE_SIZE)
+LOCK_BYTE_PAGE: Final = 0x40000000 // PAGE_SIZE + 1
 """SQLite's lock-byte page (the page holding offset 1 GiB); it is never written."""
-MAX_TXID = 2**64 - 1
+MAX_TXID: Final = 2**64 - 1
 
 
 def index_key(txid: int, part: int) -> bytes:
@@ -66,13 +67,13 @@ def txid_bound(kind_key: bytes, txid: int) -> bytes:
     return kind_key + struct.pack(">Q", txid)
 
 
-INDEX_PREFIX = _INDEX
-DELTA_PREFIX = _DELTA
-INDEX_END = PREFIX + b"Y"
-DELTA_END = PREFIX + b"E"
-BASE_END = PREFIX + b"C"
-VALUE_HEADER_BYTES = len(_VALUE_VERSION)
-CHUNK_HEADER_BYTES = len(_VALUE_VERSION) + _GENERATION.size
+INDEX_PREFIX: Final = _INDEX
+DELTA_PREFIX: Final = _DELTA
+INDEX_END: Final = PREFIX + b"Y"
+DELTA_END: Final = PREFIX + b"E"
+BASE_END: Final = PREFIX + b"C"
+VALUE_HEADER_BYTES: Final = len(_VALUE_VERSION)
+CHUNK_HEADER_BYTES: Final = len(_VALUE_VERSION) + _GENERATION.size
 
 
 def parse_index_key(key: bytes) -> tuple[int, int]:
@@ -255,6 +256,6 @@ def decode_index(raw: bytes) -> list[tuple[int, int]]:
     return list(_INDEX_ENTRY.iter_unpack(raw[1:]))
 
 
-DELTA_KEY_BYTES = len(delta_key(0, 0))
-INDEX_KEY_BYTES = len(index_key(0, 0))
-INDEX_ENTRY_BYTES = _INDEX_ENTRY.size
+DELTA_KEY_BYTES: Final = len(delta_key(0, 0))
+INDEX_KEY_BYTES: Final = len(index_key(0, 0))
+INDEX_ENTRY_BYTES: Final = _INDEX_ENTRY.size

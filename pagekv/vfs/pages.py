@@ -383,7 +383,9 @@ class PageStore:
             staged = staged_before or len(batches) > 1
             self.counters["commits"] += 1
             self.counters["commits_staged" if staged else "commits_fast"] += 1
-            n_pages = sum(map(len, pending.parts))
+            n_pages = 0
+            for part in pending.parts:
+                n_pages += len(part)
             self.counters["pages_committed"] += n_pages
             self.counters["max_commit_pages"] = max(self.counters["max_commit_pages"], n_pages)
 
