@@ -1,6 +1,6 @@
 """The actor KV store: contract, limits, errors, backends and wrappers."""
 
-from pagekv.kv.api import ActorKv, KvNamespace, KvStore, prefix_end
+from pagekv.kv.api import ActorKv, KvStore
 from pagekv.kv.errors import (
     BatchTooLarge,
     FenceMismatch,
@@ -17,6 +17,7 @@ from pagekv.kv.errors import (
 from pagekv.kv.file import FileStore
 from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
+from pagekv.kv.namespace import KvNamespace, prefix_end
 from pagekv.kv.url import DEFAULT_URL, open_kv
 from pagekv.kv.wrappers import (
     READ_OPS,

@@ -1,19 +1,16 @@
-"""The `ActorKv` interface and the shared front half of every backend.
+"""The `ActorKv` interface: what the VFS and the tools ask of a namespace.
 
 `ActorKv` is a structural protocol: the VFS and the tools accept any object with these methods, so
-wrappers and test doubles can sit underneath. `KvNamespace` is the base class of our backends: it
-validates every request against `KvLimits` (see `limits.py`) and hands the backend only requests
-that are already known to be within bounds.
+wrappers and test doubles can sit underneath. Our backends implement it on `KvNamespace`
+(`namespace.py`).
 """
 
 from __future__ import annotations
 
-import abc
-import builtins
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
-from pagekv.kv.limits import Entries, KvLimits, WriteBatch, check_bound, check_keys, check_write
+from pagekv.kv.limits import Entries, KvLimits
 
 
 @runtime_checkable
@@ -60,106 +57,3 @@ class KvStore(Protocol):
     def namespace(self, actor_id: str) -> ActorKv: ...
 
     def close(self) -> None: ...
-
-
-class Shorthands:
-    """`put` and `delete` as spelled-out forms of `write`, shared by backends and wrappers."""
-
-    def write(
-        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
-    ) -> None:
-        raise NotImplementedError
-
-    def put(self, entries: Entries, *, fence: int | None = None) -> None:
-        self.write(put=entries, fence=fence)
-
-    def delete(self, keys: Sequence[bytes], *, fence: int | None = None) -> None:
-        self.write(delete=keys, fence=fence)
-
-
-def prefix_end(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with `prefix` (None: no upper bound)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-class KvNamespace(Shorthands, abc.ABC):
-    """Validating front of a backend namespace; subclasses implement the `_`-methods atomically.
-
-    Invariant: a `_`-method is only called with a request that passed every `KvLimits` check except
-    the quota, which the backend checks with `limits.check_quota` inside its own transaction.
-    """
-
-    def __init__(self, actor_id: str, limits: KvLimits) -> None:
-        self.actor_id = actor_id
-        self._limits = limits
-
-    @property
-    def limits(self) -> KvLimits:
-        return self._limits
-
-    def get(self, keys: Iterable[bytes]) -> list[bytes | None]:
-        return self._get(check_keys(self._limits, keys))
-
-    def list(
-        self,
-        *,
-        prefix: bytes | None = None,
-        start: bytes | None = None,
-        end: bytes | None = None,
-        limit: int | None = None,
-        reverse: bool = False,
-    ) -> list[tuple[bytes, bytes]]:
-        prefix = check_bound(self._limits, prefix, "prefix")
-        start = check_bound(self._limits, start, "start key")
-        end = check_bound(self._limits, end, "end key")
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        if prefix is not None:
-            if start is not None or end is not None:
-                raise ValueError("pass either prefix or start/end, not both")
-            start, end = prefix, prefix_end(prefix)
-        if limit == 0 or (start is not None and end is not None and start >= end):
-            return []
-        return self._list(start, end, limit, reverse)
-
-    def write(
-        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
-    ) -> None:
-        batch = check_write(self._limits, put, delete)
-        if batch.puts or batch.deletes or fence is not None:
-            self._write(batch, fence)
-
-    def delete_range(self, start: bytes, end: bytes, *, fence: int | None = None) -> None:
-        lo = check_bound(self._limits, start, "start key")
-        hi = check_bound(self._limits, end, "end key")
-        assert lo is not None and hi is not None
-        self._delete_range(lo, hi, fence)
-
-    @abc.abstractmethod
-    def _get(self, keys: builtins.list[bytes]) -> builtins.list[bytes | None]: ...
-
-    @abc.abstractmethod
-    def _list(
-        self, start: bytes | None, end: bytes | None, limit: int | None, reverse: bool
-    ) -> builtins.list[tuple[bytes, bytes]]: ...
-
-    @abc.abstractmethod
-    def _write(self, batch: WriteBatch, fence: int | None) -> None: ...
-
-    @abc.abstractmethod
-    def _delete_range(self, start: bytes, end: bytes, fence: int | None) -> None: ...
-
-    @abc.abstractmethod
-    def takeover(self) -> int: ...
-
-    @abc.abstractmethod
-    def generation(self) -> int: ...
-
-    @abc.abstractmethod
-    def used_bytes(self) -> int: ...
-
-    @abc.abstractmethod
-    def drop(self, *, fence: int | None = None) -> None: ...

@@ -47,7 +47,6 @@ from typing import Any, Final, assert_never
 
 import apsw
 
-from pagekv.kv.api import KvNamespace
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.file_log import DATA_START, LogFile, LogHeader
@@ -62,6 +61,7 @@ from pagekv.kv.file_records import (
     encode_write,
 )
 from pagekv.kv.limits import KvLimits, WriteBatch, check_quota
+from pagekv.kv.namespace import KvNamespace
 
 _SCHEMA_VERSION: Final = 2
 _SCHEMA: Final = (

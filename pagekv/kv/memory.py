@@ -11,9 +11,9 @@ import bisect
 import threading
 import time
 
-from pagekv.kv.api import KvNamespace
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_quota, entry_size, quota_delta
+from pagekv.kv.namespace import KvNamespace
 
 
 class _MemoryData:

@@ -49,10 +49,10 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from pagekv.kv.api import KvNamespace
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_quota
+from pagekv.kv.namespace import KvNamespace
 
 SCHEMA_VERSION = 1
 """The version of the tables and functions this code reads and writes."""

@@ -19,9 +19,10 @@ from typing import Any, Final, TypeVar, assert_never
 
 from mypy_extensions import mypyc_attr
 
-from pagekv.kv.api import ActorKv, KvStore, Shorthands
+from pagekv.kv.api import ActorKv, KvStore
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.limits import Entries, KvLimits, is_mapping
+from pagekv.kv.namespace import Shorthands
 
 T = TypeVar("T")
 

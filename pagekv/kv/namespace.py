@@ -1,0 +1,124 @@
+"""The shared front half of every backend: `KvNamespace` validates, the backend applies.
+
+`KvNamespace` checks every request against `KvLimits` (see `limits.py`) and hands the backend
+only requests that are already known to be within bounds. Compiled with the backends, so a write
+reaches a backend's `_write` without an interpreted call in between.
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+from collections.abc import Iterable, Sequence
+
+from mypy_extensions import mypyc_attr
+
+from pagekv.kv.limits import Entries, KvLimits, WriteBatch, check_bound, check_keys, check_write
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Shorthands:
+    """`put` and `delete` as spelled-out forms of `write`, shared by backends and wrappers."""
+
+    def write(
+        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    def put(self, entries: Entries, *, fence: int | None = None) -> None:
+        self.write(put=entries, fence=fence)
+
+    def delete(self, keys: Sequence[bytes], *, fence: int | None = None) -> None:
+        self.write(delete=keys, fence=fence)
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with `prefix` (None: no upper bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class KvNamespace(Shorthands, abc.ABC):
+    """Validating front of a backend namespace; subclasses implement the `_`-methods atomically.
+
+    Invariant: a `_`-method is only called with a request that passed every `KvLimits` check except
+    the quota, which the backend checks with `limits.check_quota` inside its own transaction.
+
+    Keys and bounds are typed `object` here: compiled code checks its parameters' types on entry,
+    and this is where a wrong type must become `InvalidKey`, not a `TypeError`.
+    """
+
+    def __init__(self, actor_id: str, limits: KvLimits) -> None:
+        self.actor_id = actor_id
+        self._limits = limits
+
+    @property
+    def limits(self) -> KvLimits:
+        return self._limits
+
+    def get(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        return self._get(check_keys(self._limits, keys))
+
+    def list(
+        self,
+        *,
+        prefix: object = None,
+        start: object = None,
+        end: object = None,
+        limit: int | None = None,
+        reverse: bool = False,
+    ) -> list[tuple[bytes, bytes]]:
+        checked_prefix = check_bound(self._limits, prefix, "prefix")
+        lo = check_bound(self._limits, start, "start key")
+        hi = check_bound(self._limits, end, "end key")
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if checked_prefix is not None:
+            if lo is not None or hi is not None:
+                raise ValueError("pass either prefix or start/end, not both")
+            lo, hi = checked_prefix, prefix_end(checked_prefix)
+        if limit == 0 or (lo is not None and hi is not None and lo >= hi):
+            return []
+        return self._list(lo, hi, limit, reverse)
+
+    def write(
+        self, *, put: Entries = (), delete: Sequence[object] = (), fence: int | None = None
+    ) -> None:
+        batch = check_write(self._limits, put, delete)
+        if batch.puts or batch.deletes or fence is not None:
+            self._write(batch, fence)
+
+    def delete_range(self, start: object, end: object, *, fence: int | None = None) -> None:
+        lo = check_bound(self._limits, start, "start key")
+        hi = check_bound(self._limits, end, "end key")
+        assert lo is not None and hi is not None
+        self._delete_range(lo, hi, fence)
+
+    @abc.abstractmethod
+    def _get(self, keys: builtins.list[bytes]) -> builtins.list[bytes | None]: ...
+
+    @abc.abstractmethod
+    def _list(
+        self, start: bytes | None, end: bytes | None, limit: int | None, reverse: bool
+    ) -> builtins.list[tuple[bytes, bytes]]: ...
+
+    @abc.abstractmethod
+    def _write(self, batch: WriteBatch, fence: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def _delete_range(self, start: bytes, end: bytes, fence: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def takeover(self) -> int: ...
+
+    @abc.abstractmethod
+    def generation(self) -> int: ...
+
+    @abc.abstractmethod
+    def used_bytes(self) -> int: ...
+
+    @abc.abstractmethod
+    def drop(self, *, fence: int | None = None) -> None: ...
