@@ -8,7 +8,6 @@ Both implement the `ActorKv` interface by delegation, so the VFS cannot tell the
 from __future__ import annotations
 
 import enum
-import itertools
 import random
 import threading
 import time
@@ -167,11 +166,16 @@ class CountingKv(KvWrapper):
         with self._lock:
             self.stats.round_trips[op] += 1
         result: Any = fn(*args, **kwargs)
+        entries = size = 0
         if op == "list":
-            entries, size = len(result), sum(map(len, itertools.chain.from_iterable(result)))
+            for key, value in result:
+                entries += 1
+                size += len(key) + len(value)
         elif op == "get":
-            found = [v for v in result if v is not None]
-            entries, size = len(found), sum(map(len, found))
+            for value in result:
+                if value is not None:
+                    entries += 1
+                    size += len(value)
         else:
             return result
         with self._lock:

@@ -44,9 +44,10 @@ class PageCache:
         up newest, in their order, so evicting the oldest after all of them leaves what evicting
         after each would."""
         cached = self._pages
-        cached.update(pages)
-        for pgno in pages:
-            cached.move_to_end(pgno)
+        move_to_end = cached.move_to_end
+        for pgno, data in pages.items():
+            cached[pgno] = data
+            move_to_end(pgno)
         for _ in range(len(cached) - self.capacity):
             cached.popitem(last=False)
 
