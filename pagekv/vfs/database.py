@@ -8,8 +8,9 @@ from typing import Any
 import apsw
 
 from pagekv.kv import ActorKv
+from pagekv.vfs.file import MAIN_FILE, PINNED_PRAGMAS
 from pagekv.vfs.pages import Options, PageStore
-from pagekv.vfs.vfs import MAIN_FILE, PINNED_PRAGMAS, PageVfs
+from pagekv.vfs.vfs import PageVfs
 
 
 class Database:

@@ -1,12 +1,8 @@
-"""The APSW VFS and file: SQLite's callbacks mapped onto a `PageStore`.
+"""The APSW VFS: the one file SQLite may open, the main database (`file.py`).
 
 One VFS object is registered per open database under a unique name, and it serves exactly one
 file, the main database. Journals and temp files never reach it: the connection is pinned to
 `journal_mode=MEMORY` and `temp_store=MEMORY`, and any other open is refused.
-
-Every callback is short: translate, delegate, and turn our errors into SQLite's. The commit point
-is `SQLITE_FCNTL_SYNC` (sent once per commit, even with `synchronous=OFF`); `xSync` commits too,
-in case anything is still pending.
 """
 
 from __future__ import annotations
@@ -15,132 +11,8 @@ import uuid
 
 import apsw
 
-from pagekv.kv import KvError, StorageQuotaExceeded
-from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
-from pagekv.vfs.format import PAGE_SIZE
+from pagekv.vfs.file import MAIN_FILE, PageFile
 from pagekv.vfs.pages import PageStore
-
-MAIN_FILE = "pagekv.db"
-PINNED_PRAGMAS = {
-    "page_size": "4096",
-    "journal_mode": "memory",
-    "locking_mode": "exclusive",
-    "temp_store": "memory",
-}
-_PRAGMA_SPELLINGS = {"temp_store": {"2": "memory"}}
-_FCNTL_SYNC = apsw.SQLITE_FCNTL_SYNC
-_FCNTL_COMMIT_PHASETWO = apsw.SQLITE_FCNTL_COMMIT_PHASETWO
-_FCNTL_PRAGMA = apsw.SQLITE_FCNTL_PRAGMA
-
-
-def _sqlite_error(store: PageStore, e: Exception) -> Exception:
-    """The APSW exception SQLite should see for one of ours (APSW's own pass through)."""
-    match e:
-        case apsw.Error():
-            return e
-        case StorageQuotaExceeded():
-            return apsw.FullError(f"pagekv: {e}")
-        case StorageCorrupt():
-            store.last_error = e
-            return apsw.CorruptError(f"pagekv: {e}")
-        case SnapshotExpired():
-            store.last_error = e
-            return apsw.IOError(f"pagekv: {e}")
-        case PermissionError():
-            return apsw.ReadOnlyError(f"pagekv: {e}")
-        case KvError() | DatabaseDead():
-            if store.last_error is None:
-                store.last_error = e
-            return apsw.IOError(f"pagekv: {e}")
-        case _:
-            return e
-
-
-class PageFile:
-    """The main database file. SQLite calls it on one thread at a time."""
-
-    def __init__(self, store: PageStore) -> None:
-        self.store = store
-        self.configuring = True
-
-    def xRead(self, amount: int, offset: int) -> bytes:
-        try:
-            return self.store.read(amount, offset)
-        except Exception as e:
-            raise _sqlite_error(self.store, e) from e
-
-    def xWrite(self, data: bytes, offset: int) -> None:
-        try:
-            self.store.write(data, offset)
-        except Exception as e:
-            raise _sqlite_error(self.store, e) from e
-
-    def xTruncate(self, newsize: int) -> None:
-        try:
-            self.store.truncate(newsize)
-        except Exception as e:
-            raise _sqlite_error(self.store, e) from e
-
-    def xSync(self, flags: int) -> None:
-        try:
-            self.store.sync()
-        except Exception as e:
-            raise _sqlite_error(self.store, e) from e
-
-    def xFileSize(self) -> int:
-        try:
-            self.store._check_alive()
-            return self.store.size
-        except Exception as e:
-            raise _sqlite_error(self.store, e) from e
-
-    def xLock(self, level: int) -> None:
-        try:
-            self.store._check_alive()
-        except Exception as e:
-            raise _sqlite_error(self.store, e) from e
-
-    def xUnlock(self, level: int) -> None:
-        pass
-
-    def xCheckReservedLock(self) -> bool:
-        return False
-
-    def xFileControl(self, op: int, ptr: int) -> bool:
-        try:
-            if op == _FCNTL_SYNC:
-                self.store.sync()
-                return True
-            if op == _FCNTL_COMMIT_PHASETWO:
-                self.store.finish_commit()
-                return True
-            if op == _FCNTL_PRAGMA:
-                return self._pragma(apsw.VFSFcntlPragma(ptr))
-            return False
-        except Exception as e:
-            raise _sqlite_error(self.store, e) from e
-
-    def _pragma(self, pragma: apsw.VFSFcntlPragma) -> bool:
-        pinned = PINNED_PRAGMAS.get(pragma.name.lower())
-        if pinned is None or pragma.value is None or self.configuring:
-            return False
-        value = pragma.value.strip().strip("'\"").lower()
-        value = _PRAGMA_SPELLINGS.get(pragma.name.lower(), {}).get(value, value)
-        if value != pinned:
-            raise apsw.SQLError(
-                f"pagekv pins PRAGMA {pragma.name.lower()} = {pinned.upper()}: the database lives "
-                f"in a KV store, so {pragma.name} = {pragma.value} is not supported"
-            )
-        return False
-
-    def xSectorSize(self) -> int:
-        return PAGE_SIZE
-
-    def xDeviceCharacteristics(self) -> int:
-        return 0
-
-    def xClose(self) -> None:
-        pass
 
 
 class PageVfs(apsw.VFS):

@@ -18,9 +18,10 @@ from typing import Any
 import apsw
 import pytest
 
+import pagekv.vfs.vfs
 from pagekv.kv import ActorKv, CountingKv
 from pagekv.vfs import Database, open_database
-from pagekv.vfs.vfs import PageFile
+from pagekv.vfs.file import PageFile
 
 Rows = list[tuple[Any, ...]]
 KiB = 1024
@@ -422,14 +423,14 @@ def test_100MiB_transaction_keeps_memory_bounded(
     stage_pages = 1024
     blobs = 100
     peak_dirty = 0
-    original_write = PageFile.xWrite
 
-    def write(self: PageFile, data: bytes, offset: int) -> None:
-        nonlocal peak_dirty
-        original_write(self, data, offset)
-        peak_dirty = max(peak_dirty, len(self.store._pending.dirty))
+    class ObservedFile(PageFile):
+        def xWrite(self, data: bytes, offset: int) -> None:
+            nonlocal peak_dirty
+            super().xWrite(data, offset)
+            peak_dirty = max(peak_dirty, len(self.store._pending.dirty))
 
-    monkeypatch.setattr(PageFile, "xWrite", write)
+    monkeypatch.setattr(pagekv.vfs.vfs, "PageFile", ObservedFile)
     rng = random.Random(100)
     excess = 0
     tracemalloc.start()
