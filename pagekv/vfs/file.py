@@ -35,26 +35,27 @@ _FCNTL_PRAGMA: Final = apsw.SQLITE_FCNTL_PRAGMA
 
 
 def _sqlite_error(store: PageStore, e: Exception) -> Exception:
-    """The APSW exception SQLite should see for one of ours (APSW's own pass through)."""
-    match e:
-        case apsw.Error():
-            return e
-        case StorageQuotaExceeded():
-            return apsw.FullError(f"pagekv: {e}")
-        case StorageCorrupt():
+    """The APSW exception SQLite should see for one of ours (APSW's own pass through).
+
+    `isinstance`, not `match`: the build does not install apsw, and mypyc fails on a class
+    pattern naming a class it cannot resolve."""
+    if isinstance(e, apsw.Error):
+        return e
+    if isinstance(e, StorageQuotaExceeded):
+        return apsw.FullError(f"pagekv: {e}")
+    if isinstance(e, StorageCorrupt):
+        store.last_error = e
+        return apsw.CorruptError(f"pagekv: {e}")
+    if isinstance(e, SnapshotExpired):
+        store.last_error = e
+        return apsw.IOError(f"pagekv: {e}")
+    if isinstance(e, PermissionError):
+        return apsw.ReadOnlyError(f"pagekv: {e}")
+    if isinstance(e, KvError | DatabaseDead):
+        if store.last_error is None:
             store.last_error = e
-            return apsw.CorruptError(f"pagekv: {e}")
-        case SnapshotExpired():
-            store.last_error = e
-            return apsw.IOError(f"pagekv: {e}")
-        case PermissionError():
-            return apsw.ReadOnlyError(f"pagekv: {e}")
-        case KvError() | DatabaseDead():
-            if store.last_error is None:
-                store.last_error = e
-            return apsw.IOError(f"pagekv: {e}")
-        case _:
-            return e
+        return apsw.IOError(f"pagekv: {e}")
+    return e
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
