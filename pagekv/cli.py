@@ -14,13 +14,30 @@ from pagekv.kv import DEFAULT_URL, CountingKv, open_kv
 from pagekv.vfs import open_database
 
 _COMMANDS = {
-    "serve": ("pagekv.server.command", "add_serve_command"),
-    "inspect": ("pagekv.inspect_command", "add_inspect_command"),
-    "bench": ("pagekv.bench.command", "add_bench_command"),
-    "fuzz": ("pagekv.fuzz.cli", "add_fuzz_command"),
+    "serve": (
+        "pagekv.server.command",
+        "add_serve_command",
+        "serve a registry's actors over HTTP (gateway, inspector, /metrics)",
+    ),
+    "inspect": (
+        "pagekv.inspect_command",
+        "add_inspect_command",
+        "print actors' state, tables and workflow history from the store (read-only)",
+    ),
+    "bench": (
+        "pagekv.bench.command",
+        "add_bench_command",
+        "compare commit throughput and KV traffic with native SQLite",
+    ),
+    "fuzz": (
+        "pagekv.fuzz.cli",
+        "add_fuzz_command",
+        "crash, fault and takeover fuzzing against a native SQLite oracle",
+    ),
 }
-"""Subcommand -> the module and function that add its parser. A run imports only its own
-command's module: the server, bench and fuzz modules together took ~0.3 s to import."""
+"""Subcommand -> the module and function that add its parser, and its one-line summary. A run
+imports only its own command's module, and `pagekv --help` none of them: the server, bench and
+fuzz modules together took ~0.3 s to import."""
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -57,8 +74,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser, or with `command`, one whose other subcommands (but `demo`) are left
-    out, so that their modules are not imported."""
+    """The parser for running `command` (or `demo`): that subcommand complete, the others only
+    named with their summaries, so that their modules are not imported. Without `command`, every
+    subcommand is only named: enough for `pagekv --help` and for rejecting an unknown one."""
     parser = argparse.ArgumentParser(
         prog="pagekv",
         description="Stateful actors whose SQLite databases live in a key-value store.",
@@ -70,9 +88,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     demo.add_argument("--actor", default="demo", help="actor id (default demo)")
     demo.add_argument("--rows", type=int, default=200, help="one-row commits (default 200)")
     demo.set_defaults(run=_demo)
-    for name, (module, function) in _COMMANDS.items():
-        if command in (None, name):
-            getattr(importlib.import_module(module), function)(commands)
+    for name, (module, function, summary) in _COMMANDS.items():
+        if command == name:
+            getattr(importlib.import_module(module), function)(commands, summary)
+        else:
+            commands.add_parser(name, help=summary)
     return parser
 
 

@@ -123,10 +123,10 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_inspect_command(commands: Any) -> None:
+def add_inspect_command(commands: Any, summary: str) -> None:
     inspect_cmd = commands.add_parser(
         "inspect",
-        help="print actors' state, tables and workflow history from the store (read-only)",
+        help=summary,
         description=(
             "Without ACTOR, list the actors of the store; with ACTOR (NAME/KEY), print its "
             "state, tables, queue, schedules and workflow history. Read-only: no takeover, "

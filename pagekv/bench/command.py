@@ -55,7 +55,7 @@ def _latency(value: str) -> float:
     return ms
 
 
-def add_bench_command(commands: Any) -> argparse.ArgumentParser:
+def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
     """Register `bench` on the CLI's subparsers (`commands` is `add_subparsers()`'s result)."""
     workloads = "\n".join(
         f"  {name:<14} {w.describe(Sizes.full())}" + (" [--large]" if w.large_only else "")
@@ -63,7 +63,7 @@ def add_bench_command(commands: Any) -> argparse.ArgumentParser:
     )
     bench = commands.add_parser(
         "bench",
-        help="compare commit throughput and KV traffic with native SQLite",
+        help=summary,
         description=(
             "Run each workload on pagekv and on native SQLite matched in durability, interleaved "
             "in the same run, and print medians, spreads, speed ratios, KV round trips and bytes, "

@@ -14,10 +14,10 @@ from pagekv.fuzz.steps import EVENTS, Step, to_json
 from pagekv.kv import open_kv
 
 
-def add_fuzz_command(commands: argparse._SubParsersAction) -> None:
+def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None:
     p = commands.add_parser(
         "fuzz",
-        help="crash, fault and takeover fuzzing against a native SQLite oracle",
+        help=summary,
         description="Run seeded random workloads on pagekv and native SQLite, injecting KV "
         "faults, crashes, takeovers and compactions, and check that nothing acknowledged is "
         "lost or corrupted. Exits 1 with a minimised, replayable failure.",

@@ -51,10 +51,10 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_serve_command(commands: Any) -> None:
+def add_serve_command(commands: Any, summary: str) -> None:
     serve_cmd = commands.add_parser(
         "serve",
-        help="serve a registry's actors over HTTP (gateway, inspector, /metrics)",
+        help=summary,
         description=(
             "Serve the actors of APP (a Python file defining `registry = Registry([...])`; "
             "APP:NAME picks another attribute) over HTTP. A token is required "
