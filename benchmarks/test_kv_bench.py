@@ -16,9 +16,11 @@ Run: `.venv/bin/python -m pytest benchmarks/test_kv_bench.py --benchmark-only`
 Every value is fresh `os.urandom` bytes, made before the clock starts.
 
 pytest runs the tests in file order, so `write_1` always runs just before `native_commit_1`; on a
-shared VM that fixed order flattered `write_1` by 2-7 % (measured). For the ratio, run the two as
-separate invocations in alternating order (`-k "write_1 and file"`, then
-`-k "native_commit_1 and WAL"`, swapping which goes first each time) and pair adjacent ones.
+shared VM that fixed order flattered `write_1` by 2-7 % (measured). For the ratio, use
+`write_1_interleaved` (`-k interleaved -s`), which pairs the two within one run and includes the
+background work each side pays; or run the two as separate invocations in alternating order
+(`-k "write_1 and file"`, then `-k "native_commit_1 and WAL"`, swapping which goes first each
+time) and pair adjacent ones.
 
 `postgres` runs against a throwaway cluster this module starts (loopback, `fsync=on`, so
 `write_1` is a durable commit there too), or against `$PAGEKV_BENCH_POSTGRES_URL` if set; without
