@@ -80,10 +80,21 @@ _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS log_state (epoch INTEGER NOT NULL)",
     "INSERT INTO log_state(epoch) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM log_state)",
 )
-_UPSERT: Final = (
-    "INSERT INTO entries(ns, key, value) VALUES (?, ?, ?) "
-    "ON CONFLICT(ns, key) DO UPDATE SET value = excluded.value"
-)
+_UPSERT_ROWS: Final = 64
+"""Rows per statement when a fold writes the base: one statement of many rows cost 45 % less
+per row than one statement per row (65,536 rows of 100 B: 53-72 ms against 90-129 ms)."""
+
+
+def _upsert(rows: int) -> str:
+    values = ", ".join(["(?, ?, ?)"] * rows)
+    return (
+        f"INSERT INTO entries(ns, key, value) VALUES {values} "
+        "ON CONFLICT(ns, key) DO UPDATE SET value = excluded.value"
+    )
+
+
+_UPSERT_ONE: Final = _upsert(1)
+_UPSERT_MANY: Final = _upsert(_UPSERT_ROWS)
 _SIZE: Final = "length(key) + length(value)"
 _BUSY_TIMEOUT_MS: Final = 30_000
 _BASE_PAGE_SIZE: Final = 32 * 1024
@@ -489,7 +500,7 @@ class FileStore:
                         "DELETE FROM entries WHERE ns = ? AND key = ?",
                         [(ns, k) for k, v in items if v is None],
                     )
-                    db.executemany(_UPSERT, [(ns, k, v) for k, v in items if v is not None])
+                    _upsert_all(db, [(ns, k, v) for k, v in items if v is not None])
                     db.execute(
                         "UPDATE namespaces SET generation = ?, used = ? WHERE id = ?",
                         (pending.generation, pending.used, ns),
@@ -589,6 +600,19 @@ class FileStore:
         with self._lock:
             self._db.close()
             self._log.close()
+
+
+def _upsert_all(db: apsw.Connection, rows: list[tuple[int, bytes, bytes]]) -> None:
+    """Write `rows` (`ns, key, value`; keys distinct) into the base, `_UPSERT_ROWS` a statement."""
+    whole = len(rows) - len(rows) % _UPSERT_ROWS
+    db.executemany(
+        _UPSERT_MANY,
+        [
+            tuple(itertools.chain.from_iterable(rows[i : i + _UPSERT_ROWS]))
+            for i in range(0, whole, _UPSERT_ROWS)
+        ],
+    )
+    db.executemany(_UPSERT_ONE, rows[whole:])
 
 
 class _Section:
