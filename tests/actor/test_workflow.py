@@ -3,7 +3,6 @@ divergence checks, rollback, the handle (state, cancel, replay), and the inspect
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -110,10 +109,13 @@ async def test_a_step_commits_state_sql_and_result_together_or_not_at_all() -> N
 
 
 async def test_retries_back_off_deterministically_then_exhaust() -> None:
-    tries: list[float] = []
+    starts: list[float] = []
+    failures: list[float] = []
 
     async def failing(step: StepContext) -> None:
-        tries.append(time.time())
+        starts.append(time.time())
+        await anyio.sleep(0.03)
+        failures.append(time.time())
         raise ValueError(f"attempt {step.attempt}")
 
     async def flow(wf: WorkflowContext) -> Any:
@@ -135,8 +137,8 @@ async def test_retries_back_off_deterministically_then_exhaust() -> None:
         status = await settle(handle)
         history = await handle.workflow.history()
     assert status.output == [False, "exhausted", 3, 1]
-    gaps = [b - a for a, b in itertools.pairwise(tries)]
-    assert gaps[0] >= 0.1 and gaps[1] >= 0.2, f"backoff 0.1 * 2**(attempt-1): {gaps}"
+    waits = [start - failed for failed, start in zip(failures[:2], starts[1:3], strict=True)]
+    assert waits[0] >= 0.1 and waits[1] >= 0.2, f"0.1 * 2**(attempt-1) after a failure: {waits}"
     flaky = history["entries"][0]
     assert (flaky["status"], flaky["attempts"]) == ("exhausted", 3)
     assert flaky["error"] == "ValueError: attempt 3"

@@ -201,9 +201,10 @@ class WorkflowContext:
     ) -> Any:
         """Run `fn(step_ctx)` once, durably: its result, state and SQL changes commit together.
 
-        A failed attempt is rolled back and retried up to `max_retries` times after
-        `backoff * 2**(attempt-1)` seconds (at most `backoff_max`; deterministic). Raising
-        `Critical` fails the step at once; a timeout fails it unless `retry_on_timeout`.
+        A failed attempt is rolled back and retried up to `max_retries` times, each
+        `backoff * 2**(attempt-1)` seconds after it failed (at most `backoff_max`;
+        deterministic). Raising `Critical` fails the step at once; a timeout fails it unless
+        `retry_on_timeout`.
         """
         result = await self._step(
             name, fn, max_retries, backoff, backoff_max, timeout, retry_on_timeout, rollback
@@ -278,7 +279,7 @@ class WorkflowContext:
                     return StepResult(True, settled.data.get("output"))
                 if settled.status is Status.EXHAUSTED:
                     return _failed(settled)
-                settled.data["retry_at"] = settled.last_attempt + min(  # type: ignore[operator]
+                settled.data["retry_at"] = time.time() + min(
                     backoff_max, backoff * 2 ** (settled.attempts - 1)
                 )
                 entry = settled
