@@ -17,14 +17,28 @@ from pagekv.kv.namespace import KvNamespace
 
 
 class _MemoryData:
-    """One namespace's contents; survives `MemoryNamespace` objects so reopening sees it."""
+    """One namespace's contents; survives `MemoryNamespace` objects so reopening sees it.
+
+    Invariant: every key of `values` is in exactly one of `keys` (sorted) and `added` (keys put
+    since the last `sorted_keys()`). Writes only append new keys, so a commit's new keys cost no
+    insertion into the middle of a list; ordered reads and deletes merge them first.
+    """
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
+        self.added: list[bytes] = []
         self.values: dict[bytes, bytes] = {}
         self.generation = 0
         self.used = 0
         self.lock = threading.Lock()
+
+    def sorted_keys(self) -> list[bytes]:
+        """`keys` with `added` merged in; call with `lock` held."""
+        if self.added:
+            self.keys += self.added
+            self.keys.sort()
+            self.added.clear()
+        return self.keys
 
 
 class MemoryNamespace(KvNamespace):
@@ -50,14 +64,15 @@ class MemoryNamespace(KvNamespace):
         self._round_trip()
         d = self._d
         with d.lock:
-            lo = 0 if start is None else bisect.bisect_left(d.keys, start)
-            hi = len(d.keys) if end is None else bisect.bisect_left(d.keys, end)
+            ordered = d.sorted_keys()
+            lo = 0 if start is None else bisect.bisect_left(ordered, start)
+            hi = len(ordered) if end is None else bisect.bisect_left(ordered, end)
             if reverse:
                 stop = lo if limit is None else max(lo, hi - limit)
-                keys = d.keys[stop:hi][::-1]
+                keys = ordered[stop:hi][::-1]
             else:
                 stop = hi if limit is None else min(hi, lo + limit)
-                keys = d.keys[lo:stop]
+                keys = ordered[lo:stop]
             return list(zip(keys, map(d.values.__getitem__, keys), strict=True))
 
     def _write(self, batch: WriteBatch, fence: int | None) -> None:
@@ -66,13 +81,15 @@ class MemoryNamespace(KvNamespace):
         with d.lock:
             check_fence(fence, d.generation)
             d.used = check_quota(self._limits, d.used, quota_delta(batch, d.values))
-            for key in batch.deletes:
-                if key in d.values:
-                    del d.values[key]
-                    del d.keys[bisect.bisect_left(d.keys, key)]
+            if batch.deletes:
+                ordered = d.sorted_keys()
+                for key in batch.deletes:
+                    if key in d.values:
+                        del d.values[key]
+                        del ordered[bisect.bisect_left(ordered, key)]
             for key, value in batch.puts.items():
                 if key not in d.values:
-                    bisect.insort(d.keys, key)
+                    d.added.append(key)
                 d.values[key] = value
 
     def _delete_range(self, start: bytes, end: bytes, fence: int | None) -> None:
@@ -82,11 +99,12 @@ class MemoryNamespace(KvNamespace):
             check_fence(fence, d.generation)
             if start >= end:
                 return
-            lo = bisect.bisect_left(d.keys, start)
-            hi = bisect.bisect_left(d.keys, end)
-            for key in d.keys[lo:hi]:
+            ordered = d.sorted_keys()
+            lo = bisect.bisect_left(ordered, start)
+            hi = bisect.bisect_left(ordered, end)
+            for key in ordered[lo:hi]:
                 d.used -= entry_size(key, d.values.pop(key))
-            del d.keys[lo:hi]
+            del ordered[lo:hi]
 
     def takeover(self) -> int:
         self._round_trip()
@@ -108,6 +126,7 @@ class MemoryNamespace(KvNamespace):
         with d.lock:
             check_fence(fence, d.generation)
             d.keys.clear()
+            d.added.clear()
             d.values.clear()
             d.used = 0
 
