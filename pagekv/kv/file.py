@@ -62,6 +62,7 @@ from pagekv.kv.file_records import (
 )
 from pagekv.kv.limits import KvLimits, WriteBatch, check_quota
 from pagekv.kv.namespace import KvNamespace
+from pagekv.kv.sorted_keys import SortedKeys
 
 _SCHEMA_VERSION: Final = 2
 _SCHEMA: Final = (
@@ -100,8 +101,6 @@ _BUSY_TIMEOUT_MS: Final = 30_000
 _BASE_PAGE_SIZE: Final = 32 * 1024
 _KEYS_PER_QUERY: Final = 500
 DEFAULT_LOG_BYTES: Final = 32 * 2**20
-_INSERT_MAX: Final = 32
-"""New pending keys inserted one by one into the sorted keys; more are merged by a sort."""
 _MAX_GAPS: Final = 16
 """Reads that would query more gaps between hidden ranges than this read the span at once."""
 
@@ -178,9 +177,8 @@ class _Pending:
     entries: dict[bytes, bytes | None] = field(default_factory=dict)
     hidden: _Ranges = field(default_factory=_Ranges)
     unresolved: list[bytes] = field(default_factory=list)
-    _sorted: list[bytes] = field(default_factory=list)
-    """The keys of `entries` in order, but for `_fresh`: those added since a range was asked for."""
-    _fresh: list[bytes] = field(default_factory=list)
+    _keys: SortedKeys = field(default_factory=SortedKeys)
+    """The keys of `entries`, for ranges."""
 
     def shadows(self, key: bytes) -> bool:
         """Whether the base's row for `key` is not what readers see."""
@@ -210,28 +208,8 @@ class _Pending:
 
     def keys_in(self, start: bytes | None, end: bytes | None) -> list[bytes]:
         """The keys of `entries` in `[start, end)` (None: unbounded), in order."""
-        keys, lo, hi = self._bounds(start, end)
+        keys, lo, hi = self._keys.bounds(start, end)
         return keys[lo:hi]
-
-    def _bounds(self, start: bytes | None, end: bytes | None) -> tuple[list[bytes], int, int]:
-        """All keys in order, and where `[start, end)` lies in them.
-
-        A range costs no pass over all keys, however many the epoch holds: a few new keys are
-        inserted one by one (a bisection and a move each), more are appended and sorted, which
-        merges them into the sorted run.
-        """
-        keys, fresh = self._sorted, self._fresh
-        if fresh:
-            if len(fresh) <= _INSERT_MAX:
-                for key in fresh:
-                    bisect.insort(keys, key)
-            else:
-                keys += fresh
-                keys.sort()
-            fresh.clear()
-        lo = 0 if start is None else bisect.bisect_left(keys, start)
-        hi = len(keys) if end is None else bisect.bisect_left(keys, end)
-        return keys, lo, hi
 
     def write(self, puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes]) -> None:
         for key in deletes:
@@ -247,7 +225,7 @@ class _Pending:
             if old is not None:
                 self.used -= len(key) + len(old)
         else:
-            self._fresh.append(key)
+            self._keys.add(key)
             if key not in self.hidden:
                 self.unresolved.append(key)
         if value is not None:
@@ -255,10 +233,8 @@ class _Pending:
         entries[key] = value
 
     def delete_range(self, start: bytes, end: bytes | None, refund: int) -> None:
-        keys, lo, hi = self._bounds(start, end)
-        for key in keys[lo:hi]:
+        for key in self._keys.remove_range(start, end):
             del self.entries[key]
-        del keys[lo:hi]
         self.hidden.add(start, end)
         self.used -= refund
 

@@ -7,38 +7,26 @@ data operation and takeover sleeps that long once, as one round trip would (`gen
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_quota, entry_size, quota_delta
 from pagekv.kv.namespace import KvNamespace
+from pagekv.kv.sorted_keys import SortedKeys
 
 
 class _MemoryData:
     """One namespace's contents; survives `MemoryNamespace` objects so reopening sees it.
 
-    Invariant: every key of `values` is in exactly one of `keys` (sorted) and `added` (keys put
-    since the last `sorted_keys()`). Writes only append new keys, so a commit's new keys cost no
-    insertion into the middle of a list; ordered reads and deletes merge them first.
-    """
+    Invariant: `keys` holds exactly the keys of `values`."""
 
     def __init__(self) -> None:
-        self.keys: list[bytes] = []
-        self.added: list[bytes] = []
+        self.keys = SortedKeys()
         self.values: dict[bytes, bytes] = {}
         self.generation = 0
         self.used = 0
         self.lock = threading.Lock()
-
-    def sorted_keys(self) -> list[bytes]:
-        """`keys` with `added` merged in; call with `lock` held."""
-        if self.added:
-            self.keys += self.added
-            self.keys.sort()
-            self.added.clear()
-        return self.keys
 
 
 class MemoryNamespace(KvNamespace):
@@ -64,9 +52,7 @@ class MemoryNamespace(KvNamespace):
         self._round_trip()
         d = self._d
         with d.lock:
-            ordered = d.sorted_keys()
-            lo = 0 if start is None else bisect.bisect_left(ordered, start)
-            hi = len(ordered) if end is None else bisect.bisect_left(ordered, end)
+            ordered, lo, hi = d.keys.bounds(start, end)
             if reverse:
                 stop = lo if limit is None else max(lo, hi - limit)
                 keys = ordered[stop:hi][::-1]
@@ -81,15 +67,13 @@ class MemoryNamespace(KvNamespace):
         with d.lock:
             check_fence(fence, d.generation)
             d.used = check_quota(self._limits, d.used, quota_delta(batch, d.values))
-            if batch.deletes:
-                ordered = d.sorted_keys()
-                for key in batch.deletes:
-                    if key in d.values:
-                        del d.values[key]
-                        del ordered[bisect.bisect_left(ordered, key)]
+            for key in batch.deletes:
+                if key in d.values:
+                    del d.values[key]
+                    d.keys.remove(key)
             for key, value in batch.puts.items():
                 if key not in d.values:
-                    d.added.append(key)
+                    d.keys.add(key)
                 d.values[key] = value
 
     def _delete_range(self, start: bytes, end: bytes, fence: int | None) -> None:
@@ -99,12 +83,8 @@ class MemoryNamespace(KvNamespace):
             check_fence(fence, d.generation)
             if start >= end:
                 return
-            ordered = d.sorted_keys()
-            lo = bisect.bisect_left(ordered, start)
-            hi = bisect.bisect_left(ordered, end)
-            for key in ordered[lo:hi]:
+            for key in d.keys.remove_range(start, end):
                 d.used -= entry_size(key, d.values.pop(key))
-            del ordered[lo:hi]
 
     def takeover(self) -> int:
         self._round_trip()
@@ -126,7 +106,6 @@ class MemoryNamespace(KvNamespace):
         with d.lock:
             check_fence(fence, d.generation)
             d.keys.clear()
-            d.added.clear()
             d.values.clear()
             d.used = 0
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from pagekv.kv import KvIndeterminate, KvUnavailable, file_log
 from pagekv.kv import file as kv_file
-from pagekv.kv.file import _INSERT_MAX, FileStore, _Pending, _Ranges
+from pagekv.kv.file import FileStore, _Pending, _Ranges
 from pagekv.kv.file_log import LogFile
 from pagekv.kv.file_records import (
     Range,
@@ -35,6 +35,7 @@ from pagekv.kv.file_records import (
     encode_takeover,
     encode_write,
 )
+from pagekv.kv.sorted_keys import _INSERT_MAX
 
 SMALL_LOG = 12 * 1024  # room for one 5 KB record or 16 small ones: folds all the time
 
@@ -496,7 +497,8 @@ def test_ranges_and_their_gaps_match_a_list_of_intervals(
 
 
 _pending_ops = st.one_of(
-    st.tuples(st.just("put"), st.lists(_keys, max_size=_INSERT_MAX + 8)),
+    st.tuples(st.just("put"), st.lists(_keys, max_size=4)),
+    st.tuples(st.just("put"), st.lists(_keys, min_size=_INSERT_MAX + 1, max_size=_INSERT_MAX + 8)),
     st.tuples(st.just("delete"), st.lists(_keys, max_size=3)),
     st.tuples(st.just("range"), st.tuples(_keys, st.none() | _keys)),
     st.tuples(st.just("ask"), st.tuples(st.none() | _keys, st.none() | _keys)),
@@ -509,8 +511,8 @@ def _inside(key: bytes, start: bytes | None, end: bytes | None) -> bool:
 
 @given(st.lists(_pending_ops, max_size=30))
 def test_pending_keys_in_a_range_match_a_dict(ops: list[tuple[str, Any]]) -> None:
-    """`_Pending` keeps its keys sorted incrementally (new keys inserted one by one, or merged by
-    a sort past `_INSERT_MAX`): every range must still list exactly the keys a dict holds."""
+    """`_Pending` keeps its keys in a `SortedKeys` (new keys inserted one by one, or merged by a
+    sort past `_INSERT_MAX`): every range must still list exactly the keys a dict holds."""
     pending, model = _Pending(generation=0, used=0), dict[bytes, bytes | None]()
     for op, arg in ops:
         if op == "put":
