@@ -358,7 +358,6 @@ def test_journal_and_temp_files_never_reach_kv(memory_ns: ActorKv) -> None:
     assert prefixes <= {b"\x01H", b"\x01X", b"\x01D", b"\x01B"}
 
 
-
 def test_the_in_memory_journal_header_is_not_padded_to_a_4k_sector(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -386,6 +385,7 @@ def test_the_in_memory_journal_header_is_not_padded_to_a_4k_sector(
     padded = journal_bytes(NoCharacteristics)
     powersafe = journal_bytes(PageFile)
     assert padded - powersafe >= 3 * 1024, (padded, powersafe)
+
 
 # -- read-only snapshots ---------------------------------------------------------------------
 
