@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
 from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
@@ -56,6 +56,24 @@ class Options:
     auto_compact: bool = True
 
 
+@dataclass(slots=True)
+class Counters:
+    """What the page store has done since it opened (part of `Database.metrics()`). Attributes,
+    not a dict: four of them change on every commit."""
+
+    commits: int = 0
+    commits_fast: int = 0
+    commits_staged: int = 0
+    pages_committed: int = 0
+    max_commit_pages: int = 0
+    stage_batches: int = 0
+    compactions: int = 0
+    pages_compacted: int = 0
+    compaction_bytes_written: int = 0
+    compaction_round_trips: int = 0
+    orphan_cleanups: int = 0
+
+
 @dataclass(slots=True, init=False)
 class _Pending:
     """The transaction being built: dirty pages and whatever was already staged to KV. One is
@@ -90,27 +108,12 @@ class PageStore:
         self._planner = BatchPlanner(self.limits)  # before the takeover: bad limits change nothing
         self.dead: BaseException | None = None
         self.last_error: BaseException | None = None
-        self.counters: dict[str, int] = dict.fromkeys(
-            (
-                "commits",
-                "commits_fast",
-                "commits_staged",
-                "pages_committed",
-                "max_commit_pages",
-                "stage_batches",
-                "compactions",
-                "pages_compacted",
-                "compaction_bytes_written",
-                "compaction_round_trips",
-                "orphan_cleanups",
-            ),
-            0,
-        )
+        self.counters = Counters()
         recovered = recover(self.kv, read_only=read_only)
         self.generation = recovered.generation
         self.head = recovered.head
         self.index = recovered.index
-        self.counters["orphan_cleanups"] += recovered.orphans_removed + recovered.leftovers_removed
+        self.counters.orphan_cleanups = recovered.orphans_removed + recovered.leftovers_removed
         self.size = self.head.size
         self._pending = _Pending()
         self._read_ahead = ReadAhead()
@@ -316,7 +319,7 @@ class PageStore:
             for batch in self._planner.plan(self._dirty_pages(), 0):
                 puts, entries = self._encode(txid, batch)
                 self.kv.write(put=puts, fence=self.generation)
-                self.counters["stage_batches"] += 1
+                self.counters.stage_batches += 1
                 pending.parts.append(entries)
                 pending.staged.update(entries)
         except BaseException as e:
@@ -381,13 +384,17 @@ class PageStore:
             self.head = head
             self._pending = _Pending()
             staged = staged_before or len(batches) > 1
-            self.counters["commits"] += 1
-            self.counters["commits_staged" if staged else "commits_fast"] += 1
+            counters = self.counters
+            counters.commits += 1
+            if staged:
+                counters.commits_staged += 1
+            else:
+                counters.commits_fast += 1
             n_pages = 0
             for part in pending.parts:
                 n_pages += len(part)
-            self.counters["pages_committed"] += n_pages
-            self.counters["max_commit_pages"] = max(self.counters["max_commit_pages"], n_pages)
+            counters.pages_committed += n_pages
+            counters.max_commit_pages = max(counters.max_commit_pages, n_pages)
 
     def _discard_pending(self) -> None:
         self._pending = _Pending()
@@ -423,10 +430,11 @@ class PageStore:
                 raise self._die(e) from e
             self.head = new_head
             self.index.compacted(new_head.pages)
-            self.counters["compactions"] += 1
-            self.counters["pages_compacted"] += folded
-            self.counters["compaction_bytes_written"] += stats.bytes_written - written
-            self.counters["compaction_round_trips"] += stats.total - round_trips
+            counters = self.counters
+            counters.compactions += 1
+            counters.pages_compacted += folded
+            counters.compaction_bytes_written += stats.bytes_written - written
+            counters.compaction_round_trips += stats.total - round_trips
             return folded
 
     def finish_commit(self) -> None:
@@ -485,7 +493,7 @@ class PageStore:
         with self._lock:
             stats = self.kv.stats
             return {
-                **self.counters,
+                **asdict(self.counters),
                 "round_trips": dict(stats.round_trips),
                 "kv_bytes_written": stats.bytes_written,
                 "kv_bytes_read": stats.bytes_read,
