@@ -252,6 +252,9 @@ class PageStore:
             self._check_writable()
             pending = self._pending
             pos, end = offset, offset + len(data)
+            if len(data) == PAGE_SIZE and not offset % PAGE_SIZE:
+                pending.dirty[end // PAGE_SIZE] = bytes(data)  # SQLite's page writes: no slice
+                pos = end
             while pos < end:
                 pgno, start = divmod(pos, PAGE_SIZE)
                 take = min(PAGE_SIZE - start, end - pos)
