@@ -107,6 +107,6 @@ def encode_batch(
     for offset, chunk in enumerate(batch.chunks):
         number = first_chunk + offset
         puts[delta_key(txid, number)] = encode_chunk(generation, txid, chunk)
-        entries.extend((pgno, number) for pgno, _ in chunk)
+        entries.extend([(pgno, number) for pgno, _ in chunk])
     puts[index_key(txid, part)] = encode_index(entries)
     return puts, entries

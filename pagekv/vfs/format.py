@@ -147,7 +147,7 @@ class Head:
         )
         if not self.shrinks:
             return head
-        return head + b"".join(_SHRINK.pack(s.txid, s.after_part, s.pages) for s in self.shrinks)
+        return head + b"".join([_SHRINK.pack(s.txid, s.after_part, s.pages) for s in self.shrinks])
 
     @classmethod
     def decode(cls, raw: bytes) -> Head:
@@ -249,7 +249,7 @@ def decode_base(pgno: int, raw: bytes) -> tuple[int, bytes]:
 
 
 def encode_index(entries: list[tuple[int, int]]) -> bytes:
-    return _VALUE_VERSION + b"".join(_INDEX_ENTRY.pack(p, c) for p, c in entries)
+    return _VALUE_VERSION + b"".join([_INDEX_ENTRY.pack(p, c) for p, c in entries])
 
 
 def decode_index(raw: bytes) -> list[tuple[int, int]]:
