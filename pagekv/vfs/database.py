@@ -9,7 +9,7 @@ import apsw
 
 from pagekv.kv import ActorKv
 from pagekv.vfs.file import MAIN_FILE, PINNED_PRAGMAS
-from pagekv.vfs.pages import Options, PageStore
+from pagekv.vfs.pages import Options, PageStore, check_options
 from pagekv.vfs.vfs import PageVfs
 
 
@@ -81,6 +81,7 @@ def open_database(
     snapshot that never writes and never takes over; it is meant for inspection beside a writer.
     `options` are the fields of `Options` (cache size, staging and compaction thresholds).
     """
+    check_options(options)
     store = PageStore(kv, read_only=read_only, options=Options(**options))
     vfs = PageVfs(store)
     flags = (

@@ -6,12 +6,11 @@ from collections import OrderedDict
 
 
 class PageCache:
-    """Holds at most `capacity` committed pages. Invariant: a cached page equals the newest
-    committed version of that page; callers evict pages that a commit or truncate changes."""
+    """Holds at most `capacity` committed pages (>= 1, checked with the other `Options`).
+    Invariant: a cached page equals the newest committed version of that page; callers evict
+    pages that a commit or truncate changes."""
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"cache_pages must be >= 1, got {capacity}")
         self.capacity = capacity
         self._pages: OrderedDict[int, bytes] = OrderedDict()
         self.hits = 0

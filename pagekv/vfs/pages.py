@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Final
 
 from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
 from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
@@ -54,6 +55,33 @@ class Options:
     compact_pages: int = 4096
     """... or their index entries exceed this many pages."""
     auto_compact: bool = True
+
+    def __post_init__(self) -> None:
+        check_options({name: getattr(self, name) for name in _OPTION_TYPES})
+
+
+_OPTION_TYPES: Final = {
+    "cache_pages": int,
+    "stage_pages": int,
+    "compact_deltas": int,
+    "compact_pages": int,
+    "auto_compact": bool,
+}
+
+
+def check_options(options: Mapping[str, object]) -> None:
+    """Reject an unknown option, a value of the wrong type or a count below 1, naming the option.
+
+    `open_database` calls it before making `Options`: compiled, a typed field rejects a wrong
+    type on its own, with an error that does not say which option it was."""
+    for name, value in options.items():
+        kind = _OPTION_TYPES.get(name)
+        if kind is None:
+            raise TypeError(f"unknown option {name!r}; the options are {', '.join(_OPTION_TYPES)}")
+        if type(value) is not kind:
+            raise TypeError(f"option {name} must be {kind.__name__}, not {type(value).__name__}")
+        if kind is int and isinstance(value, int) and value < 1:
+            raise ValueError(f"option {name} must be at least 1, got {value}")
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ import pytest
 
 import pagekv.vfs.vfs
 from pagekv.kv import ActorKv, CountingKv, open_kv
-from pagekv.vfs import Database, open_database
+from pagekv.vfs import Database, Options, open_database
 from pagekv.vfs.file import PageFile
 
 Rows = list[tuple[Any, ...]]
@@ -311,6 +311,37 @@ def test_vacuum_returns_storage(ns: ActorKv, tmp_path: Path) -> None:
 
 
 # -- pinned settings -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"cache_pages": 0}, ValueError, "option cache_pages must be at least 1, got 0"),
+        ({"stage_pages": 0}, ValueError, "option stage_pages must be at least 1, got 0"),
+        ({"stage_pages": -5}, ValueError, "option stage_pages must be at least 1, got -5"),
+        ({"compact_deltas": 0}, ValueError, "option compact_deltas must be at least 1, got 0"),
+        ({"compact_pages": -1}, ValueError, "option compact_pages must be at least 1, got -1"),
+        ({"cache_pages": "10"}, TypeError, "option cache_pages must be int, not str"),
+        ({"stage_pages": True}, TypeError, "option stage_pages must be int, not bool"),
+        ({"auto_compact": "no"}, TypeError, "option auto_compact must be bool, not str"),
+        ({"cache_size": 10}, TypeError, "unknown option 'cache_size'; the options are cache_"),
+    ],
+)
+def test_bad_options_are_rejected_by_name_before_the_takeover(
+    memory_ns: ActorKv, options: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with open_database(memory_ns) as db:
+        db.execute("CREATE TABLE t(x)")
+    before = memory_ns.generation(), memory_ns.list()
+    with pytest.raises(error) as raised:
+        open_database(memory_ns, **options)
+    assert str(raised.value).startswith(message)
+    assert (memory_ns.generation(), memory_ns.list()) == before
+
+
+def test_options_made_directly_are_checked_too() -> None:
+    with pytest.raises(ValueError, match="option stage_pages must be at least 1, got 0"):
+        Options(stage_pages=0)
 
 
 def test_pinned_settings(ns: ActorKv) -> None:
