@@ -1,6 +1,6 @@
 """The actor KV store: contract, limits, errors, backends and wrappers."""
 
-from pagekv.kv.api import ActorKv, KvStore
+from pagekv.kv.api import ACTOR_KV_METHODS, ActorKv, KvStore
 from pagekv.kv.errors import (
     BatchTooLarge,
     FenceMismatch,
@@ -34,6 +34,7 @@ from pagekv.kv.wrappers import (
 )
 
 __all__ = [
+    "ACTOR_KV_METHODS",
     "DEFAULT_URL",
     "READ_OPS",
     "WRITE_OPS",

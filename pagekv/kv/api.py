@@ -51,6 +51,10 @@ class ActorKv(Protocol):
     def drop(self, *, fence: int | None = None) -> None: ...
 
 
+ACTOR_KV_METHODS: tuple[str, ...] = tuple(n for n in vars(ActorKv) if not n.startswith("_"))
+"""The names an object must have to serve as an `ActorKv` (checked by name, not by type)."""
+
+
 class KvStore(Protocol):
     """A store of many actors' namespaces."""
 

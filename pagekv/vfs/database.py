@@ -7,7 +7,7 @@ from typing import Any
 
 import apsw
 
-from pagekv.kv import ActorKv
+from pagekv.kv import ACTOR_KV_METHODS, ActorKv
 from pagekv.vfs.file import MAIN_FILE, PINNED_PRAGMAS
 from pagekv.vfs.pages import Options, PageStore, check_options
 from pagekv.vfs.vfs import PageVfs
@@ -20,6 +20,7 @@ class Database:
         self._store = store
         self._vfs = vfs
         self.connection = connection
+        self._closed = False
 
     @property
     def generation(self) -> int:
@@ -48,10 +49,14 @@ class Database:
 
     def compact(self) -> int:
         """Fold all deltas into base pages now; returns the number of pages written."""
+        if self._closed:
+            raise apsw.ConnectionClosedError("pagekv: the database is closed; reopen it to compact")
         return self._store.compact()
 
     def close(self) -> None:
-        """Close the connection (a pending transaction is rolled back, never committed)."""
+        """Close the connection (a pending transaction is rolled back, never committed). After
+        it nothing writes to the namespace; closing again does nothing."""
+        self._closed = True
         try:
             self.connection.close(True)
         finally:
@@ -81,6 +86,12 @@ def open_database(
     snapshot that never writes and never takes over; it is meant for inspection beside a writer.
     `options` are the fields of `Options` (cache size, staging and compaction thresholds).
     """
+    missing = [name for name in ACTOR_KV_METHODS if not hasattr(kv, name)]
+    if missing:
+        raise TypeError(
+            f"open_database needs an object with the ActorKv methods; "
+            f"{type(kv).__name__} lacks {', '.join(missing)}"
+        )
     check_options(options)
     store = PageStore(kv, read_only=read_only, options=Options(**options))
     vfs = PageVfs(store)

@@ -339,6 +339,30 @@ def test_bad_options_are_rejected_by_name_before_the_takeover(
     assert (memory_ns.generation(), memory_ns.list()) == before
 
 
+@pytest.mark.parametrize(
+    ("kv", "lacks"), [(None, "lacks limits, get, list"), ("memory://", "str lacks limits")]
+)
+def test_an_object_without_the_actor_kv_methods_is_rejected_by_name(kv: object, lacks: str) -> None:
+    with pytest.raises(TypeError, match="open_database needs an object with the ActorKv methods"):
+        open_database(kv)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=lacks):
+        open_database(kv)  # type: ignore[arg-type]
+
+
+def test_a_closed_database_never_writes_again(memory_ns: ActorKv) -> None:
+    db = open_database(memory_ns)
+    db.execute("CREATE TABLE t(x)")
+    db.execute("INSERT INTO t VALUES (1)")
+    db.close()
+    stored = memory_ns.list()
+    with pytest.raises(apsw.ConnectionClosedError, match="the database is closed"):
+        db.compact()
+    with pytest.raises(apsw.ConnectionClosedError):
+        db.execute("INSERT INTO t VALUES (2)")
+    db.close()
+    assert memory_ns.list() == stored
+
+
 def test_options_made_directly_are_checked_too() -> None:
     with pytest.raises(ValueError, match="option stage_pages must be at least 1, got 0"):
         Options(stage_pages=0)
