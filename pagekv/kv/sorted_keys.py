@@ -20,7 +20,8 @@ class SortedKeys:
     Invariant: the owner adds only keys not present and removes only keys present. Adding
     appends to a side list, so a write costs no move of the keys after it; the first ordered
     access merges the new keys in: a few by bisection, more by one sort (which merges two sorted
-    runs), so a range never costs a pass over every key.
+    runs), so a range never costs a pass over every key. A range removal only splits the new
+    keys, without ordering them.
     """
 
     __slots__ = ("_fresh", "_sorted")
@@ -54,9 +55,22 @@ class SortedKeys:
         del keys[lo]
 
     def remove_range(self, start: bytes | None, end: bytes | None) -> list[bytes]:
-        """Remove the keys in `[start, end)`; return them in order."""
-        keys, lo, hi = self.bounds(start, end)
-        gone = keys[lo:hi]
+        """Remove the keys in `[start, end)`; return them, in no particular order.
+
+        New keys are not merged in first, only split by the range: a compaction's range deletes
+        remove what the commits since the last one added, so sorting them would be wasted."""
+        kept: list[bytes] = []
+        gone: list[bytes] = []
+        for key in self._fresh:
+            if (start is None or start <= key) and (end is None or key < end):
+                gone.append(key)
+            else:
+                kept.append(key)
+        self._fresh = kept
+        keys = self._sorted
+        lo = 0 if start is None else bisect.bisect_left(keys, start)
+        hi = len(keys) if end is None else bisect.bisect_left(keys, end)
+        gone += keys[lo:hi]
         del keys[lo:hi]
         return gone
 
