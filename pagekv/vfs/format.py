@@ -86,7 +86,7 @@ def parse_base_key(key: bytes) -> int:
 
 def page_crc(txid: int, pgno: int, data: bytes) -> int:
     """One `crc32c` call over a copy rather than two calls: the copy of 4 KiB is cheaper than
-    the second call's argument parsing (measured compiled: 530 vs 620 ns a page)."""
+    the second call's argument parsing (compiled, interleaved: 560-798 vs 626-931 ns a page)."""
     return crc32c(_TXID_U32.pack(txid, pgno) + data)
 
 

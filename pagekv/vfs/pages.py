@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Final
 
 from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
@@ -60,13 +60,8 @@ class Options:
         check_options({name: getattr(self, name) for name in _OPTION_TYPES})
 
 
-_OPTION_TYPES: Final = {
-    "cache_pages": int,
-    "stage_pages": int,
-    "compact_deltas": int,
-    "compact_pages": int,
-    "auto_compact": bool,
-}
+_OPTION_TYPES: Final[dict[str, type]] = {f.name: type(f.default) for f in fields(Options)}
+"""Each option's type, that of its default (`int` counts and the `bool` switch)."""
 
 
 def check_options(options: Mapping[str, object]) -> None:
