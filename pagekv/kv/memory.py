@@ -7,8 +7,9 @@ data operation and takeover sleeps that long once, as one round trip would (`gen
 
 from __future__ import annotations
 
-import threading
 import time
+
+from librt.threading import Lock
 
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_quota, entry_size, quota_delta
@@ -26,7 +27,7 @@ class _MemoryData:
         self.values: dict[bytes, bytes] = {}
         self.generation = 0
         self.used = 0
-        self.lock = threading.Lock()
+        self.lock = Lock()
 
 
 class MemoryNamespace(KvNamespace):
@@ -117,7 +118,7 @@ class MemoryStore:
         self.limits = limits or KvLimits()
         self.latency_ms = latency_ms
         self._data: dict[str, _MemoryData] = {}
-        self._lock = threading.Lock()
+        self._lock = Lock()
 
     def namespace(self, actor_id: str) -> MemoryNamespace:
         with self._lock:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, assert_never
 
+from librt.threading import Lock
 from mypy_extensions import mypyc_attr
 
 from pagekv.kv.api import ActorKv, KvStore
@@ -134,7 +135,7 @@ class CountingKv(KvWrapper):
 
     def __init__(self, inner: ActorKv) -> None:
         super().__init__(inner)
-        self._lock = threading.Lock()
+        self._lock = Lock()  # librt's: a compiled `with` on it is ~10x cheaper than threading's
         self.stats = KvStats()
 
     def reset(self) -> KvStats:
