@@ -84,8 +84,10 @@ class MemoryNamespace(KvNamespace):
             check_fence(fence, d.generation)
             if start >= end:
                 return
+            values = d.values
             for key in d.keys.remove_range(start, end):
-                d.used -= entry_size(key, d.values.pop(key))
+                d.used -= entry_size(key, values[key])
+                del values[key]  # not `pop`: compiled, `pop` is a generic method call
 
     def takeover(self) -> int:
         self._round_trip()
