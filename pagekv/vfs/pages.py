@@ -125,10 +125,12 @@ class PageStore:
     """One open database file's pages over `kv`.
 
     SQLite calls it from one thread at a time, but `Database.compact()` and `metrics()` may come
-    from any thread, so every public method holds `_lock`; `_`-methods expect it held. The lock is
-    `librt`'s, not `threading`'s: compiled, a `with` block on it costs about 20 ns instead of 260
-    (an `RLock`), and a commit takes it several times. It is not reentrant, which is why
-    `finish_commit` calls `_sync` and `_compact`, never `sync` and `compact`.
+    from any thread, so the methods they and the file call (`read`, `write`, `truncate`, `sync`,
+    `compact`, `finish_commit`, `take_last_error`, `metrics`) hold `_lock`; the others expect it
+    held, or only read. The lock is `librt`'s, not `threading`'s: compiled, a `with` block on it
+    costs about 20 ns instead of 260 (an `RLock`), and a commit takes it several times. It is not
+    reentrant, which is why `finish_commit` calls `_sync` and `_compact`, never `sync` and
+    `compact`.
     """
 
     def __init__(self, kv: ActorKv, *, read_only: bool = False, options: Options = Options()):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
+import time
 import tracemalloc
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,6 +364,58 @@ def test_a_closed_database_never_writes_again(memory_ns: ActorKv) -> None:
         db.execute("INSERT INTO t VALUES (2)")
     db.close()
     assert memory_ns.list() == stored
+
+
+def test_compaction_and_metrics_from_another_thread_while_committing(memory_ns: ActorKv) -> None:
+    """One thread commits (each commit takes the page store's lock several times, and every
+    eighth runs auto-compaction under it), another compacts and reads metrics meanwhile. The lock
+    is not reentrant, so a locked path that took it again would deadlock: both run on daemon
+    threads and a stuck one fails the test instead of hanging it."""
+    db = open_database(memory_ns, compact_deltas=8)
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+    rows = [random.randbytes(100) for _ in range(400)]
+    done = threading.Event()
+    seen: Counter[str] = Counter()
+    errors: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            for row in rows:
+                db.execute("INSERT INTO t(v) VALUES (?)", (row,))
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
+
+    def compact_meanwhile() -> None:
+        try:
+            while not done.is_set():
+                seen["metrics"] += db.metrics()["commits"] >= 0
+                try:
+                    db.compact()
+                    seen["compactions"] += 1
+                except RuntimeError as e:  # the committing thread is inside a transaction
+                    assert "inside a transaction" in str(e)
+                time.sleep(0.001)  # leave the committer room to compact by itself
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (commit, compact_meanwhile)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "deadlock: a thread never finished"
+    assert errors == []
+    metrics = db.metrics()
+    assert metrics["commits"] == 401
+    assert seen["compactions"] > 0 and seen["metrics"] > 0, seen
+    assert metrics["compactions"] > seen["compactions"], "the committer never compacted by itself"
+    db.close()
+    with open_database(memory_ns) as reopened:
+        assert [r[0] for r in reopened.execute("SELECT v FROM t ORDER BY id")] == rows
+        assert reopened.execute("PRAGMA integrity_check").get == "ok"
 
 
 def test_options_made_directly_are_checked_too() -> None:
