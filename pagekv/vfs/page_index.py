@@ -30,7 +30,7 @@ class PageIndex:
     """Index entries applied since the last compaction, superseded ones included."""
 
     def apply_commit(
-        self, txid: int, parts: Sequence[Sequence[tuple[int, int]]], shrinks: Sequence[Shrink]
+        self, txid: int, parts: list[list[tuple[int, int]]], shrinks: Sequence[Shrink]
     ) -> None:
         """Apply commit `txid`: its index parts in order, each shrink after its `after_part`."""
         pending = sorted(shrinks, key=lambda s: s.after_part) if shrinks else []
