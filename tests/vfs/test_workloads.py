@@ -390,7 +390,8 @@ def test_compaction_and_metrics_from_another_thread_while_committing(memory_ns: 
     def compact_meanwhile() -> None:
         try:
             while not done.is_set():
-                seen["metrics"] += db.metrics()["commits"] >= 0
+                db.metrics()
+                seen["metrics"] += 1
                 try:
                     db.compact()
                     seen["compactions"] += 1
