@@ -201,6 +201,30 @@ def test_file_store_uses_durable_baselines_next_to_it(
     assert "native DELETE+FULL" in out and "native WAL+FULL" in out
 
 
+def test_extra_baselines_join_the_comparison(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--quick", "--workload", "hot-update", "--repeat", "1", "--baseline", "wal-normal"]
+    argv += ["memory-off-exclusive", "--baseline", "memory-off"]
+    doc, out, _ = run_bench(argv, tmp_path, capsys)
+    added = ["native-wal-normal", "native-memory-off"]
+    assert doc["config"]["systems"] == [
+        "pagekv",
+        "native-memory-off-exclusive",  # the matched baseline, named again: listed once
+        "native-in-memory",
+        *added,
+    ]
+    assert "--baseline wal-normal memory-off-exclusive memory-off" in doc["command"]
+    (workload,) = doc["workloads"]
+    settings = {s["system"]: s["settings"] for s in workload["systems"]}
+    assert "journal_mode=WAL, synchronous=NORMAL on a file" in settings["native-wal-normal"]
+    assert "locking_mode" not in settings["native-memory-off"]
+    assert [r["baseline"] for r in workload["ratios"]][-2:] == added
+    assert "native WAL+NORMAL" in out and "native MEMORY/OFF " in out
+    statuses = {t["target"]: t["status"] for t in doc["targets"]}
+    assert statuses["one-row commits, memory://"] == "not measured"  # no commit-1
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -211,6 +235,7 @@ def test_file_store_uses_durable_baselines_next_to_it(
         (["--kv", "bogus://x"], "--kv: unknown KV URL scheme 'bogus'"),
         (["--json", "/nonexistent-dir/x.json"], "--json: directory '/nonexistent-dir' does not"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["--baseline", "wal"], "unknown baseline 'wal'; choose from: delete-full, wal-full"),
     ],
 )
 def test_bad_arguments_fail_clearly(

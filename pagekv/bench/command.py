@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pagekv.bench.report import BenchReport, Config, Machine, now, print_report, write_json
 from pagekv.bench.runner import Progress, count_steps, run_workloads
-from pagekv.bench.systems import PAGEKV, Workspace, baselines_for
+from pagekv.bench.systems import NATIVE_SYSTEMS, PAGEKV, Workspace, baselines_for
 from pagekv.bench.targets import evaluate
 from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection
 from pagekv.kv import KvError
@@ -31,6 +31,14 @@ def _workload_name(value: str) -> str:
     if value not in WORKLOADS:
         raise argparse.ArgumentTypeError(
             f"unknown workload {value!r}; choose from: {', '.join(WORKLOADS)}"
+        )
+    return value
+
+
+def _baseline_name(value: str) -> str:
+    if value not in NATIVE_SYSTEMS:
+        raise argparse.ArgumentTypeError(
+            f"unknown baseline {value!r}; choose from: {', '.join(NATIVE_SYSTEMS)}"
         )
     return value
 
@@ -97,6 +105,18 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
         help="run only these workloads (repeatable; default: all)",
     )
     bench.add_argument(
+        "--baseline",
+        action="extend",
+        nargs="+",
+        type=_baseline_name,
+        metavar="NAME",
+        help=(
+            f"also compare with these native systems (repeatable): {', '.join(NATIVE_SYSTEMS)}; "
+            "the journal mode, synchronous and locking mode their names say (the report lists "
+            "each system's settings)"
+        ),
+    )
+    bench.add_argument(
         "--quick", action="store_true", help=f"smaller sizes, {QUICK_REPEAT} repetitions"
     )
     bench.add_argument(
@@ -130,6 +150,8 @@ def canonical_command(args: argparse.Namespace, workloads: list[str]) -> str:
         parts += ["--latency-ms", f"{args.latency_ms:g}"]
     if args.workload:
         parts += ["--workload", *workloads]
+    if args.baseline:
+        parts += ["--baseline", *dict.fromkeys(args.baseline)]
     if args.quick:
         parts.append("--quick")
     if args.large:
@@ -154,7 +176,7 @@ def run_bench(args: argparse.Namespace) -> int:
     except (ValueError, KvError) as e:
         parser.error(f"--kv: {e}")
     try:
-        systems = (PAGEKV, *baselines_for(args.kv))
+        systems = (PAGEKV, *baselines_for(args.kv, args.baseline or ()))
         workloads = [WORKLOADS[n] for n in names]
         machine = Machine.current()
         config = Config(

@@ -7,6 +7,10 @@ are native SQLite that skips every sync (`journal_mode=MEMORY, synchronous=OFF`,
 `locking_mode=EXCLUSIVE`, on a file) and a pure `:memory:` database. Native files live next to the
 store when it is a directory, so both sides share a disk.
 
+`--baseline` adds any other native system of `NATIVE_SYSTEMS` to a run, e.g. `wal-normal`, the
+configuration many applications run, or `memory-off`, which is the exclusive baseline with SQLite's
+ordinary locking (file locks and a change-counter write at every commit).
+
 Every system runs with `temp_store=MEMORY` and 4 KiB pages, as pagekv pins them.
 """
 
@@ -19,6 +23,7 @@ import secrets
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -96,6 +101,18 @@ NATIVE_MEMORY_OFF_EXCLUSIVE = SystemSpec(
         ("synchronous", "off"),
     ),
 )
+NATIVE_WAL_NORMAL = SystemSpec(
+    "native-wal-normal",
+    "native WAL+NORMAL",
+    "native",
+    (*_COMMON, ("journal_mode", "wal"), ("synchronous", "normal")),
+)
+NATIVE_MEMORY_OFF = SystemSpec(
+    "native-memory-off",
+    "native MEMORY/OFF",
+    "native",
+    (*_COMMON, ("journal_mode", "memory"), ("synchronous", "off")),
+)
 NATIVE_IN_MEMORY = SystemSpec(
     "native-in-memory",
     "native :memory:",
@@ -103,13 +120,19 @@ NATIVE_IN_MEMORY = SystemSpec(
     (("temp_store", "memory"),),
     in_memory=True,
 )
-ALL_SYSTEMS = (
-    PAGEKV,
-    NATIVE_DELETE_FULL,
-    NATIVE_WAL_FULL,
-    NATIVE_MEMORY_OFF_EXCLUSIVE,
-    NATIVE_IN_MEMORY,
-)
+NATIVE_SYSTEMS = {
+    spec.name.removeprefix("native-"): spec
+    for spec in (
+        NATIVE_DELETE_FULL,
+        NATIVE_WAL_FULL,
+        NATIVE_WAL_NORMAL,
+        NATIVE_MEMORY_OFF,
+        NATIVE_MEMORY_OFF_EXCLUSIVE,
+        NATIVE_IN_MEMORY,
+    )
+}
+"""Every native system by the name `--baseline` takes (`wal-normal` is `native-wal-normal`)."""
+ALL_SYSTEMS = (PAGEKV, *NATIVE_SYSTEMS.values())
 
 _READBACK = {
     "synchronous": {"off": "0", "normal": "1", "full": "2", "extra": "3"},
@@ -118,11 +141,14 @@ _READBACK = {
 """How `PRAGMA name` reports a value that was set by name."""
 
 
-def baselines_for(url: str) -> tuple[SystemSpec, ...]:
-    """The native systems matched in durability with the store at `url`."""
+def baselines_for(url: str, extra: Iterable[str] = ()) -> tuple[SystemSpec, ...]:
+    """The native systems matched in durability with the store at `url`, then those named in
+    `extra` (keys of `NATIVE_SYSTEMS`) that are not among them already."""
     if urlsplit(url).scheme == "memory":
-        return (NATIVE_MEMORY_OFF_EXCLUSIVE, NATIVE_IN_MEMORY)
-    return (NATIVE_DELETE_FULL, NATIVE_WAL_FULL)
+        matched = (NATIVE_MEMORY_OFF_EXCLUSIVE, NATIVE_IN_MEMORY)
+    else:
+        matched = (NATIVE_DELETE_FULL, NATIVE_WAL_FULL)
+    return tuple(dict.fromkeys((*matched, *(NATIVE_SYSTEMS[name] for name in extra))))
 
 
 def open_native(spec: SystemSpec, path: str) -> apsw.Connection:
