@@ -11,6 +11,7 @@ import dataclasses
 import shlex
 import sys
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -27,20 +28,17 @@ DEFAULT_REPEAT = 5
 QUICK_REPEAT = 3
 
 
-def _workload_name(value: str) -> str:
-    if value not in WORKLOADS:
-        raise argparse.ArgumentTypeError(
-            f"unknown workload {value!r}; choose from: {', '.join(WORKLOADS)}"
-        )
-    return value
+def _one_of(what: str, names: Collection[str]) -> Callable[[str], str]:
+    """An argparse type that takes one of `names` and, for anything else, lists them all."""
 
+    def check(value: str) -> str:
+        if value not in names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {value!r}; choose from: {', '.join(names)}"
+            )
+        return value
 
-def _baseline_name(value: str) -> str:
-    if value not in NATIVE_SYSTEMS:
-        raise argparse.ArgumentTypeError(
-            f"unknown baseline {value!r}; choose from: {', '.join(NATIVE_SYSTEMS)}"
-        )
-    return value
+    return check
 
 
 def _positive_int(value: str) -> int:
@@ -100,7 +98,7 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
         "--workload",
         action="extend",
         nargs="+",
-        type=_workload_name,
+        type=_one_of("workload", WORKLOADS),
         metavar="NAME",
         help="run only these workloads (repeatable; default: all)",
     )
@@ -108,7 +106,7 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
         "--baseline",
         action="extend",
         nargs="+",
-        type=_baseline_name,
+        type=_one_of("baseline", NATIVE_SYSTEMS),
         metavar="NAME",
         help=(
             f"also compare with these native systems (repeatable): {', '.join(NATIVE_SYSTEMS)}; "
