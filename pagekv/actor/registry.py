@@ -90,23 +90,45 @@ class Registry:
 
         self._tg.start_soon(guarded)
 
+    @property
+    def running(self) -> bool:
+        """Serving: inside `run()` and its background loop alive."""
+        return self._tg is not None
+
     async def _housekeeping(self) -> None:
-        """Put idle instances to sleep, dispatch due schedules, wake sleeping actors on time."""
-        await anyio.to_thread.run_sync(self._index_due_times)
+        """Put idle instances to sleep, dispatch due schedules, wake sleeping actors on time.
+
+        A round that fails (the store unreachable for a moment, say) is logged and counted
+        (`housekeeping_errors`), and the next round tries again: the loop outlives any error,
+        since without it no actor would sleep or wake on time again.
+        """
+        indexed = False
         last_poll = 0.0
         while True:
             await anyio.sleep(_IDLE_CHECK_S)
-            now = time.time()
-            for instance in list(self._instances.values()):
-                if instance.next_due is not None and instance.next_due <= now:
-                    self.spawn(instance.dispatch_due)
-                idle = instance.idle_for()
-                if idle is not None and idle >= instance.definition.sleep_timeout:
-                    self.spawn(instance.stop, "sleep")
-            if time.monotonic() - last_poll >= _WAKE_POLL_S:
+            poll = time.monotonic() - last_poll >= _WAKE_POLL_S
+            if poll:
                 last_poll = time.monotonic()
-                for name, key in await self._due_sleepers(now):
-                    self.spawn(self._wake, name, key)
+            try:
+                self._tend_instances(time.time())
+                if poll:
+                    if not indexed:
+                        await anyio.to_thread.run_sync(self._index_due_times)
+                        indexed = True
+                    for name, key in await self._due_sleepers(time.time()):
+                        self.spawn(self._wake, name, key)
+            except Exception:
+                self.counters["housekeeping_errors"] += 1
+                log.exception("housekeeping failed; the next round tries again")
+
+    def _tend_instances(self, now: float) -> None:
+        """Dispatch the due schedules of live instances and put idle ones to sleep."""
+        for instance in list(self._instances.values()):
+            if instance.next_due is not None and instance.next_due <= now:
+                self.spawn(instance.dispatch_due)
+            idle = instance.idle_for()
+            if idle is not None and idle >= instance.definition.sleep_timeout:
+                self.spawn(instance.stop, "sleep")
 
     async def _due_sleepers(self, now: float) -> list[tuple[str, str]]:
         """Actors not live here with a wake entry that is due.

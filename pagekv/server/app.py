@@ -33,7 +33,11 @@ from pagekv.server.runtime import Runtime, runtime
 
 
 async def health(request: Request) -> Response:
-    return answer(request, {"status": "ok"})
+    """503 once the registry has stopped (it failed, or the server is shutting down), so a load
+    balancer stops sending calls that could only fail."""
+    if runtime(request).registry.running:
+        return answer(request, {"status": "ok"})
+    return answer(request, {"status": "stopped"}, status=503)
 
 
 async def metrics(request: Request) -> Response:

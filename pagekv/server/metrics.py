@@ -157,6 +157,7 @@ _REGISTRY_COUNTERS = {
     "crashes": "Instances torn down after a failure.",
     "takeovers": "Calls that found their instance taken over by another process.",
     "actions": "Actions run (gateway calls and schedules).",
+    "housekeeping_errors": "Rounds of the registry's background loop that failed (retried).",
 }
 
 

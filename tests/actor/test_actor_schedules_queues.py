@@ -17,9 +17,9 @@ import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.queue import MAX_MESSAGE_BYTES, MessageTooLarge, QueueFull
-from pagekv.actor.registry import actor_id
+from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
 from pagekv.actor.schedule import TooManySchedules, next_due
-from pagekv.kv import CountingKv, MemoryStore
+from pagekv.kv import CountingKv, FaultKind, FaultyStore, MemoryStore
 
 pytestmark = pytest.mark.anyio
 WaitFor = Callable[..., Awaitable[None]]
@@ -62,6 +62,29 @@ async def test_a_schedule_wakes_a_sleeping_actor_and_fires_once(wait_for: WaitFo
         await wait_for(lambda: not registry.live(), what="sleep after the dispatch")
         assert await handle.ticks() == ["once"]
         assert await handle.pending() == []
+
+
+async def test_a_failed_wake_poll_is_retried_and_the_schedule_still_fires(
+    wait_for: WaitFor,
+) -> None:
+    """A store error in the registry's background loop (a network blip on PostgreSQL, say) must
+    cost one round, not the registry: before, it ended the loop and every later call failed."""
+    store = FaultyStore(MemoryStore())
+    index = store.namespace(REGISTRY_NAMESPACE)
+    registry = Registry([_ticker()], kv=store)
+    async with registry.run() as client:
+        handle = client.get_or_create("ticker", "k")
+        await handle.arm(1.2)
+        await wait_for(lambda: not registry.live(), what="idle sleep before the schedule is due")
+        index.arm(FaultKind.FAIL_BEFORE, ops=frozenset({"list"}))
+        await wait_for(lambda: bool(index.fired), what="the injected fault")
+        assert registry.counters["housekeeping_errors"] == 1
+        await wait_for(lambda: bool(registry.live()), what="the schedule waking the actor")
+        assert registry.running
+        await wait_for(lambda: not registry.live(), what="sleep after the dispatch")
+        assert await handle.ticks() == ["once"]
+        assert [f.op for f in index.fired] == ["list"]
+        assert registry.counters["housekeeping_errors"] == 1
 
 
 async def test_recurring_schedules_keep_their_cadence(wait_for: WaitFor) -> None:

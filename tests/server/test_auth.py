@@ -3,12 +3,19 @@ headers), and no answer ever carries the token."""
 
 from __future__ import annotations
 
+import json
+from unittest.mock import Mock
+
 import httpx
 import pytest
 from server_helpers import TOKEN, Served, serving
+from starlette.requests import Request
 
+from pagekv.actor import Registry
 from pagekv.client import RemoteError
+from pagekv.kv import MemoryStore
 from pagekv.server import ConfigError, ServerConfig
+from pagekv.server.app import health
 
 pytestmark = pytest.mark.anyio
 
@@ -101,6 +108,20 @@ async def test_health_is_open_and_says_nothing_else(served: Served) -> None:
         response = await http.get("/health")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
+
+
+async def test_health_says_stopped_once_the_registry_is_not_running() -> None:
+    """Without its registry a server can answer nothing but errors, so a load balancer must
+    see it: the route's answer follows `Registry.running`."""
+    registry = Registry([], kv=MemoryStore())
+    request = Request(
+        {"type": "http", "headers": [], "state": {"runtime": Mock(registry=registry)}}
+    )
+    response = await health(request)
+    assert (response.status_code, json.loads(response.body)) == (503, {"status": "stopped"})
+    async with registry.run():
+        response = await health(request)
+    assert (response.status_code, json.loads(response.body)) == (200, {"status": "ok"})
 
 
 async def test_the_python_client_reports_a_wrong_token(served: Served) -> None:
