@@ -266,7 +266,10 @@ def query(
     cursor = connection.cursor()
     cursor.exec_trace = one_statement
     try:
-        cursor.execute(sql, params)
+        try:
+            cursor.execute(sql, params)
+        except (TypeError, KeyError) as e:  # APSW's answers to a value or name it cannot bind
+            raise InspectError(f"invalid query parameters: {e}") from e
         columns = _description(cursor)
         rows: list[list[Any]] = []
         for row in cursor:

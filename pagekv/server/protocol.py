@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import math
 from typing import Any
 
 import cbor2
@@ -67,6 +68,15 @@ def _refuse_constant(name: str) -> Any:
     raise BodyError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; one beyond a float's range (`1e999`) would become infinity,
+    which no JSON answer can carry back, so it is refused like the `Infinity` literal."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise BodyError(f"number {text[:40]} is out of range for a float")
+    return value
+
+
 def encode(value: Any, media_type: str) -> bytes:
     """Raises TypeError (or `cbor2.CBOREncodeError`) for a value the media type cannot hold."""
     if media_type == CBOR:
@@ -79,7 +89,7 @@ def decode(data: bytes, media_type: str) -> Any:
     try:
         if media_type == CBOR:
             return cbor2.loads(data)
-        return json.loads(data, parse_constant=_refuse_constant)
+        return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
     except BodyError:
         raise
     except (ValueError, RecursionError, cbor2.CBORDecodeError) as e:

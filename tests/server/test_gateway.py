@@ -185,6 +185,8 @@ async def test_a_store_failure_is_a_retryable_503_and_the_retry_succeeds() -> No
 BAD_BODIES = [
     (b'{"args": [1', "application/json", "malformed_body", 400),
     (b'{"args": [NaN]}', "application/json", "malformed_body", 400),
+    (b'{"args": [1e999]}', "application/json", "malformed_body", 400),
+    (b'{"args": [-1.5e400]}', "application/json", "malformed_body", 400),
     (b"\xff\xfe", "application/json", "malformed_body", 400),
     (b"\x9f\x01", "application/cbor", "malformed_body", 400),
     (b"\xff", "application/cbor", "malformed_body", 400),

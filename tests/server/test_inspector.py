@@ -106,6 +106,10 @@ async def test_read_only_queries(served: Served) -> None:
     assert status == 200 and [r[1] for r in result["rows"]] == ["id", "n"]
     status, result = await sql(served, "SELECT nope FROM entries")
     assert (status, result["error"]["code"]) == (400, "invalid_query")
+    for statement, params in [("SELECT ?", [[1]]), ("SELECT ?", [{"a": 1}]), ("SELECT :a", {})]:
+        status, result = await sql(served, statement, params=params)
+        assert (status, result["error"]["code"]) == (400, "invalid_query"), (statement, params)
+        assert "invalid query parameters" in result["error"]["message"]
 
 
 WRITES = [
