@@ -14,6 +14,7 @@ from typing import Any
 
 from pagekv.actor import ActorNotFound
 from pagekv.actor import inspect as view
+from pagekv.cli_args import kv_url, positive_int
 from pagekv.kv import DEFAULT_URL, open_kv
 from pagekv.server.protocol import JSON, encode
 from pagekv.vfs import Database
@@ -90,7 +91,11 @@ def _print_report(record: view.ActorRecord, report: dict[str, Any]) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    store = open_kv(args.kv)
+    try:
+        store = open_kv(args.kv, create=False)
+    except FileNotFoundError as e:
+        print(f"pagekv inspect: {e}", file=sys.stderr)
+        return 1
     try:
         index = view.open_index(store)
         if args.actor is None:
@@ -134,10 +139,14 @@ def add_inspect_command(commands: Any, summary: str) -> None:
         ),
     )
     inspect_cmd.add_argument("actor", nargs="?", help="NAME/KEY of one actor")
-    inspect_cmd.add_argument("--kv", default=DEFAULT_URL, help=f"store URL (default {DEFAULT_URL})")
     inspect_cmd.add_argument(
-        "--rows", type=int, default=10, help="rows shown per table (default 10)"
+        "--kv", default=DEFAULT_URL, type=kv_url, help=f"store URL (default {DEFAULT_URL})"
     )
-    inspect_cmd.add_argument("--limit", type=int, default=1000, help="actors listed (default 1000)")
+    inspect_cmd.add_argument(
+        "--rows", type=positive_int, default=10, help="rows shown per table (default 10)"
+    )
+    inspect_cmd.add_argument(
+        "--limit", type=positive_int, default=1000, help="actors listed (default 1000)"
+    )
     inspect_cmd.add_argument("--json", action="store_true", help="print one JSON document")
     inspect_cmd.set_defaults(run=_inspect)

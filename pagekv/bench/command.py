@@ -21,6 +21,7 @@ from pagekv.bench.runner import Progress, count_steps, run_workloads
 from pagekv.bench.systems import NATIVE_SYSTEMS, PAGEKV, Workspace, baselines_for
 from pagekv.bench.targets import evaluate
 from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection
+from pagekv.cli_args import kv_url, positive_int
 from pagekv.kv import KvError
 
 DEFAULT_KV = "memory://"
@@ -39,16 +40,6 @@ def _one_of(what: str, names: Collection[str]) -> Callable[[str], str]:
         return value
 
     return check
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def _latency(value: str) -> float:
@@ -81,6 +72,7 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
     bench.add_argument(
         "--kv",
         default=DEFAULT_KV,
+        type=kv_url,
         metavar="URL",
         help=(
             f"store URL (default {DEFAULT_KV}): memory:// is compared with native "
@@ -122,7 +114,7 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--repeat",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"repetitions per workload (default {DEFAULT_REPEAT}, {QUICK_REPEAT} with --quick)",
     )

@@ -7,6 +7,7 @@ import random
 import sys
 from pathlib import Path
 
+from pagekv.cli_args import kv_url, positive_int, positive_seconds
 from pagekv.fuzz.processes import fuzz_processes
 from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.session import FuzzConfig, Runner, fuzz, load_replay
@@ -22,19 +23,22 @@ def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None
         "faults, crashes, takeovers and compactions, and check that nothing acknowledged is "
         "lost or corrupted. Exits 1 with a minimised, replayable failure.",
     )
-    p.add_argument("--kv", default="memory://", help="store URL (default memory://)")
+    p.add_argument("--kv", default="memory://", type=kv_url, help="store URL (default memory://)")
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--seconds", type=float, help="run for this long (default 60)")
-    budget.add_argument("--runs", type=int, help="run this many seeded runs")
+    budget.add_argument("--seconds", type=positive_seconds, help="run for this long (default 60)")
+    budget.add_argument("--runs", type=positive_int, help="run this many seeded runs")
     p.add_argument("--seed", type=int, help="session seed (default: random, printed)")
     p.add_argument(
         "--faults",
         default=",".join(EVENTS),
         help=f"comma-separated disruptions to inject (default all: {','.join(EVENTS)})",
     )
-    p.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
+    p.add_argument("--steps", type=positive_int, default=40, help="steps per run (default 40)")
     p.add_argument(
-        "--max-blob", type=int, default=3 * 2**20, help="largest blob in bytes (default 3 MiB)"
+        "--max-blob",
+        type=positive_int,
+        default=3 * 2**20,
+        help="largest blob in bytes (default 3 MiB)",
     )
     p.add_argument(
         "--processes",

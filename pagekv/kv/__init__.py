@@ -18,7 +18,7 @@ from pagekv.kv.file import FileStore
 from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
 from pagekv.kv.namespace import KvNamespace, prefix_end
-from pagekv.kv.url import DEFAULT_URL, open_kv
+from pagekv.kv.url import DEFAULT_URL, check_kv_url, open_kv
 from pagekv.kv.wrappers import (
     READ_OPS,
     WRITE_OPS,
@@ -66,6 +66,7 @@ __all__ = [
     "StorageQuotaExceeded",
     "TooManyEntries",
     "ValueTooLarge",
+    "check_kv_url",
     "open_kv",
     "prefix_end",
 ]

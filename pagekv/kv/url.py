@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from pagekv.kv.api import KvStore
@@ -11,9 +14,12 @@ from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
 
 DEFAULT_URL = "file:./.pagekv"
+_Number = TypeVar("_Number", int, float)
 
 
-def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStore:
+def open_kv(
+    url: str = DEFAULT_URL, *, limits: KvLimits | None = None, create: bool = True
+) -> KvStore:
     """Open a store by URL.
 
     - `memory://[?latency_ms=N]`: in-process, for tests and benchmarks;
@@ -21,7 +27,20 @@ def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStor
       machine; its log is folded into the base every `log_kib` KiB (default 32 MiB);
     - `postgresql://user@host:port/db[?schema=..&pool_max=..]` (or `postgres://`): a PostgreSQL
       server shared by many hosts; see `PostgresStore` for the options.
+
+    With `create=False` a `file:` store must exist already (`FileNotFoundError` otherwise):
+    what tools that only read want, rather than an empty store made where a path was mistyped.
     """
+    return _opener(url, limits, create)()
+
+
+def check_kv_url(url: str) -> None:
+    """Raise the `ValueError` that `open_kv(url)` would for a malformed URL, opening nothing
+    (a PostgreSQL URL's options are checked only when it is opened)."""
+    _opener(url, None, True)
+
+
+def _opener(url: str, limits: KvLimits | None, create: bool) -> Callable[[], KvStore]:
     parts = urlsplit(url)
     match parts.scheme:
         case "memory":
@@ -31,10 +50,10 @@ def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStor
                 raise ValueError(
                     f"unknown option(s) {sorted(unknown)} in {url!r}; known: latency_ms"
                 )
-            latency = float(query.get("latency_ms", ["0"])[-1])
+            latency = _option(query, "latency_ms", float, 0.0, url)
             if latency < 0:
                 raise ValueError(f"latency_ms must be >= 0 in {url!r}")
-            return MemoryStore(limits=limits, latency_ms=latency)
+            return partial(MemoryStore, limits=limits, latency_ms=latency)
         case "file":
             path = (
                 parts.netloc + parts.path if parts.netloc not in ("", "localhost") else parts.path
@@ -45,15 +64,40 @@ def open_kv(url: str = DEFAULT_URL, *, limits: KvLimits | None = None) -> KvStor
             unknown = set(query) - {"log_kib"}
             if unknown:
                 raise ValueError(f"unknown option(s) {sorted(unknown)} in {url!r}; known: log_kib")
-            log_kib = int(query.get("log_kib", [str(DEFAULT_LOG_BYTES // 1024)])[-1])
-            return FileStore(Path(path), limits=limits, log_bytes=log_kib * 1024)
-        case "postgresql" | "postgres":
-            # Imported here so that psycopg loads only for stores that use it.
-            from pagekv.kv.postgres import PostgresStore
+            log_kib = _option(query, "log_kib", int, DEFAULT_LOG_BYTES // 1024, url)
+            directory = Path(path)
 
-            return PostgresStore(url, limits=limits)
+            def open_file() -> KvStore:
+                if not create and not directory.is_dir():
+                    raise FileNotFoundError(f"no file store at {directory}")
+                return FileStore(directory, limits=limits, log_bytes=log_kib * 1024)
+
+            return open_file
+        case "postgresql" | "postgres":
+
+            def open_postgres() -> KvStore:
+                # Imported here so that psycopg loads only for stores that use it.
+                from pagekv.kv.postgres import PostgresStore
+
+                return PostgresStore(url, limits=limits)
+
+            return open_postgres
         case _:
             raise ValueError(
                 f"unknown KV URL scheme {parts.scheme!r} in {url!r}; "
                 "use memory://, file:///path or postgresql://user@host:port/db"
             )
+
+
+def _option(
+    query: dict[str, list[str]], name: str, kind: type[_Number], default: _Number, url: str
+) -> _Number:
+    """The last value of option `name` as a `kind`, or `default` when it is absent."""
+    if name not in query:
+        return default
+    raw = query[name][-1]
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{name} must be {what} in {url!r}, got {raw!r}") from None

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 
+from pagekv.cli_args import kv_url, port, positive_int
 from pagekv.kv import DEFAULT_URL
 from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.loader import AppNotFound, load_registry
@@ -62,12 +63,14 @@ def add_serve_command(commands: Any, summary: str) -> None:
         ),
     )
     serve_cmd.add_argument("app", help="path/to/app.py[:registry]")
-    serve_cmd.add_argument("--kv", default=DEFAULT_URL, help=f"store URL (default {DEFAULT_URL})")
+    serve_cmd.add_argument(
+        "--kv", default=DEFAULT_URL, type=kv_url, help=f"store URL (default {DEFAULT_URL})"
+    )
     serve_cmd.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)"
     )
     serve_cmd.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
+        "--port", type=port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
     )
     auth = serve_cmd.add_mutually_exclusive_group()
     auth.add_argument(
@@ -78,7 +81,7 @@ def add_serve_command(commands: Any, summary: str) -> None:
     )
     serve_cmd.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
         help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})",
     )
