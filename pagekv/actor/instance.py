@@ -214,6 +214,8 @@ class ActorInstance:
         if fn is None:
             raise ActionNotFound(f"actor {self.definition.name!r} has no action {action!r}")
         await self._check_current()
+        if not self.serving():  # it began to stop while the check above waited
+            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
         self.active += 1
         self.registry.counters["actions"] += 1
         try:
