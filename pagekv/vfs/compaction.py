@@ -4,10 +4,10 @@ A pass folds every live delta up to the head. If the file shrank since the last 
 deletes the base pages past EOF (no reader looks there). Then it writes the newest version of each
 delta page as a base page (and zero pages for holes), the last batch carrying the head move
 (`compacted` and `base_pages` set, `shrinks` cleared), so a small pass writes once before it
-deletes the folded chunks and index parts. Until the head moves, readers still prefer the deltas,
-so the base writes are invisible; after it moves the deltas are ignored, so the deletes are
-invisible. A crash at any point leaves a readable database, and a pass repeated after a crash
-writes the same bytes again.
+deletes the folded chunks and index parts (`delete_folded`, once the writer has adopted the new
+head). Until the head moves, readers still prefer the deltas, so the base writes are invisible;
+after it moves the deltas are ignored, so the deletes are invisible. A crash at any point leaves a
+readable database, and a pass repeated after a crash writes the same bytes again.
 
 Invariant: when the head has no shrinks, no base page lies past EOF. A shrink is recorded in the
 head until the pass that deletes what lies past EOF moves the head, so skipping the range delete
@@ -69,7 +69,8 @@ class _BatchWriter:
 def compact(
     kv: ActorKv, fence: int, head: Head, index: PageIndex, cache: PageCache
 ) -> tuple[Head, int]:
-    """Fold all live deltas; return the new head and the number of pages written."""
+    """Fold all live deltas up to the head move; return the new head and the pages written.
+    The folded deltas stay until `delete_folded`."""
     pages = head.pages
     if head.shrinks:
         kv.delete_range(base_key(pages + 1), BASE_END, fence=fence)
@@ -101,5 +102,11 @@ def compact(
     new_head = replace(head, compacted=head.txid, base_pages=pages, shrinks=())
     writer.put(HEAD_KEY, new_head.encode())
     writer.flush()
-    delete_txids(kv, fence, 0, head.txid)
     return new_head, folded
+
+
+def delete_folded(kv: ActorKv, fence: int, folded: Head) -> None:
+    """Delete the chunks and index parts a pass folded (those up to `folded.txid`, the head it
+    started from). A separate step, taken once the writer has adopted the new head: if it fails,
+    the new head is already the truth, and the next pass (or open) deletes what is left."""
+    delete_txids(kv, fence, 0, folded.txid)

@@ -16,7 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Final
 
@@ -24,7 +24,7 @@ from librt.threading import Lock
 
 from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
 from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
-from pagekv.vfs.compaction import compact
+from pagekv.vfs.compaction import compact, delete_folded
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import (
     HEAD_KEY,
@@ -465,21 +465,32 @@ class PageStore:
             return 0
         stats = self.kv.stats  # compaction's own share of the traffic, for write amplification
         written, round_trips = stats.bytes_written, stats.total
-        try:
+        with self._failures_kept(KvUnavailable, LimitError, StorageCorrupt):
             new_head, folded = compact(self.kv, self.generation, head, self.index, self.cache)
-        except (KvUnavailable, LimitError, StorageCorrupt) as e:
+        self.head = new_head
+        self.index.compacted(new_head.pages)
+        try:
+            with self._failures_kept(KvUnavailable):
+                delete_folded(self.kv, self.generation, head)
+        finally:
+            counters = self.counters
+            counters.compactions += 1
+            counters.pages_compacted += folded
+            counters.compaction_bytes_written += stats.bytes_written - written
+            counters.compaction_round_trips += stats.total - round_trips
+        return folded
+
+    @contextlib.contextmanager
+    def _failures_kept(self, *harmless: type[BaseException]) -> Iterator[None]:
+        """An error in `harmless` left the store as it was: kept in `last_error` and raised.
+        Any other error may have left it anything: it kills the database."""
+        try:
+            yield
+        except harmless as e:
             self.last_error = e
             raise
         except BaseException as e:
             raise self._die(e) from e
-        self.head = new_head
-        self.index.compacted(new_head.pages)
-        counters = self.counters
-        counters.compactions += 1
-        counters.pages_compacted += folded
-        counters.compaction_bytes_written += stats.bytes_written - written
-        counters.compaction_round_trips += stats.total - round_trips
-        return folded
 
     def finish_commit(self) -> None:
         """After SQLite's commit: flush what it wrote after the sync, then maybe compact.

@@ -152,9 +152,12 @@ def _leave_orphans(ns: ActorKv) -> None:
     db.close()
 
 
-def _run(scenario: Scenario, ns: ActorKv, faulty: FaultyKv) -> bool:
-    """Run the action through `faulty`; True if it was acknowledged (returned normally)."""
+def _run(scenario: Scenario, ns: ActorKv, faulty: FaultyKv) -> tuple[bool, bool]:
+    """Run the action through `faulty`, then, unless the fault killed the database, commit one
+    more row through the same instance: a fault it survived must leave it fit to write on.
+    Returns whether the action and that commit were acknowledged (returned normally)."""
     db: Database | None = None
+    acknowledged = False
     try:
         if scenario.action_opens:
             faulty.enabled = True
@@ -163,13 +166,20 @@ def _run(scenario: Scenario, ns: ActorKv, faulty: FaultyKv) -> bool:
             db = open_database(faulty, **scenario.options)
             faulty.enabled = True
         scenario.action(db)
-        return True
+        acknowledged = True
     except (apsw.Error, Exception):
-        return False
+        pass
+    faulty.enabled = False
+    if db is None:
+        return acknowledged, False
+    try:
+        if db.is_dead:
+            return acknowledged, False
+        db.execute("CREATE TABLE IF NOT EXISTS later(v)")
+        db.execute("INSERT INTO later(v) VALUES ('after the fault')")
+        return acknowledged, True
     finally:
-        faulty.enabled = False
-        if db is not None:
-            db.close()
+        db.close()
 
 
 def _count_calls(scenario: Scenario, new_ns: NewNamespace) -> tuple[State, State, int]:
@@ -214,15 +224,17 @@ def test_fault_matrix(scenario: Scenario, new_ns: NewNamespace) -> None:
             ns, _ = _prepare(scenario, new_ns)
             faulty = FaultyKv(ns, faults=[Fault(index, kind, ALL_OPS)])
             faulty.enabled = False
-            acknowledged = _run(scenario, ns, faulty)
+            acknowledged, wrote_on = _run(scenario, ns, faulty)
             assert faulty.fired_count() == 1, f"fault {kind} at call {index} did not fire"
+            label = f"{scenario.name}: {kind.value} at call {index} ({faulty.fired[0].op})"
             with open_database(ns, auto_compact=False) as db:
                 after = content(db)
                 check_integrity(db)
                 _write_more(db)
             with open_database(ns, auto_compact=False) as db:
                 assert content(db) == _with_more(after), "a commit after recovery went wrong"
-            label = f"{scenario.name}: {kind.value} at call {index} ({faulty.fired[0].op})"
+            later = after.pop("later", None)
+            assert later == ([("after the fault",)] if wrote_on else None), label
             assert after in (old, new), f"{label}: content is neither the old nor the new state"
             if acknowledged:
                 assert after == new, f"{label}: an acknowledged action was lost"
@@ -249,6 +261,32 @@ def test_unavailable_before_a_small_commit_is_not_fatal(new_ns: NewNamespace) ->
     with open_database(ns) as again:
         assert [r[0] for r in again.execute("SELECT v FROM t WHERE length(v) = 4")] == [b"kept"]
         check_integrity(again)
+
+
+@pytest.mark.parametrize("failing", [0, 1], ids=["chunk-delete", "index-delete"])
+def test_an_automatic_compaction_whose_deletes_fail_leaves_the_writer_consistent(
+    failing: int, new_ns: NewNamespace
+) -> None:
+    """The pass moved the head, then its deletes failed: the writer must go on from the moved
+    head (before, its next commit wrote the old head back over it, pointing at deleted chunks)."""
+    ns = new_ns()
+    faulty = FaultyKv(ns)
+    db = open_database(faulty, compact_deltas=4, cache_pages=1)
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+    with db.connection:
+        for i in range(20):
+            db.execute("INSERT INTO t(v) VALUES (?)", (f"row {i}",))
+    faulty.arm(FaultKind.FAIL_BEFORE, after=failing, ops=frozenset({"delete_range"}))
+    for _ in range(4):  # the fourth commit's pass fails in its deletes
+        db.execute("INSERT INTO t(v) VALUES ('one more')")
+    assert faulty.fired_count(FaultKind.FAIL_BEFORE) == 1
+    assert not db.is_dead
+    compactions = db.metrics()["compactions"]
+    db.close()
+    with open_database(ns) as again:
+        assert [r[0] for r in again.execute("SELECT id FROM t")] == list(range(1, 25))
+        check_integrity(again)
+    assert compactions == 1, "the pass moved the head: it counts"
 
 
 def test_indeterminate_commit_kills_and_never_resends(new_ns: NewNamespace) -> None:
