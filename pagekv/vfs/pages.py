@@ -495,23 +495,24 @@ class PageStore:
     def finish_commit(self) -> None:
         """After SQLite's commit: flush what it wrote after the sync, then maybe compact.
 
-        SQLite truncates the file (VACUUM, shrinking commits) after `SQLITE_FCNTL_SYNC`, and it
-        ignores errors at this point, so a failed flush kills the store instead of being lost.
-        Auto-compaction failures are kept in `last_error` and retried after the next commit.
+        SQLite truncates the file (VACUUM, shrinking commits) after `SQLITE_FCNTL_SYNC`. It
+        ignores an error at this point for the commit itself, which already happened, but
+        puts its pager into the error state, so every later statement fails instead of being
+        answered from SQLite's page cache: hence a failed flush kills the store and raises
+        `DatabaseDead`, as does a compaction that kills it. Harmless auto-compaction failures are
+        kept in `last_error` and retried after the next commit.
         """
         with self._lock:
-            if self.dead is not None:
-                return
+            self._check_alive()
             if self.has_pending():
                 try:
                     self._sync()
                 except DatabaseDead:
-                    return
+                    raise
                 except BaseException as e:
-                    self._die(e)
-                    return
+                    raise self._die(e) from e
             if self.options.auto_compact and self.needs_compaction():
-                with contextlib.suppress(KvError, StorageCorrupt, DatabaseDead):
+                with contextlib.suppress(KvError, StorageCorrupt):
                     self._compact()
 
     # -- life and death ---------------------------------------------------------------------

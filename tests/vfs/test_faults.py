@@ -289,6 +289,28 @@ def test_an_automatic_compaction_whose_deletes_fail_leaves_the_writer_consistent
     assert compactions == 1, "the pass moved the head: it counts"
 
 
+def test_a_death_after_the_commit_fails_reads_from_the_raw_connection(
+    new_ns: NewNamespace,
+) -> None:
+    """The automatic compaction after a commit dies (its write's outcome unknown). SQLite holds
+    the pages in its own cache and, in exclusive mode, would answer reads without asking the
+    VFS: the death must reach its pager, so `Database.connection` fails like `execute`."""
+    faulty = FaultyKv(new_ns())
+    db = open_database(faulty, compact_deltas=1)
+    db.execute("CREATE TABLE t(x)")
+    db.execute("INSERT INTO t VALUES (1)")
+    assert db.connection.execute("SELECT * FROM t").fetchall() == [(1,)]
+    faulty.arm(FaultKind.APPLY_THEN_RAISE, after=1)  # the pass after the next commit
+    with pytest.raises(apsw.IOError, match="dead"):
+        db.execute("INSERT INTO t VALUES (2)")
+    assert faulty.fired_count(FaultKind.APPLY_THEN_RAISE) == 1 and db.is_dead
+    for _ in range(2):
+        with pytest.raises(apsw.IOError, match="dead"):
+            db.connection.execute("SELECT * FROM t").fetchall()
+    assert type(db.take_last_kv_error()).__name__ == "InjectedIndeterminate"
+    db.close()
+
+
 def test_indeterminate_commit_kills_and_never_resends(new_ns: NewNamespace) -> None:
     ns = new_ns()
     faulty = FaultyKv(ns, faults=[Fault(0, FaultKind.APPLY_THEN_RAISE, frozenset({"write"}))])
