@@ -61,6 +61,8 @@ class Options:
         check_options({name: getattr(self, name) for name in _OPTION_TYPES})
 
 
+_MAGIC: Final = b"SQLite format 3\x00"
+"""The start of SQLite's database header, on page 1."""
 _OPTION_TYPES: Final[dict[str, type]] = {f.name: type(f.default) for f in fields(Options)}
 """Each option's type, that of its default (`int` counts and the `bool` switch)."""
 
@@ -312,22 +314,39 @@ class PageStore:
     def truncate(self, size: int) -> None:
         with self._lock:
             self._check_writable()
-            if size < 0:
-                raise ValueError(f"cannot truncate to {size} bytes")
-            pending = self._pending
-            pages = -(-size // PAGE_SIZE)
-            if size < self.size:
-                if size % PAGE_SIZE and pages <= self._pages():
-                    keep = size % PAGE_SIZE
-                    pending.dirty[pages] = self.read_page(pages)[:keep] + bytes(PAGE_SIZE - keep)
-                for pgno in [p for p in pending.dirty if p > pages]:
-                    del pending.dirty[pgno]
-                dropped = [p for p in pending.staged if p > pages]
-                for pgno in dropped:
-                    del pending.staged[pgno]
-                if dropped or pages < self.head.pages:
-                    self._record_shrink(pages)
-            self.size = size
+            self._truncate(size)
+
+    def _truncate(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"cannot truncate to {size} bytes")
+        pending = self._pending
+        pages = -(-size // PAGE_SIZE)
+        if size < self.size:
+            if size % PAGE_SIZE and pages <= self._pages():
+                keep = size % PAGE_SIZE
+                pending.dirty[pages] = self.read_page(pages)[:keep] + bytes(PAGE_SIZE - keep)
+            for pgno in [p for p in pending.dirty if p > pages]:
+                del pending.dirty[pgno]
+            dropped = [p for p in pending.staged if p > pages]
+            for pgno in dropped:
+                del pending.staged[pgno]
+            if dropped or pages < self.head.pages:
+                self._record_shrink(pages)
+        self.size = size
+
+    def _shrink_to_header_size(self) -> None:
+        """Take into this commit the truncation SQLite makes just after `SQLITE_FCNTL_SYNC`
+        when a commit shrinks the file (VACUUM, auto_vacuum), so that the commit stays one KV
+        write: the new size is already in page 1's header, which the commit rewrote. The
+        truncate that follows then changes nothing. Only a valid header size counts (a SQLite
+        header whose version-valid-for equals its change counter), and not one SQLite would
+        adjust (the lock-byte page): any other truncate still works, as a second write."""
+        page1 = self._pending.dirty.get(1)
+        if page1 is None or not page1.startswith(_MAGIC) or page1[24:28] != page1[92:96]:
+            return
+        pages = int.from_bytes(page1[28:32], "big")
+        if 0 < pages < self._pages() and pages != LOCK_BYTE_PAGE:
+            self._truncate(pages * PAGE_SIZE)
 
     def _record_shrink(self, pages: int) -> None:
         pending = self._pending
@@ -387,6 +406,7 @@ class PageStore:
         self._check_alive()
         if self.read_only or not self.has_pending():
             return
+        self._shrink_to_header_size()
         pending = self._pending
         txid = self.head.txid + 1
         old = self.head

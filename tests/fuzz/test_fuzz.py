@@ -46,6 +46,7 @@ class _IgnoresFences(KvWrapper):
 LOST_WRITE_FINDINGS = (
     "content differs",
     "integrity_check",
+    "database disk image is malformed",
     "is missing",
     "taken-over instance committed",
 )

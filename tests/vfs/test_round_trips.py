@@ -114,6 +114,29 @@ def test_small_commit_is_exactly_one_write(warm: tuple[Database, CountingKv]) ->
     db.close()
 
 
+def test_a_small_commit_that_shrinks_the_file_is_one_write_too() -> None:
+    """SQLite truncates after `SQLITE_FCNTL_SYNC`; the size it truncates to is in page 1's
+    header, so the truncation goes into the same KV write, and the reopened file has it."""
+    counting = CountingKv(fresh_ns())
+    db = open_database(counting, auto_compact=False)
+    db.execute("PRAGMA auto_vacuum = FULL")
+    db.execute("CREATE TABLE t(x)")
+    for _ in range(20):
+        db.execute("INSERT INTO t VALUES (randomblob(3000))")
+    assert page_count(db) > 20
+    for deleted in ("rowid > 5", "rowid > 2"):
+        counting.reset()
+        db.execute(f"DELETE FROM t WHERE {deleted}")
+        assert counting.stats.round_trips == Counter({"write": 1}), deleted
+    pages = page_count(db)
+    assert pages < 8
+    db.close()
+    with open_database(counting, read_only=True) as again:
+        assert again.metrics()["size_bytes"] == pages * PAGE
+        assert again.execute("SELECT count(*) FROM t").fetchall() == [(2,)]
+        assert integrity(again) == [("ok",)]
+
+
 def test_warm_select_costs_nothing(warm: tuple[Database, CountingKv]) -> None:
     db, counting = warm
     assert db.execute("SELECT * FROM t").fetchall() == [(1, "warm")]
