@@ -464,12 +464,19 @@ class PageStore:
     # -- compaction -------------------------------------------------------------------------
 
     def needs_compaction(self) -> bool:
-        live = self.head.txid - self.head.compacted
+        """Past a threshold of live deltas or delta pages, or when garbage outweighs the file:
+        delta pages more than four times its pages, or base pages past its end (left by a
+        shrink such as VACUUM) more than its pages, so that the stored bytes follow the file
+        down."""
+        head = self.head
+        threshold = self.options.compact_deltas
+        live = head.txid - head.compacted
         entries = self.index.delta_entries
-        garbage = entries > self.options.compact_deltas and entries > 4 * self.head.pages
-        return (
-            live >= self.options.compact_deltas or entries >= self.options.compact_pages or garbage
+        past_end = head.base_pages - head.pages
+        garbage = (entries > threshold and entries > 4 * head.pages) or (
+            past_end > threshold and past_end > head.pages
         )
+        return live >= threshold or entries >= self.options.compact_pages or garbage
 
     def compact(self) -> int:
         """Fold all committed deltas into base pages; return the pages written."""

@@ -313,6 +313,27 @@ def test_vacuum_returns_storage(ns: ActorKv, tmp_path: Path) -> None:
         pair.close()
 
 
+def test_vacuum_of_a_compacted_database_returns_storage(ns: ActorKv, tmp_path: Path) -> None:
+    """As above, but the pages sit in the base (compacted) when VACUUM shrinks the file: the
+    base pages past the new end must be given back without an explicit `compact()`."""
+    rng = random.Random(8)
+    pair = Pair(ns, tmp_path / "oracle.db")
+    try:
+        _create(pair, rng)
+        for _ in range(4):
+            _rows_in_one_transaction(250, 4000)(pair, rng)
+        pair.db.compact()
+        full = ns.used_bytes()
+        _delete_most(pair, rng)
+        _vacuum(pair, rng)
+        pair.check()
+        assert ns.used_bytes() < full / 4, (full, ns.used_bytes(), pair.db.metrics())
+        pair.reopen()
+        pair.check()
+    finally:
+        pair.close()
+
+
 # -- pinned settings -------------------------------------------------------------------------
 
 
