@@ -665,7 +665,8 @@ class _Transaction:
     ) -> None:
         db = self._db
         if exc_type is not None:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # SQLite rolls back by itself on some errors (SQLITE_FULL)
+                db.execute("ROLLBACK")
             if isinstance(exc, apsw.Error):
                 raise KvUnavailable(f"file store {self._path} failed: {exc}") from exc
             return

@@ -67,7 +67,7 @@ def entry_size(key: bytes, value: bytes) -> int:
     return len(key) + len(value)
 
 
-def _check_key(limits: KvLimits, key: object, what: str = "key") -> bytes:
+def check_key(limits: KvLimits, key: object, what: str = "key") -> bytes:
     if not isinstance(key, bytes | bytearray | memoryview):
         raise InvalidKey(f"{what} must be bytes, not {type(key).__name__}")
     key = bytes(key)
@@ -80,7 +80,7 @@ def _check_key(limits: KvLimits, key: object, what: str = "key") -> bytes:
 
 def check_keys(limits: KvLimits, keys: Iterable[object]) -> list[bytes]:
     """Validate the keys of a `get`: each key and their number."""
-    checked = [_check_key(limits, k) for k in keys]
+    checked = [check_key(limits, k) for k in keys]
     if len(checked) > limits.max_batch_entries:
         raise TooManyEntries(
             f"request of {len(checked)} keys", len(checked), limits.max_batch_entries
@@ -90,7 +90,7 @@ def check_keys(limits: KvLimits, keys: Iterable[object]) -> list[bytes]:
 
 def check_bound(limits: KvLimits, key: object, what: str) -> bytes | None:
     """Validate an optional range bound or prefix."""
-    return None if key is None else _check_key(limits, key, what)
+    return None if key is None else check_key(limits, key, what)
 
 
 def _check_value(key: bytes, value: object) -> bytes:
@@ -114,7 +114,7 @@ def check_write(limits: KvLimits, put: Entries, delete: Sequence[object]) -> Wri
         key = (
             raw_key
             if type(raw_key) is bytes and 0 < len(raw_key) <= max_key
-            else _check_key(limits, raw_key)
+            else check_key(limits, raw_key)
         )
         value = raw_value if type(raw_value) is bytes else _check_value(key, raw_value)
         if len(value) > max_value:
@@ -128,7 +128,7 @@ def check_write(limits: KvLimits, put: Entries, delete: Sequence[object]) -> Wri
         n_entries += 1
     deletes: tuple[bytes, ...] = ()
     if delete:
-        deletes = tuple(dict.fromkeys(_check_key(limits, k) for k in delete))
+        deletes = tuple(dict.fromkeys(check_key(limits, k) for k in delete))
         both = puts.keys() & set(deletes)
         if both:
             raise InvalidKey(f"key {min(both)[:32]!r} is both put and deleted in one batch")

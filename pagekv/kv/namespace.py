@@ -13,7 +13,15 @@ from collections.abc import Iterable, Sequence
 
 from mypy_extensions import mypyc_attr
 
-from pagekv.kv.limits import Entries, KvLimits, WriteBatch, check_bound, check_keys, check_write
+from pagekv.kv.limits import (
+    Entries,
+    KvLimits,
+    WriteBatch,
+    check_bound,
+    check_key,
+    check_keys,
+    check_write,
+)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -92,9 +100,8 @@ class KvNamespace(Shorthands, abc.ABC):
             self._write(batch, fence)
 
     def delete_range(self, start: object, end: object, *, fence: int | None = None) -> None:
-        lo = check_bound(self._limits, start, "start key")
-        hi = check_bound(self._limits, end, "end key")
-        assert lo is not None and hi is not None
+        lo = check_key(self._limits, start, "start key")
+        hi = check_key(self._limits, end, "end key")
         self._delete_range(lo, hi, fence)
 
     @abc.abstractmethod

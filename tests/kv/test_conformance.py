@@ -561,6 +561,8 @@ def test_invalid_keys_are_rejected(kv: ActorKv) -> None:
         lambda: kv.get(["text"]),  # type: ignore[list-item]
         lambda: kv.delete([1]),  # type: ignore[list-item]
         lambda: kv.write(put={b"a": b"2"}, delete=[b"a"]),
+        lambda: kv.delete_range(None, b"z"),  # type: ignore[arg-type]
+        lambda: kv.delete_range(b"a", None),  # type: ignore[arg-type]
     ]
     for call in bad_calls:
         with pytest.raises(InvalidKey):

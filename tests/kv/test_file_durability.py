@@ -31,7 +31,7 @@ from typing import Any
 import apsw
 import pytest
 
-from pagekv.kv import FenceMismatch, open_kv
+from pagekv.kv import FenceMismatch, FileStore, KvUnavailable, open_kv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ACTOR = "durable-actor"
@@ -432,3 +432,21 @@ if __name__ == "__main__":
         _racer(argv[0], int(argv[1]), int(argv[2]), int(argv[3]), argv[4])
     else:
         raise SystemExit(f"unknown role {role!r}")
+
+
+def test_a_full_disk_during_a_fold_is_a_typed_error_and_loses_nothing(tmp_path: Path) -> None:
+    """SQLite rolls the fold back by itself on `SQLITE_FULL`; the store must still answer with a
+    `KvError` naming the cause (it raised a raw `apsw.SQLError` from its own ROLLBACK)."""
+    store = FileStore(tmp_path / "s", log_bytes=64 * 1024)
+    ns = store.namespace("a")
+    pages = store._db.execute("PRAGMA page_count").fetchall()[0][0]
+    store._db.execute(f"PRAGMA max_page_count = {pages + 3}")  # the disk fills up
+    written: dict[bytes, bytes] = {}
+    with pytest.raises(KvUnavailable, match="full"):
+        for i in range(200):
+            key, value = b"k%04d" % i, os.urandom(3000)
+            ns.put({key: value})
+            written[key] = value
+    assert len(written) > 10, "the disk filled up at a fold, not at once"
+    assert dict(ns.list()) == written
+    store.close()
