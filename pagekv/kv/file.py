@@ -51,6 +51,7 @@ from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.file_log import DATA_START, LogFile, LogHeader
 from pagekv.kv.file_records import (
+    MAX_KEY_BYTES,
     Range,
     Record,
     Takeover,
@@ -272,6 +273,11 @@ class FileStore:
             raise ValueError(f"log_bytes must be at least {2 * DATA_START}, got {log_bytes}")
         self.path = Path(path)
         self.limits = limits or KvLimits()
+        if self.limits.max_key_bytes > MAX_KEY_BYTES:
+            raise ValueError(
+                f"the file store holds keys of up to {MAX_KEY_BYTES} bytes, "
+                f"not max_key_bytes={self.limits.max_key_bytes}"
+            )
         self.log_bytes = log_bytes
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()

@@ -28,6 +28,8 @@ _KEY: Final = struct.Struct("<H")
 _RANGE: Final = struct.Struct("<BQQHH")
 _TAKEOVER: Final = struct.Struct("<BQQ")
 _NO_END: Final = 0xFFFF
+MAX_KEY_BYTES: Final = _NO_END - 1
+"""The longest key a record can hold: lengths are u16, and `_NO_END` is taken."""
 
 
 class Op(enum.IntEnum):

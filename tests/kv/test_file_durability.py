@@ -31,7 +31,7 @@ from typing import Any
 import apsw
 import pytest
 
-from pagekv.kv import FenceMismatch, FileStore, KvUnavailable, open_kv
+from pagekv.kv import FenceMismatch, FileStore, KvLimits, KvUnavailable, open_kv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ACTOR = "durable-actor"
@@ -450,3 +450,19 @@ def test_a_full_disk_during_a_fold_is_a_typed_error_and_loses_nothing(tmp_path: 
     assert len(written) > 10, "the disk filled up at a fold, not at once"
     assert dict(ns.list()) == written
     store.close()
+
+
+def test_limits_the_log_cannot_encode_are_refused_at_open(tmp_path: Path) -> None:
+    """A range record stores key lengths as u16 with 0xFFFF meaning "no end": a 65,535-byte end
+    key read back as "no end" and left a log no store could open again."""
+    with pytest.raises(ValueError, match="keys of up to 65534 bytes, not max_key_bytes=65535"):
+        FileStore(tmp_path / "s", limits=KvLimits(max_key_bytes=65535, max_batch_bytes=10**6))
+    assert not (tmp_path / "s").exists()
+    store = FileStore(tmp_path / "s", limits=KvLimits(max_key_bytes=65534, max_batch_bytes=10**6))
+    ns = store.namespace("a")
+    ns.put({b"a": b"1", b"c": b"2"})
+    ns.delete_range(b"a", b"b" * 65534)
+    store.close()
+    again = FileStore(tmp_path / "s", limits=KvLimits(max_key_bytes=65534, max_batch_bytes=10**6))
+    assert again.namespace("a").list() == [(b"c", b"2")]
+    again.close()
