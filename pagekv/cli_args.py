@@ -4,35 +4,44 @@ and what is allowed, before anything runs, never a traceback from deep inside a 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
 
 from pagekv.kv import check_kv_url
 
+_T = TypeVar("_T")
+
+
+def _parse(value: str, kind: Callable[[str], _T], expected: str) -> _T:
+    try:
+        return kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}") from None
+
 
 def positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    n = _parse(value, int, "a whole number")
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
 
 
 def positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    seconds = _parse(value, float, "seconds")
     if not seconds > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be more than 0, got {value}")
     return seconds
 
 
+def milliseconds(value: str) -> float:
+    ms = _parse(value, float, "milliseconds")
+    if not ms >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return ms
+
+
 def port(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    n = _parse(value, int, "a port number")
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0..65535 (0: any free port), got {n}")
     return n

@@ -21,7 +21,7 @@ from pagekv.bench.runner import Progress, count_steps, run_workloads
 from pagekv.bench.systems import NATIVE_SYSTEMS, PAGEKV, Workspace, baselines_for
 from pagekv.bench.targets import evaluate
 from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection
-from pagekv.cli_args import kv_url, positive_int
+from pagekv.cli_args import kv_url, milliseconds, positive_int
 from pagekv.kv import KvError
 
 DEFAULT_KV = "memory://"
@@ -40,16 +40,6 @@ def _one_of(what: str, names: Collection[str]) -> Callable[[str], str]:
         return value
 
     return check
-
-
-def _latency(value: str) -> float:
-    try:
-        ms = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds, got {value!r}") from None
-    if not ms >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return ms
 
 
 def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
@@ -81,7 +71,7 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--latency-ms",
-        type=_latency,
+        type=milliseconds,
         default=0.0,
         metavar="N",
         help="add N ms of simulated latency to every KV round trip (pagekv only)",
