@@ -24,7 +24,7 @@ from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import ActorExists, ActorNotFound, ActorTakenOver, UnknownActor
 from pagekv.actor.instance import ActorInstance, NotServing
 from pagekv.actor.workflow.handle import WorkflowHandle
-from pagekv.kv import DEFAULT_URL, KvStore, open_kv, prefix_end
+from pagekv.kv import DEFAULT_URL, KeyTooLarge, KvStore, open_kv, prefix_end
 
 REGISTRY_NAMESPACE = "pagekv-registry"
 _IDLE_CHECK_S = 0.05
@@ -225,35 +225,61 @@ class Registry:
         """The live instance of (name, key), woken (taken over) if needed."""
         definition = self.definition(name)
         aid = actor_id(name, key)
-        lock = self._locks.setdefault(aid, anyio.Lock())
-        async with lock:
-            live = self._instances.get(aid)
-            if live is not None:
-                if live.serving() and not must_be_new:
-                    return live
-                await live.stop(live.stop_reason())
-            exists = await self.exists(name, key)
-            if exists and must_be_new:
-                raise ActorExists(f"actor {name!r} with key {key!r} already exists")
-            if not exists and not create:
-                raise ActorNotFound(f"no actor {name!r} with key {key!r}")
-            namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
-            instance = ActorInstance(self, definition, aid, key, namespace)
-            await instance.start(input)
-            self.counters["wakes"] += 1
-            for phase, ms in instance.metrics.items():
-                self.counters[f"{phase}_total"] += ms
-            if not exists:
-                record = cbor2.dumps({"name": name, "key": key, "created": time.time()})
-                await anyio.to_thread.run_sync(
-                    lambda: self._index.put({index_key(name, key): record})
-                )
-            self._instances[aid] = instance
-            return instance
+        self._check_fits(aid)
+        try:
+            async with self._locks.setdefault(aid, anyio.Lock()):
+                live = self._instances.get(aid)
+                if live is not None:
+                    if live.serving() and not must_be_new:
+                        return live
+                    await live.stop(live.stop_reason())
+                exists = await self.exists(name, key)
+                if exists and must_be_new:
+                    raise ActorExists(f"actor {name!r} with key {key!r} already exists")
+                if not exists and not create:
+                    raise ActorNotFound(f"no actor {name!r} with key {key!r}")
+                namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
+                instance = ActorInstance(self, definition, aid, key, namespace)
+                await instance.start(input)
+                self.counters["wakes"] += 1
+                for phase, ms in instance.metrics.items():
+                    self.counters[f"{phase}_total"] += ms
+                if not exists:
+                    record = cbor2.dumps({"name": name, "key": key, "created": time.time()})
+                    await anyio.to_thread.run_sync(
+                        lambda: self._index.put({index_key(name, key): record})
+                    )
+                self._instances[aid] = instance
+                return instance
+        finally:
+            self._drop_unused_lock(aid)
+
+    def _check_fits(self, aid: str) -> None:
+        """Refuse an actor whose registry entries would not fit the store's keys before anything
+        is written: found at the wake write, after the takeover, it left a namespace behind that
+        no index entry names. The longest entry is the due entry (its numbers have fixed
+        widths)."""
+        longest = len(_due_key(0.0, _wake_prefix(aid) + b"%020d" % 0))
+        limit = self._index.limits.max_key_bytes
+        if longest > limit:
+            raise KeyTooLarge(f"registry entry of {longest} bytes for this key", longest, limit)
+
+    def _drop_unused_lock(self, aid: str) -> None:
+        """Forget the lock of an actor that is not awake here and that no call waits for, so
+        the locks do not grow with every key ever called."""
+        lock = self._locks.get(aid)
+        if (
+            lock is not None
+            and aid not in self._instances
+            and not lock.locked()
+            and not lock.statistics().tasks_waiting
+        ):
+            del self._locks[aid]
 
     async def forget(self, instance: ActorInstance, *, how: str, destroyed: bool) -> None:
         if self._instances.get(instance.actor_id) is instance:
             del self._instances[instance.actor_id]
+            self._drop_unused_lock(instance.actor_id)
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         if destroyed:
             prefix = _wake_prefix(instance.actor_id)

@@ -23,7 +23,8 @@ from pagekv.actor import (
     Registry,
     actor,
 )
-from pagekv.kv import ActorKv, MemoryStore
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.kv import ActorKv, KeyTooLarge, MemoryStore
 from pagekv.kv.wrappers import KvWrapper
 
 pytestmark = pytest.mark.anyio
@@ -604,6 +605,46 @@ async def test_concurrent_get_or_create_creates_once() -> None:
         assert sorted(results) == list(range(1, 11))
         assert len(creates) == 1
         assert len(registry.live()) == 1
+
+
+async def test_a_key_too_long_for_the_registry_is_refused_before_anything_is_written() -> None:
+    """The wake entries are longer than the index entry: a key that fits the one but not the
+    others failed at the wake write, after the takeover, and left an unindexed namespace."""
+    a = actor("keyed", state={})
+
+    @a.action
+    async def ping(ctx: ActorContext) -> str:
+        return "pong"
+
+    store = MemoryStore()
+    longest_ok = 2048 - len("due/") - 16 - len("/keyed/") - len("/") - 20
+    async with Registry([a], kv=store).run() as client:
+        assert await client.get_or_create("keyed", "k" * longest_ok).ping() == "pong"
+        with pytest.raises(KeyTooLarge, match="registry entry of 2049 bytes"):
+            await client.get_or_create("keyed", "k" * (longest_ok + 1)).ping()
+        assert sorted(store.actor_ids()) == sorted(
+            [REGISTRY_NAMESPACE, f"keyed/{'k' * longest_ok}"]
+        ), "no namespace of the refused key"
+
+
+async def test_the_registry_forgets_the_locks_of_actors_not_awake() -> None:
+    a = actor("napper", state={}, sleep_timeout=3600)
+
+    @a.action
+    async def nap(ctx: ActorContext) -> None:
+        ctx.sleep()
+
+    registry = Registry([a], kv="memory://")
+    async with registry.run() as client:
+        for i in range(50):
+            with pytest.raises(ActorNotFound):
+                await client.get("napper", f"missing-{i}").nap()
+        assert registry._locks == {}
+        await client.get_or_create("napper", "k").nap()
+        with anyio.fail_after(10):
+            while registry.live():
+                await anyio.sleep(0.01)
+        assert registry._locks == {}
 
 
 async def test_keys_are_distinct_actors() -> None:
