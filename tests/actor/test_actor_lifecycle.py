@@ -6,8 +6,6 @@ what the hooks saw in a local list, so tests share nothing.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +22,7 @@ from pagekv.actor import (
     actor,
 )
 from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.kv import ActorKv, KeyTooLarge, MemoryStore
-from pagekv.kv.wrappers import KvWrapper
+from pagekv.kv import KeyTooLarge, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -509,43 +506,12 @@ async def test_a_call_arriving_while_the_actor_goes_to_sleep_wakes_a_fresh_insta
         assert events == ["on_wake", "on_sleep", "on_wake"]
 
 
-class _SlowGenerationCheck(KvWrapper):
-    """Holds the instance's takeover check (`generation`) until `release` is set."""
-
-    def __init__(self, inner: ActorKv) -> None:
-        super().__init__(inner)
-        self.armed = False
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def _call(self, op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self.armed and op == "generation":
-            self.entered.set()
-            if not self.release.wait(30):
-                raise RuntimeError("the test never released the check")
-        return fn(*args, **kwargs)
-
-
-class _Store:
-    """A memory store whose namespace `actor_id` is wrapped in `_SlowGenerationCheck`."""
-
-    def __init__(self, actor_id: str) -> None:
-        self.inner = MemoryStore()
-        self.slow_id = actor_id
-        self.slow = _SlowGenerationCheck(self.inner.namespace(actor_id))
-
-    def namespace(self, actor_id: str) -> ActorKv:
-        return self.slow if actor_id == self.slow_id else self.inner.namespace(actor_id)
-
-    def close(self) -> None:
-        self.slow.release.set()
-
-
 async def test_a_call_whose_takeover_check_overlaps_the_start_of_a_sleep_is_retried(
     wait_for, attempt
 ) -> None:
-    """The sleep begins while a call waits for its takeover check: the call must go to a fresh
-    instance, not run on the one being closed (which failed it with `ActorStopped`)."""
+    """The sleep begins while a call waits for its takeover check (a worker-thread hop to the
+    store): the call must go to a fresh instance, not run on the one being closed (which
+    failed it with `ActorStopped`). The check is held open here until the sleep has begun."""
     a = actor("drowsy", state={"count": 0}, sleep_timeout=3600)
 
     @a.action
@@ -554,14 +520,19 @@ async def test_a_call_whose_takeover_check_overlaps_the_start_of_a_sleep_is_retr
         await ctx.db.execute("SELECT 1")
         return ctx.state["count"]
 
-    store = _Store("drowsy/k")
-    slow = store.slow
-    registry = Registry([a], kv=store)
+    registry = Registry([a], kv=MemoryStore())
     async with registry.run() as client:
         assert await client.get_or_create("drowsy", "k").inc() == 1
         (first,) = registry.live()
-        first._checked_at = 0.0  # the next call checks for a takeover
-        slow.armed = True
+        checking, release = anyio.Event(), anyio.Event()
+        check = first._check_current
+
+        async def held_check() -> None:
+            checking.set()
+            await release.wait()
+            await check()
+
+        first._check_current = held_check  # type: ignore[method-assign]
         results: list[Any] = []
 
         async def call() -> None:
@@ -570,11 +541,10 @@ async def test_a_call_whose_takeover_check_overlaps_the_start_of_a_sleep_is_retr
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call)
-                await anyio.to_thread.run_sync(slow.entered.wait)
-                slow.armed = False
+                await checking.wait()
                 tg.start_soon(first.stop, "sleep")
                 await wait_for(lambda: first.phase.value != "running", what="the sleep to begin")
-                slow.release.set()
+                release.set()
         assert results == [2]
         assert registry.live() and registry.live()[0] is not first
 
