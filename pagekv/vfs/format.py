@@ -48,6 +48,10 @@ ZERO_PAGE: Final = bytes(PAGE_SIZE)
 LOCK_BYTE_PAGE: Final = 0x40000000 // PAGE_SIZE + 1
 """SQLite's lock-byte page (the page holding offset 1 GiB); it is never written."""
 MAX_TXID: Final = 2**64 - 1
+COMPACT_SHRINKS: Final = 64
+"""A head listing this many shrinks (16 bytes each) is compacted after its commit, whatever the
+options say, so that the head stays a small value: it would otherwise grow with every shrinking
+commit until it passed the value limit and the database died."""
 
 
 def index_key(txid: int, part: int) -> bytes:

@@ -27,6 +27,7 @@ from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
 from pagekv.vfs.compaction import compact, delete_folded
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import (
+    COMPACT_SHRINKS,
     HEAD_KEY,
     LOCK_BYTE_PAGE,
     PAGE_SIZE,
@@ -56,6 +57,8 @@ class Options:
     compact_pages: int = 4096
     """... or their index entries exceed this many pages."""
     auto_compact: bool = True
+    """False leaves compaction to `Database.compact()`, except for a head with `COMPACT_SHRINKS`
+    shrinks (format.py)."""
 
     def __post_init__(self) -> None:
         check_options({name: getattr(self, name) for name in _OPTION_TYPES})
@@ -464,11 +467,15 @@ class PageStore:
     # -- compaction -------------------------------------------------------------------------
 
     def needs_compaction(self) -> bool:
-        """Past a threshold of live deltas or delta pages, or when garbage outweighs the file:
-        delta pages more than four times its pages, or base pages past its end (left by a
-        shrink such as VACUUM) more than its pages, so that the stored bytes follow the file
-        down."""
+        """When the head lists `COMPACT_SHRINKS` shrinks; and, with `auto_compact`, past a
+        threshold of live deltas or delta pages, or when garbage outweighs the file: delta pages
+        more than four times its pages, or base pages past its end (left by a shrink such as
+        VACUUM) more than its pages, so that the stored bytes follow the file down."""
         head = self.head
+        if len(head.shrinks) >= COMPACT_SHRINKS:
+            return True
+        if not self.options.auto_compact:
+            return False
         threshold = self.options.compact_deltas
         live = head.txid - head.compacted
         entries = self.index.delta_entries
@@ -538,7 +545,7 @@ class PageStore:
                     raise
                 except BaseException as e:
                     raise self._die(e) from e
-            if self.options.auto_compact and self.needs_compaction():
+            if self.needs_compaction():
                 with contextlib.suppress(KvError, StorageCorrupt):
                     self._compact()
 

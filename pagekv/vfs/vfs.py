@@ -1,8 +1,9 @@
 """The APSW VFS: the one file SQLite may open, the main database (`file.py`).
 
 One VFS object is registered per open database under a unique name, and it serves exactly one
-file, the main database. Journals and temp files never reach it: the connection is pinned to
-`journal_mode=MEMORY` and `temp_store=MEMORY`, and any other open is refused.
+file, the main database, to exactly one connection. Journals and temp files never reach it: the
+connection is pinned to `journal_mode=MEMORY` and `temp_store=MEMORY`, and any other open is
+refused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class PageVfs(apsw.VFS):
     def __init__(self, store: PageStore) -> None:
         self.vfs_name = f"pagekv-{uuid.uuid4().hex}"
         self.file = PageFile(store)
+        self.opened = False
         super().__init__(self.vfs_name, base="")
 
     def xOpen(  # type: ignore[override]  # APSW takes any object with VFSFile's methods
@@ -32,6 +34,13 @@ class PageVfs(apsw.VFS):
                 f"pagekv: cannot open {filename!r}: a pagekv database is one file in the KV store; "
                 "journals and temp files stay in memory, and ATTACH / VACUUM INTO are not supported"
             )
+        if self.opened:
+            raise apsw.CantOpenError(
+                "pagekv: the database is already open: its one SQLite connection is "
+                "Database.connection (a second one, or ATTACH of the same file, would not see its "
+                "commits); open a read-only Database for a snapshot"
+            )
+        self.opened = True
         flags[1] = flags[0]
         return self.file
 

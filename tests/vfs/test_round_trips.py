@@ -31,6 +31,7 @@ from pagekv.kv import (
 from pagekv.vfs import Database, DatabaseDead, open_database
 from pagekv.vfs.format import (
     BASE_END,
+    COMPACT_SHRINKS,
     DELTA_PREFIX,
     HEAD_KEY,
     INDEX_PREFIX,
@@ -493,6 +494,26 @@ def test_a_pass_after_a_shrink_deletes_the_base_past_eof_first() -> None:
     assert _base_pages(kv) == list(range(1, pages + 1))
     with open_database(kv, auto_compact=False) as db:
         assert db.execute("SELECT * FROM t ORDER BY id").fetchall() == rows
+
+
+def test_shrinking_commits_keep_the_head_small_even_with_auto_compaction_off() -> None:
+    """Every shrinking commit lists a shrink in the head until a compaction clears them; at
+    `COMPACT_SHRINKS` the writer compacts by itself, or the head would grow past the value
+    limit and kill the database."""
+    kv = fresh_ns()
+    with open_database(kv, auto_compact=False) as db:
+        db.execute("PRAGMA auto_vacuum = FULL")
+        db.execute("CREATE TABLE t(x)")
+        for i in range(2 * COMPACT_SHRINKS):
+            db.execute("INSERT INTO t VALUES (randomblob(9000))")
+            db.execute("DELETE FROM t")
+            shrinks = len(Head.decode(kv.get([HEAD_KEY])[0]).shrinks)
+            assert shrinks == (i + 1) % COMPACT_SHRINKS, i
+        assert db.metrics()["compactions"] == 2
+        db.execute("INSERT INTO t VALUES ('kept')")
+    with open_database(kv, read_only=True) as again:
+        assert again.execute("SELECT x FROM t").fetchall() == [("kept",)]
+        assert integrity(again) == [("ok",)]
 
 
 @pytest.mark.parametrize("kind", list(FaultKind), ids=lambda k: k.value)

@@ -474,6 +474,19 @@ def test_journal_and_temp_files_never_reach_kv(memory_ns: ActorKv) -> None:
     assert prefixes <= {b"\x01H", b"\x01X", b"\x01D", b"\x01B"}
 
 
+def test_the_file_opens_once(memory_ns: ActorKv) -> None:
+    """A second pager on the same file (ATTACH, or a connection on the VFS's name) would read
+    stale pages and its writes would bypass the first one's: both are refused."""
+    with open_database(memory_ns) as db:
+        db.execute("CREATE TABLE t(x)")
+        with pytest.raises(apsw.CantOpenError, match="already open"):
+            db.execute("ATTACH 'pagekv.db' AS again")
+        with pytest.raises(apsw.CantOpenError, match="already open"):
+            apsw.Connection("pagekv.db", vfs=db._vfs.vfs_name)
+        db.execute("INSERT INTO t VALUES (1)")
+        assert db.execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
 def test_the_in_memory_journal_header_is_not_padded_to_a_4k_sector(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
