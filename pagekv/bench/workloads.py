@@ -292,19 +292,44 @@ def _wake_body(subject: Subject, _: None) -> int:
     return 1
 
 
-def _wake_workload(name: str, mib_of: Callable[[Sizes], int], which: str) -> Workload:
+HOT_ROWS = 8
+
+
+def _wake_rows(mib: int) -> int:
+    return mib * MiB // PAGE_ROW_BYTES
+
+
+def _wake_setup(mib_of: Callable[[Sizes], int]) -> Callable[[Subject, Sizes], None]:
     def setup(subject: Subject, sizes: Sizes) -> None:
         _table(subject, sizes)
-        rows = mib_of(sizes) * MiB // PAGE_ROW_BYTES
+        rows = _wake_rows(mib_of(sizes))
         _fill_pages(subject, rows, random.Random(f"wake:{rows}"), sizes.build_txn_rows)
 
+    return setup
+
+
+def _hot_rows(sizes: Sizes, rng: random.Random) -> list[int]:
+    """The same rows at every wake, as an actor's own rows would be (not drawn from `rng`)."""
+    return random.Random("hot rows").sample(range(_wake_rows(sizes.wake_big_mib)), HOT_ROWS)
+
+
+def _wake_lookup_body(subject: Subject, ids: list[int]) -> int:
+    subject.open()
+    for i in ids:
+        found = subject.connection.execute("SELECT length(v) FROM t WHERE id = ?", (i,)).fetchall()
+        if found != [(PAGE_ROW_BYTES,)]:
+            raise AssertionError(f"row {i}: {found!r}")
+    return 1
+
+
+def _wake_workload(name: str, mib_of: Callable[[Sizes], int], which: str) -> Workload:
     return Workload(
         name=name,
         describe=lambda s: (
             f"open (wake) of an existing {mib_of(s)} MiB database ({which}), then read the schema"
         ),
         unit="open",
-        setup=setup,
+        setup=_wake_setup(mib_of),
         inputs=_no_inputs,
         body=_wake_body,
         prepare=Prepare.CLOSED,
@@ -404,6 +429,18 @@ WORKLOADS: dict[str, Workload] = {
         ),
         _wake_workload("wake-small", lambda s: s.wake_small_mib, "small"),
         _wake_workload("wake-big", lambda s: s.wake_big_mib, "big"),
+        Workload(
+            name="wake-lookup",
+            describe=lambda s: (
+                f"open (wake) of the {s.wake_big_mib} MiB database, then read the same "
+                f"{HOT_ROWS} rows by key as at the last wake"
+            ),
+            unit="wake",
+            setup=_wake_setup(lambda s: s.wake_big_mib),
+            inputs=_hot_rows,
+            body=_wake_lookup_body,
+            prepare=Prepare.CLOSED,
+        ),
     )
 }
 

@@ -44,6 +44,7 @@ from pagekv.kv import (
 from pagekv.kv.limits import check_keys, check_write
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs import Database, open_database
+from pagekv.vfs.format import HINTS_KEY
 
 T = TypeVar("T")
 ALL_OPS = READ_OPS | WRITE_OPS
@@ -95,6 +96,9 @@ class _Guard(KvWrapper):
         """Crashed: every call fails before it reaches the store."""
         self.superseded = False
         """Taken over or dead: any write that the store applies breaks single-writer safety."""
+        self.closing = False
+        """Closed on purpose before the next instance opens: its close may save preload hints
+        (and nothing else)."""
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self.severed:
@@ -107,7 +111,8 @@ class _Guard(KvWrapper):
         except LimitError as e:
             self.problems.append(f"{self.name}: the VFS sent a request over a limit: {e}")
         result = fn(*args, **kwargs)
-        if op in WRITE_OPS and self.superseded:
+        hints_only = op == "write" and not kwargs["delete"] and set(kwargs["put"]) == {HINTS_KEY}
+        if op in WRITE_OPS and self.superseded and not (self.closing and hints_only):
             self.problems.append(f"{self.name} wrote ({op}) after it was superseded")
         return result
 
@@ -302,6 +307,7 @@ class Runner:
         if crash:
             old.guard.severed = True
         old.guard.superseded = True
+        old.guard.closing = not crash
         self._close(old)
         self.current = self._open()
         self.coverage.reopens += 1

@@ -54,11 +54,13 @@ class Database:
         return self._store.compact()
 
     def close(self) -> None:
-        """Close the connection (a pending transaction is rolled back, never committed). After
-        it nothing writes to the namespace; closing again does nothing."""
+        """Close the connection (a pending transaction is rolled back, never committed) and save
+        the preload hints if they changed. After it nothing writes to the namespace; closing
+        again does nothing."""
         self._closed = True
         try:
             self.connection.close(True)
+            self._store.save_hints()
         finally:
             self._vfs.unregister()
 
@@ -80,7 +82,8 @@ def open_database(
     read_only: bool = False,
     **options: Any,
 ) -> Database:
-    """Take over `kv` (unless `read_only`), recover, preload page 1, and open SQLite on it.
+    """Take over `kv` (unless `read_only`), recover, preload page 1 and the hinted pages, and
+    open SQLite on it.
 
     `kv` may be any object with the `ActorKv` methods. A read-only database is a consistent
     snapshot that never writes and never takes over; it is meant for inspection beside a writer.

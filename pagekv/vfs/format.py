@@ -8,6 +8,7 @@ wrong key, a wrong version or a torn value is detected rather than returned.
     PREFIX "X" txid:u64 part:u32        index part: which pages each delta chunk of `txid` holds
     PREFIX "D" txid:u64 chunk:u32       delta chunk: the writer's generation, then framed pages
     PREFIX "B" pgno:u32                 base page: a page folded in by compaction
+    PREFIX "Y"                          preload hints: the pages to fetch at the next open
 
 A commit's chunks and index parts are invisible until the head's `txid` reaches them; the head
 move is the only visibility point.
@@ -74,6 +75,10 @@ def txid_bound(kind_key: bytes, txid: int) -> bytes:
 INDEX_PREFIX: Final = _INDEX
 DELTA_PREFIX: Final = _DELTA
 INDEX_END: Final = PREFIX + b"Y"
+HINTS_KEY: Final = INDEX_END
+"""Just past the index parts, so one range read at open brings head, index and hints, and a
+reader from before the hints (whose range ends at `INDEX_END`) never sees them."""
+HINTS_END: Final = PREFIX + b"Z"
 DELTA_END: Final = PREFIX + b"E"
 BASE_END: Final = PREFIX + b"C"
 VALUE_HEADER_BYTES: Final = len(_VALUE_VERSION)
@@ -265,3 +270,13 @@ def decode_index(raw: bytes) -> list[tuple[int, int]]:
 DELTA_KEY_BYTES: Final = len(delta_key(0, 0))
 INDEX_KEY_BYTES: Final = len(index_key(0, 0))
 INDEX_ENTRY_BYTES: Final = _INDEX_ENTRY.size
+
+
+def encode_hints(pages: tuple[int, ...]) -> bytes:
+    return _VALUE_VERSION + b"".join([_PGNO.pack(p) for p in pages])
+
+
+def decode_hints(raw: bytes) -> tuple[int, ...]:
+    if raw[:1] != _VALUE_VERSION or (len(raw) - 1) % _PGNO.size:
+        raise StorageCorrupt(f"malformed preload hints ({len(raw)} bytes)")
+    return tuple(p for (p,) in _PGNO.iter_unpack(raw[1:]))

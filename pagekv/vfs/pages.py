@@ -29,6 +29,7 @@ from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import (
     COMPACT_SHRINKS,
     HEAD_KEY,
+    HINTS_KEY,
     LOCK_BYTE_PAGE,
     PAGE_SIZE,
     ZERO_PAGE,
@@ -38,9 +39,11 @@ from pagekv.vfs.format import (
     decode_base,
     decode_chunk,
     delta_key,
+    encode_hints,
     parse_base_key,
 )
 from pagekv.vfs.page_cache import PageCache
+from pagekv.vfs.preload import MAX_HINT_PAGES, PreloadHints
 from pagekv.vfs.read_ahead import ReadAhead
 from pagekv.vfs.recovery import recover
 
@@ -59,6 +62,9 @@ class Options:
     auto_compact: bool = True
     """False leaves compaction to `Database.compact()`, except for a head with `COMPACT_SHRINKS`
     shrinks (format.py)."""
+    preload_hints: bool = True
+    """Learn which pages SQLite reads first after an open, save them at close, and fetch them
+    with page 1 at the next open (preload.py); False preloads the first read-ahead window."""
 
     def __post_init__(self) -> None:
         check_options({name: getattr(self, name) for name in _OPTION_TYPES})
@@ -101,6 +107,9 @@ class Counters:
     compaction_bytes_written: int = 0
     compaction_round_trips: int = 0
     orphan_cleanups: int = 0
+    pages_preloaded: int = 0
+    hints_saved: int = 0
+    hint_save_errors: int = 0
 
 
 @dataclass(slots=True, init=False)
@@ -157,7 +166,10 @@ class PageStore:
         self.size = self.head.size
         self._pending = _Pending()
         self._read_ahead = ReadAhead()
-        self.read_page(1, mixed=False)
+        use_hints = options.preload_hints
+        budget = min(MAX_HINT_PAGES, self.limits.max_batch_entries - 1) if use_hints else 0
+        self.hints = PreloadHints(recovered.hints if use_hints else (), budget)
+        self._preload()
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -166,13 +178,19 @@ class PageStore:
         with self._lock:
             self._check_alive()
             end = offset + amount
+            hints = self.hints
             if amount == PAGE_SIZE and not offset % PAGE_SIZE and end <= self.size:
-                return self.read_page(end // PAGE_SIZE)  # SQLite's page reads: no copy
+                pgno = end // PAGE_SIZE
+                if hints.learning:
+                    hints.note(pgno)
+                return self.read_page(pgno)  # SQLite's page reads: no copy
             end = min(end, self.size)
             out = bytearray()
             pos = offset
             while pos < end:
                 pgno, start = divmod(pos, PAGE_SIZE)
+                if hints.learning:
+                    hints.note(pgno + 1)
                 take = min(PAGE_SIZE - start, end - pos)
                 out += self.read_page(pgno + 1)[start : start + take]
                 pos += take
@@ -246,22 +264,65 @@ class PageStore:
         for loc, raw in zip(locs, raws, strict=True):
             if raw is None:
                 raise self._missing(f"delta chunk {loc[1]} of txid {loc[0]}")
-            for page, data in decode_chunk(loc[0], raw).pages.items():
-                if self.index.deltas.get(page) == loc:
-                    pages[page] = data
+            self._chunk_pages(loc, raw, pages)
         return pages
+
+    def _chunk_pages(self, loc: tuple[int, int], raw: bytes, into: dict[int, bytes]) -> None:
+        """Put into `into` the pages of chunk `loc` that are current."""
+        for page, data in decode_chunk(loc[0], raw).pages.items():
+            if self.index.deltas.get(page) == loc:
+                into[page] = data
 
     def _list_base(self, start: int, stop: int) -> dict[int, bytes]:
         """The current base pages in `start..stop-1` (one range `list`)."""
         pages: dict[int, bytes] = {}
         for key, raw in self.kv.list(start=base_key(start), end=base_key(stop)):
             page = parse_base_key(key)
-            if page in self.index.deltas or page > self.index.base_limit:
-                continue
-            txid, data = decode_base(page, raw)
-            if txid <= self.head.compacted:
+            data = self._base_page(page, raw)
+            if data is not None:
                 pages[page] = data
         return pages
+
+    def _base_page(self, page: int, raw: bytes) -> bytes | None:
+        """Base page `page` if it is the current version: not superseded by a delta, not past a
+        shrink, and not written by a compaction pass whose head move has not happened."""
+        if page in self.index.deltas or page > self.index.base_limit:
+            return None
+        txid, data = decode_base(page, raw)
+        return data if txid <= self.head.compacted else None
+
+    def _preload(self) -> None:
+        """Page 1 and the hinted pages, in one `get` of their chunks and base pages; without
+        hints, or when the first read-ahead window covers the file, page 1 and the pages after
+        it in one range read. Pages it cannot vouch for (absent, superseded) are left to the
+        read path, which reports them."""
+        pages = self.head.pages
+        hinted = [p for p in self.hints.stored if 1 < p <= pages and p != LOCK_BYTE_PAGE]
+        if not hinted or pages <= self._read_ahead.first:
+            self.read_page(1, mixed=False)
+            return
+        index = self.index
+        locs: dict[tuple[int, int], None] = {}
+        base: list[int] = []
+        for page in [1, *hinted]:
+            if len(locs) + len(base) == self.limits.max_batch_entries:
+                break
+            loc = index.deltas.get(page)
+            if loc is not None:
+                locs[loc] = None
+            elif page <= index.base_limit:
+                base.append(page)
+        raws = self.kv.get([delta_key(*loc) for loc in locs] + [base_key(p) for p in base])
+        fetched: dict[int, bytes] = {}
+        for loc, raw in zip(locs, raws[: len(locs)], strict=True):
+            if raw is not None:
+                self._chunk_pages(loc, raw, fetched)
+        for page, raw in zip(base, raws[len(locs) :], strict=True):
+            data = self._base_page(page, raw) if raw is not None else None
+            if data is not None:
+                fetched[page] = data
+        self.cache.put_many(fetched)
+        self.counters.pages_preloaded = len(fetched)
 
     def _fetch_staged(self, pgno: int, chunk: int) -> bytes:
         """A page this transaction staged early; only this generation may have written it."""
@@ -459,6 +520,27 @@ class PageStore:
             n_pages += len(part)
         counters.pages_committed += n_pages
         counters.max_commit_pages = max(counters.max_commit_pages, n_pages)
+
+    def save_hints(self) -> None:
+        """Store the pages learned since the open for the next one (at close).
+
+        Advisory, so a KV failure is kept in `last_error` and counted, not raised: every commit
+        is already durable, and the next open works without hints (or with the older ones).
+        """
+        with self._lock:
+            if self.read_only or self.dead is not None or self.head.pages <= self._read_ahead.first:
+                return  # (a file the first read-ahead window covers is preloaded whole)
+            pages = self.hints.to_save()
+            if pages is None:
+                return
+            try:
+                self.kv.write(put={HINTS_KEY: encode_hints(pages)}, fence=self.generation)
+            except KvError as e:
+                self.last_error = e
+                self.counters.hint_save_errors += 1
+                return
+            self.hints.saved(pages)
+            self.counters.hints_saved += 1
 
     def _discard_pending(self) -> None:
         self._pending = _Pending()

@@ -1,9 +1,9 @@
 """Opening a database's storage: take over, read the head, rebuild the index, reap leftovers.
 
 Round trips are bounded and independent of the database's size: one takeover, one range read of
-the head and all index parts (the index is 8 bytes per page of the live deltas, which compaction
-bounds), and at most four fenced range deletes when an interrupted commit or compaction left
-orphans behind.
+the head, all index parts (the index is 8 bytes per page of the live deltas, which compaction
+bounds) and the preload hints, and at most four fenced range deletes when an interrupted commit or
+compaction left orphans behind.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from pagekv.vfs.format import (
     DELTA_END,
     DELTA_PREFIX,
     HEAD_KEY,
+    HINTS_END,
+    HINTS_KEY,
     INDEX_END,
     INDEX_PREFIX,
     MAX_TXID,
     Head,
+    decode_hints,
     decode_index,
     parse_index_key,
     txid_bound,
@@ -33,16 +36,21 @@ class Recovered:
     index: PageIndex
     orphans_removed: bool
     leftovers_removed: bool
+    hints: tuple[int, ...]
 
 
 def recover(kv: ActorKv, *, read_only: bool) -> Recovered:
     """Take over (unless `read_only`) and load a consistent view of the stored database."""
     generation = kv.generation() if read_only else kv.takeover()
-    rows = kv.list(start=HEAD_KEY, end=INDEX_END)
+    rows = kv.list(start=HEAD_KEY, end=HINTS_END)
     head = Head()
     if rows and rows[0][0] == HEAD_KEY:
         head = Head.decode(rows[0][1])
         rows = rows[1:]
+    hints: tuple[int, ...] = ()
+    if rows and rows[-1][0] == HINTS_KEY:
+        hints = decode_hints(rows[-1][1])
+        rows = rows[:-1]
     parts: dict[int, dict[int, list[tuple[int, int]]]] = {}
     orphans = leftovers = False
     for key, value in rows:
@@ -60,7 +68,7 @@ def recover(kv: ActorKv, *, read_only: bool) -> Recovered:
         if leftovers:
             delete_txids(kv, generation, 0, head.compacted)
     return Recovered(
-        generation, head, index, orphans and not read_only, leftovers and not read_only
+        generation, head, index, orphans and not read_only, leftovers and not read_only, hints
     )
 
 

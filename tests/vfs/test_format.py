@@ -16,9 +16,13 @@ from pagekv.vfs.format import (
     DELTA_PREFIX,
     FORMAT_VERSION,
     HEAD_KEY,
+    HINTS_KEY,
+    INDEX_END,
     PREFIX,
     Head,
     Shrink,
+    decode_hints,
+    encode_hints,
 )
 from pagekv.vfs.pages import PageStore
 
@@ -144,3 +148,18 @@ def test_head_record_round_trips() -> None:
     ):
         assert Head.decode(head.encode()) == head
     assert Head(size=3 * 4096 + 5).pages == 4
+
+
+def test_preload_hints_round_trip_and_sit_past_the_index() -> None:
+    """Past `INDEX_END`, so a pagekv from before the hints, whose open reads the head and the
+    index up to it, never sees them."""
+    pages = (2, 4096, 2**32 - 1)
+    assert decode_hints(encode_hints(pages)) == pages
+    assert decode_hints(encode_hints(())) == ()
+    assert HINTS_KEY >= INDEX_END
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x01\x00\x00\x01", b"\x02\x00\x00\x00\x01"])
+def test_malformed_preload_hints_are_corrupt(raw: bytes) -> None:
+    with pytest.raises(StorageCorrupt, match="preload hints"):
+        decode_hints(raw)

@@ -190,6 +190,105 @@ def test_open_cost_is_independent_of_size(compacted: bool) -> None:
     assert big.total() <= 4, big
 
 
+# -- preload hints ---------------------------------------------------------------------------
+
+
+def _indexed_table(kv: ActorKv, rows: int = 2000) -> None:
+    """About 2.5 MiB (600 pages) with an index, compacted: well past the first read-ahead."""
+    rng = random.Random(3)
+    with open_database(kv, preload_hints=False) as db:
+        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, k TEXT, v BLOB)")
+        db.execute("CREATE INDEX t_k ON t(k)")
+        with db.connection:
+            for i in range(rows):
+                db.execute(
+                    "INSERT INTO t VALUES (?, ?, ?)", (i, f"k{rng.random()}", rng.randbytes(1000))
+                )
+        db.compact()
+        assert page_count(db) > 500
+
+
+def _lookups(db: Database, ids: Sequence[int]) -> list[tuple[Any, ...]]:
+    """What an actor's action might read: rows by key and through the index."""
+    out = []
+    for i in ids:
+        out += db.execute("SELECT id, length(v) FROM t WHERE id = ?", (i,)).fetchall()
+        out += db.execute(
+            "SELECT count(*) FROM t WHERE k < (SELECT k FROM t WHERE id = ?)", (i,)
+        ).fetchall()
+    return out
+
+
+def _wake(
+    kv: ActorKv, ids: Sequence[int], **options: Any
+) -> tuple[Counter[str], Counter[str], Counter[str], list[tuple[Any, ...]]]:
+    """Round trips of the open, of the lookups, and of the close; and what the lookups read."""
+    counting = CountingKv(kv)
+    db = open_database(counting, **options)
+    opened = Counter(counting.stats.round_trips)
+    counting.reset()
+    rows = _lookups(db, ids)
+    looked_up = Counter(counting.stats.round_trips)
+    counting.reset()
+    db.close()
+    return opened, looked_up, Counter(counting.stats.round_trips), rows
+
+
+def test_a_wake_fetches_the_pages_the_last_one_read_with_the_open() -> None:
+    kv = fresh_ns()
+    _indexed_table(kv)
+    ids = [17, 940, 1800]
+    opened, cold, closed, rows = _wake(kv, ids)
+    assert cold.total() >= 3 and closed == Counter({"write": 1}), (cold, closed)
+    assert len(rows) == 2 * len(ids)
+    for _ in range(2):
+        opened_again, warm, closed, again = _wake(kv, ids)
+        assert opened.total() == opened_again.total() == 3, (opened, opened_again)
+        assert opened_again["get"] == 1, "the hinted pages come in one get"
+        assert warm == Counter() and again == rows, warm
+        assert closed == Counter(), "unchanged hints were written again"
+    _, unhinted, closed, _ = _wake(kv, ids, preload_hints=False)
+    assert unhinted == cold and closed == Counter()
+
+
+def test_stale_hints_never_serve_an_old_page() -> None:
+    """Hints are page numbers: pages rewritten, moved into deltas or cut off by a shrink since
+    they were saved are read as they are now."""
+    kv = fresh_ns()
+    _indexed_table(kv)
+    ids = list(range(0, 2000, 97))
+    _wake(kv, ids)
+    with open_database(kv, preload_hints=False, auto_compact=False) as db:
+        db.execute("UPDATE t SET v = zeroblob(10), k = 'changed' WHERE id % 2 = 0")
+        db.execute("DELETE FROM t WHERE id >= 1500")
+        db.execute("VACUUM")
+        expected = _lookups(db, ids)
+        assert db.metrics()["live_deltas"] > 0
+    _, _, _, rows = _wake(kv, ids)
+    assert rows == expected
+    with open_database(kv) as db:
+        assert db.metrics()["pages_preloaded"] > 1
+        assert integrity(db) == [("ok",)]
+
+
+@pytest.mark.parametrize("kind", list(FaultKind), ids=lambda k: k.value)
+def test_a_failed_hint_save_is_kept_not_raised(kind: FaultKind) -> None:
+    """Every commit is durable before the close, so a close whose hint write fails still
+    closes; the error is kept for `take_last_kv_error` and counted."""
+    kv = fresh_ns()
+    _indexed_table(kv)
+    faulty = FaultyKv(kv)
+    db = open_database(faulty)
+    rows = _lookups(db, [5, 1500])
+    faulty.arm(kind)
+    db.close()
+    assert faulty.fired_count() == 1
+    assert isinstance(db.take_last_kv_error(), (InjectedUnavailable, InjectedIndeterminate))
+    assert db.metrics()["hint_save_errors"] == 1
+    with open_database(kv) as again:
+        assert _lookups(again, [5, 1500]) == rows
+
+
 # -- cold scans ------------------------------------------------------------------------------
 
 SCAN_ROWS = 12_800  # one ~4 KiB row per page: a ~50 MiB table
@@ -580,7 +679,7 @@ def _writes_of_big_transaction() -> int:
         kv.reset()
         _big_transaction(db)
         assert db.metrics()["stage_batches"] > 2
-    return kv.stats.writes
+        return kv.stats.writes  # before the close, which may save preload hints
 
 
 @pytest.mark.parametrize("where", ["second", "middle", "head-move"])

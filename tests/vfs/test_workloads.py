@@ -471,7 +471,7 @@ def test_journal_and_temp_files_never_reach_kv(memory_ns: ActorKv) -> None:
         db.execute("COMMIT")
         assert db.execute("SELECT count(*), sum(x) FROM t").fetchall() == [(5000, 5000 * 5001)]
     prefixes = {key[:2] for key, _ in memory_ns.list()}
-    assert prefixes <= {b"\x01H", b"\x01X", b"\x01D", b"\x01B"}
+    assert prefixes <= {b"\x01H", b"\x01X", b"\x01D", b"\x01B", b"\x01Y"}
 
 
 def test_the_file_opens_once(memory_ns: ActorKv) -> None:
