@@ -80,6 +80,15 @@ def _deltas_setup(db: Database) -> None:
     db.execute("INSERT INTO t(v) VALUES (?)", (blob(rng, 200_000),))
 
 
+def _hinted_setup(db: Database) -> None:
+    """Past the first read-ahead window (128 pages), so that an open uses preload hints."""
+    _deltas_setup(db)
+    rng = random.Random(5)
+    with db.connection:
+        for _ in range(150):
+            db.execute("INSERT INTO t(v) VALUES (?)", (blob(rng, 3000),))
+
+
 def _orphans_setup(db: Database) -> None:
     _base_setup(db)
 
@@ -127,6 +136,7 @@ SCENARIOS = [
     Scenario("compaction", _deltas_setup, _compact, {"auto_compact": False}),
     Scenario("compaction-warm", _deltas_setup, _compact_warm, {"auto_compact": False}),
     Scenario("takeover", _deltas_setup, _open, {"auto_compact": False}, action_opens=True),
+    Scenario("takeover-hinted", _hinted_setup, _open, {"auto_compact": False}, action_opens=True),
 ]
 
 
@@ -135,9 +145,18 @@ def _prepare(scenario: Scenario, new_ns: NewNamespace) -> tuple[ActorKv, State]:
     with open_database(ns, **scenario.options) as db:
         scenario.setup(db)
         old = content(db)
-    if scenario.name == "takeover":
+    if scenario.name == "takeover-hinted":
+        _learn_hints(ns)
+    if scenario.action_opens:
         _leave_orphans(ns)
     return ns, old
+
+
+def _learn_hints(ns: ActorKv) -> None:
+    """A wake that reads rows all over the table, so that its close saves preload hints."""
+    with open_database(ns, auto_compact=False) as db:
+        db.execute("SELECT length(v) FROM t WHERE id % 7 = 0").fetchall()
+    assert db.metrics()["hints_saved"] == 1
 
 
 def _leave_orphans(ns: ActorKv) -> None:
@@ -216,9 +235,10 @@ def _with_more(state: State) -> State:
 def test_fault_matrix(scenario: Scenario, new_ns: NewNamespace) -> None:
     old, new, calls = _count_calls(scenario, new_ns)
     assert calls > 0
-    if scenario.name not in ("compaction", "compaction-warm", "takeover"):
+    if scenario.name not in ("compaction", "compaction-warm") and not scenario.action_opens:
         assert new != old, "the action must change the content, or the matrix proves nothing"
     outcomes: set[tuple[str, bool]] = set()
+    ops: set[str] = set()
     for index in range(calls):
         for kind in FaultKind:
             ns, _ = _prepare(scenario, new_ns)
@@ -226,6 +246,7 @@ def test_fault_matrix(scenario: Scenario, new_ns: NewNamespace) -> None:
             faulty.enabled = False
             acknowledged, wrote_on = _run(scenario, ns, faulty)
             assert faulty.fired_count() == 1, f"fault {kind} at call {index} did not fire"
+            ops.add(faulty.fired[0].op)
             label = f"{scenario.name}: {kind.value} at call {index} ({faulty.fired[0].op})"
             with open_database(ns, auto_compact=False) as db:
                 after = content(db)
@@ -241,6 +262,8 @@ def test_fault_matrix(scenario: Scenario, new_ns: NewNamespace) -> None:
             outcomes.add(("new" if after == new else "old", acknowledged))
     if new != old:
         assert ("old", False) in outcomes, "no fault ever prevented the action"
+    if scenario.name == "takeover-hinted":
+        assert "get" in ops, "the open did not fetch its hinted pages"
 
 
 def test_unavailable_before_a_small_commit_is_not_fatal(new_ns: NewNamespace) -> None:
