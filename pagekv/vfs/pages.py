@@ -170,6 +170,7 @@ class PageStore:
         budget = min(MAX_HINT_PAGES, self.limits.max_batch_entries - 1) if use_hints else 0
         self.hints = PreloadHints(recovered.hints if use_hints else (), budget)
         self._preload()
+        self.counters.pages_preloaded = len(self.cache)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -322,7 +323,6 @@ class PageStore:
             if data is not None:
                 fetched[page] = data
         self.cache.put_many(fetched)
-        self.counters.pages_preloaded = len(fetched)
 
     def _fetch_staged(self, pgno: int, chunk: int) -> bytes:
         """A page this transaction staged early; only this generation may have written it."""

@@ -264,7 +264,8 @@ def test_stale_hints_never_serve_an_old_page() -> None:
         db.execute("VACUUM")
         expected = _lookups(db, ids)
         assert db.metrics()["live_deltas"] > 0
-    _, _, _, rows = _wake(kv, ids)
+    opened, _, _, rows = _wake(kv, ids)
+    assert opened["get"] == 1, "the open did not fetch the hinted pages"
     assert rows == expected
     with open_database(kv) as db:
         assert db.metrics()["pages_preloaded"] > 1
