@@ -1,6 +1,7 @@
 """A second process running a registry of `ledger` on a shared store, driven over stdin/stdout.
 
-Usage: `python actor_worker.py STORE_URL`. Each input line is a JSON list
+Usage: `python actor_worker.py STORE_URL [FRESHNESS_S]` (the second sets how long an instance
+trusts that it still owns its actor, see `pagekv.actor.instance`). Each input line is a JSON list
 `[action, key, *args]`; each output line is `{"ok": result}` or `{"error": "ExceptionType"}`.
 It prints `{"ready": true}` once serving and exits on EOF (sleeping its actors) or when killed.
 """
@@ -13,6 +14,7 @@ import sys
 import anyio
 from actor_defs import ledger
 
+import pagekv.actor.instance
 from pagekv.actor import Registry
 
 
@@ -35,4 +37,6 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        pagekv.actor.instance.FRESHNESS_S = float(sys.argv[2])
     anyio.run(main, sys.argv[1])

@@ -45,9 +45,10 @@ class InProcess:
 class Worker:
     """`actor_worker.py` in a subprocess, spoken to over its stdin and stdout."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, freshness_s: float | None = None) -> None:
+        freshness = [] if freshness_s is None else [str(freshness_s)]
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), url],
+            [sys.executable, str(WORKER), url, *freshness],
             cwd=WORKER.parent,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -89,8 +90,8 @@ class Worker:
 
 
 @asynccontextmanager
-async def worker(url: str) -> AsyncIterator[Worker]:
-    w = Worker(url)
+async def worker(url: str, freshness_s: float | None = None) -> AsyncIterator[Worker]:
+    w = Worker(url, freshness_s)
     try:
         await w.ready()
         yield w
@@ -101,9 +102,11 @@ async def worker(url: str) -> AsyncIterator[Worker]:
 
 
 @asynccontextmanager
-async def other_registry(kind: str, url: str) -> AsyncIterator[Other]:
+async def other_registry(
+    kind: str, url: str, freshness_s: float | None = None
+) -> AsyncIterator[Other]:
     if kind == "process":
-        async with worker(url) as w:
+        async with worker(url, freshness_s) as w:
             yield w
     else:
         async with Registry([ledger], kv=url).run() as client:
@@ -112,14 +115,20 @@ async def other_registry(kind: str, url: str) -> AsyncIterator[Other]:
 
 @pytest.mark.parametrize("kind", ["registry", "process"])
 async def test_alternating_takeovers_lose_no_acknowledged_write(
-    kind: str, tmp_path: Path, wait_for
+    kind: str, tmp_path: Path, wait_for, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Here and there take the actor over in turn. Each side's first call after the other side
     wrote hits its stale instance: that call fails with ActorTakenOver without writing, the
-    instance is torn down, and the retry wakes a fresh instance that sees every write."""
+    instance is torn down, and the retry wakes a fresh instance that sees every write.
+
+    Both sides trust their instances for an hour: with the default 50 ms, a slow machine lets
+    the freshness check find the takeover first and send the call to a fresh instance without
+    an error (the path `test_a_stale_instance_does_not_serve_reads_after_a_takeover` covers)."""
+    trust = 3600.0
+    monkeypatch.setattr("pagekv.actor.instance.FRESHNESS_S", trust)
     url = f"file://{tmp_path}/store"
     registry = Registry([ledger], kv=url)
-    async with registry.run() as client, other_registry(kind, url) as there:
+    async with registry.run() as client, other_registry(kind, url, trust) as there:
         here = client.get_or_create("ledger", "k")
         acknowledged: list[int] = []
 
