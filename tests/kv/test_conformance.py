@@ -438,6 +438,38 @@ def test_batch_entries_boundary(kv: ActorKv) -> None:
     assert kv.list() == [(k, b"w") for k in keys[:64]]
 
 
+def test_repeated_keys_count_against_the_batch_limits_as_sent(seeded: ActorKv) -> None:
+    """A request is measured as sent, by every operation: a repeated key counts each time (a
+    delete used to count it once), though it is read, written or deleted once."""
+    before = snapshot(seeded)
+    over: list[Callable[[], object]] = [
+        lambda: seeded.get([b"keep-1"] * (MAX_ENTRIES + 1)),
+        lambda: seeded.put([(b"new", b"x")] * (MAX_ENTRIES + 1)),
+        lambda: seeded.delete([b"keep-1"] * (MAX_ENTRIES + 1)),
+        lambda: seeded.write(put=[(b"new", b"x")] * 64, delete=[b"keep-1"] * 65),
+    ]
+    for attempt in over:
+        with pytest.raises(TooManyEntries) as info:
+            attempt()
+        assert_limit_error(
+            info.value, TooManyEntries, "max_batch_entries", MAX_ENTRIES + 1, MAX_ENTRIES
+        )
+        assert snapshot(seeded) == before
+    # Bytes too: eight full-size values sent for one key are eight values' bytes.
+    with pytest.raises(BatchTooLarge) as info:
+        seeded.put([(b"new", b"v" * MAX_VALUE)] * 8)
+    assert info.value.actual == 8 * (len(b"new") + MAX_VALUE)
+    assert snapshot(seeded) == before
+
+    assert seeded.get([b"keep-1"] * MAX_ENTRIES) == [b"one"] * MAX_ENTRIES
+    seeded.put([(b"new", b"%d" % i) for i in range(MAX_ENTRIES)])  # the last put wins
+    last = b"%d" % (MAX_ENTRIES - 1)
+    assert seeded.get([b"new"]) == [last]
+    assert seeded.used_bytes() == before[1] + len(b"new") + len(last)
+    seeded.delete([b"new"] * MAX_ENTRIES)  # refunded once
+    assert snapshot(seeded) == before
+
+
 def test_get_keys_boundary(filled: ActorKv) -> None:
     keys = [ORDERED_KEYS[i % len(ORDERED_KEYS)] for i in range(MAX_ENTRIES + 1)]
     assert filled.get(keys[:MAX_ENTRIES]) == [value_of(k) for k in keys[:MAX_ENTRIES]]

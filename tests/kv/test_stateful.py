@@ -115,22 +115,25 @@ class KvMachine(RuleBasedStateMachine):
         return None
 
     def write_errors(
-        self, puts: dict[bytes, bytes], deletes: list[bytes], fence: int | None
+        self, pairs: list[tuple[bytes, bytes]], deletes: list[bytes], fence: int | None
     ) -> set[type[KvError]]:
+        """The errors a write deserves; its limits count the request as sent, repeats included."""
         errors: set[type[KvError]] = set()
+        puts = dict(pairs)  # the last put of a key wins
         if any(len(k) > LIMITS.max_key_bytes for k in (*puts, *deletes)):
             errors.add(KeyTooLarge)
-        if any(len(v) > LIMITS.max_value_bytes for v in puts.values()):
+        if any(len(v) > LIMITS.max_value_bytes for _, v in pairs):
             errors.add(ValueTooLarge)
         if set(puts) & set(deletes):
             errors.add(InvalidKey)
-        if len(puts) + len(deletes) > LIMITS.max_batch_entries:
+        if len(pairs) + len(deletes) > LIMITS.max_batch_entries:
             errors.add(TooManyEntries)
-        payload = sum(charge(k, v) for k, v in puts.items()) + sum(map(len, deletes))
+        payload = sum(charge(k, v) for k, v in pairs) + sum(map(len, deletes))
         if payload > LIMITS.max_batch_bytes:
             errors.add(BatchTooLarge)
         if fence is not None and fence != self.gen:
             errors.add(FenceMismatch)
+        deletes = list(dict.fromkeys(deletes))
         old = {k: charge(k, v) for k, v in self.model.items() if k in puts or k in deletes}
         delta = sum(charge(k, v) - old.get(k, 0) for k, v in puts.items())
         delta -= sum(old.get(k, 0) for k in deletes)
@@ -151,17 +154,18 @@ class KvMachine(RuleBasedStateMachine):
     # --- rules ---
 
     @rule(
-        puts=st.dictionaries(small_keys, values, max_size=5),
-        deletes=st.lists(small_keys, max_size=3, unique=True),
+        puts=st.lists(st.tuples(small_keys, values), max_size=5),
+        deletes=st.lists(small_keys, max_size=3),
         fence=fence_choices,
     )
-    def write(self, puts: dict[bytes, bytes], deletes: list[bytes], fence: str) -> None:
-        deletes = [k for k in deletes if k not in puts]  # see put_and_delete_the_same_key
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes], fence: str) -> None:
+        """Puts and deletes may repeat a key (the key space is small, so they often do)."""
+        deletes = [k for k in deletes if k not in dict(puts)]  # see put_and_delete_the_same_key
         f = self.fence_for(fence)
         errors = self.write_errors(puts, deletes, f)
         self.expect(errors, lambda: self.kv.write(put=puts, delete=deletes, fence=f))
         if not errors:
-            self.apply_write(puts, deletes)
+            self.apply_write(dict(puts), deletes)
 
     @rule(
         puts=st.dictionaries(
@@ -174,7 +178,7 @@ class KvMachine(RuleBasedStateMachine):
     )
     def write_large_values(self, puts: dict[bytes, bytes], fence: str) -> None:
         """Valid entries of 7-15 bytes: often over the batch bytes, and fills up the quota."""
-        self.write(puts, [], fence)
+        self.write(list(puts.items()), [], fence)
 
     @rule(over=st.booleans())
     def fill_to_the_quota(self, over: bool) -> None:
@@ -185,9 +189,9 @@ class KvMachine(RuleBasedStateMachine):
                 room += charge(key, self.model[key])
             size = room - len(key) + over
             if size <= LIMITS.max_value_bytes:
-                self.write({key: b"Q" * max(size, 0)}, [], "none")
+                self.write([(key, b"Q" * max(size, 0))], [], "none")
                 return
-            self.write({key: b"Q" * LIMITS.max_value_bytes}, [], "none")
+            self.write([(key, b"Q" * LIMITS.max_value_bytes)], [], "none")
 
     @rule(
         puts=st.dictionaries(small_keys, values, max_size=3),
@@ -202,7 +206,7 @@ class KvMachine(RuleBasedStateMachine):
         if not as_delete:
             puts = {**puts, bad_key: b"v"}
         f = self.fence_for(fence)
-        errors = self.write_errors(puts, deletes, f)
+        errors = self.write_errors(list(puts.items()), deletes, f)
         assert KeyTooLarge in errors
         self.expect(errors, lambda: self.kv.write(put=puts, delete=deletes, fence=f))
 
@@ -213,7 +217,7 @@ class KvMachine(RuleBasedStateMachine):
     def put_and_delete_the_same_key(self, puts: dict[bytes, bytes], fence: str) -> None:
         deletes = [next(iter(puts))]
         f = self.fence_for(fence)
-        errors = self.write_errors(puts, deletes, f)
+        errors = self.write_errors(list(puts.items()), deletes, f)
         assert InvalidKey in errors
         self.expect(errors, lambda: self.kv.write(put=puts, delete=deletes, fence=f))
 
@@ -228,7 +232,7 @@ class KvMachine(RuleBasedStateMachine):
     ) -> None:
         faulty = FaultyKv(self.kv, faults=[Fault(0, kind)])
         f = self.fence_for(fence)
-        errors = self.write_errors(puts, deletes, f)
+        errors = self.write_errors(list(puts.items()), deletes, f)
         if kind is FaultKind.FAIL_BEFORE:
             call = lambda: faulty.write(put=puts, delete=deletes, fence=f)  # noqa: E731
             self.expect({InjectedUnavailable}, call)
