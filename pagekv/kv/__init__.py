@@ -4,6 +4,7 @@ from pagekv.kv.api import ACTOR_KV_METHODS, ActorKv, KvStore
 from pagekv.kv.errors import (
     BatchTooLarge,
     FenceMismatch,
+    InvalidArgument,
     InvalidKey,
     KeyTooLarge,
     KvError,
@@ -50,6 +51,7 @@ __all__ = [
     "FiredFault",
     "InjectedIndeterminate",
     "InjectedUnavailable",
+    "InvalidArgument",
     "InvalidKey",
     "KeyTooLarge",
     "KvError",

@@ -48,7 +48,12 @@ class StorageQuotaExceeded(LimitError):
     limit = "max_storage_bytes"
 
 
-class InvalidKey(KvError, ValueError):
+class InvalidArgument(KvError, ValueError):
+    """An argument outside the contract (a wrong type, or a value no backend accepts), named in
+    the message. Raised before anything is sent, so nothing was applied."""
+
+
+class InvalidKey(InvalidArgument):
     """A key that no backend can store (empty, or not bytes)."""
 
 

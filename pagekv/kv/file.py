@@ -784,7 +784,7 @@ class FileNamespace(KvNamespace):
             store._resolve(self._id, pending)
             return pending.used
 
-    def drop(self, *, fence: int | None = None) -> None:
+    def _drop(self, fence: int | None) -> None:
         store, ns = self._store, self._id
         with store._section(exclusive=True):
             pending = store._pending_for(ns)

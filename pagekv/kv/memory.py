@@ -103,7 +103,7 @@ class MemoryNamespace(KvNamespace):
         with self._d.lock:
             return self._d.used
 
-    def drop(self, *, fence: int | None = None) -> None:
+    def _drop(self, fence: int | None) -> None:
         self._round_trip()
         d = self._d
         with d.lock:

@@ -13,13 +13,17 @@ from collections.abc import Iterable, Sequence
 
 from mypy_extensions import mypyc_attr
 
+from pagekv.kv.errors import InvalidArgument
 from pagekv.kv.limits import (
     Entries,
     KvLimits,
     WriteBatch,
     check_bound,
+    check_fence_arg,
     check_key,
     check_keys,
+    check_limit,
+    check_reverse,
     check_write,
 )
 
@@ -29,14 +33,14 @@ class Shorthands:
     """`put` and `delete` as spelled-out forms of `write`, shared by backends and wrappers."""
 
     def write(
-        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
+        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: object = None
     ) -> None:
         raise NotImplementedError
 
-    def put(self, entries: Entries, *, fence: int | None = None) -> None:
+    def put(self, entries: Entries, *, fence: object = None) -> None:
         self.write(put=entries, fence=fence)
 
-    def delete(self, keys: Sequence[bytes], *, fence: int | None = None) -> None:
+    def delete(self, keys: Sequence[bytes], *, fence: object = None) -> None:
         self.write(delete=keys, fence=fence)
 
 
@@ -55,8 +59,9 @@ class KvNamespace(Shorthands, abc.ABC):
     Invariant: a `_`-method is only called with a request that passed every `KvLimits` check except
     the quota, which the backend checks with `limits.check_quota` inside its own transaction.
 
-    Keys and bounds are typed `object` here: compiled code checks its parameters' types on entry,
-    and this is where a wrong type must become `InvalidKey`, not a `TypeError`.
+    Keys, bounds and options are typed `object` here: compiled code checks its parameters' types
+    on entry, and this is where a wrong type must become `InvalidKey` or `InvalidArgument`, not a
+    `TypeError` (and the same on every backend, compiled or not).
     """
 
     def __init__(self, actor_id: str, limits: KvLimits) -> None:
@@ -76,33 +81,37 @@ class KvNamespace(Shorthands, abc.ABC):
         prefix: object = None,
         start: object = None,
         end: object = None,
-        limit: int | None = None,
-        reverse: bool = False,
+        limit: object = None,
+        reverse: object = False,
     ) -> list[tuple[bytes, bytes]]:
         checked_prefix = check_bound(self._limits, prefix, "prefix")
         lo = check_bound(self._limits, start, "start key")
         hi = check_bound(self._limits, end, "end key")
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+        checked_limit = check_limit(limit)
+        checked_reverse = check_reverse(reverse)
         if checked_prefix is not None:
             if lo is not None or hi is not None:
-                raise ValueError("pass either prefix or start/end, not both")
+                raise InvalidArgument("pass either prefix or start/end, not both")
             lo, hi = checked_prefix, prefix_end(checked_prefix)
-        if limit == 0 or (lo is not None and hi is not None and lo >= hi):
+        if lo is not None and hi is not None and lo >= hi:
             return []
-        return self._list(lo, hi, limit, reverse)
+        return self._list(lo, hi, checked_limit, checked_reverse)
 
     def write(
-        self, *, put: Entries = (), delete: Sequence[object] = (), fence: int | None = None
+        self, *, put: Entries = (), delete: Sequence[object] = (), fence: object = None
     ) -> None:
         batch = check_write(self._limits, put, delete)
-        if batch.puts or batch.deletes or fence is not None:
-            self._write(batch, fence)
+        checked_fence = check_fence_arg(fence)
+        if batch.puts or batch.deletes or checked_fence is not None:
+            self._write(batch, checked_fence)
 
-    def delete_range(self, start: object, end: object, *, fence: int | None = None) -> None:
+    def delete_range(self, start: object, end: object, *, fence: object = None) -> None:
         lo = check_key(self._limits, start, "start key")
         hi = check_key(self._limits, end, "end key")
-        self._delete_range(lo, hi, fence)
+        self._delete_range(lo, hi, check_fence_arg(fence))
+
+    def drop(self, *, fence: object = None) -> None:
+        self._drop(check_fence_arg(fence))
 
     @abc.abstractmethod
     def _get(self, keys: builtins.list[bytes]) -> builtins.list[bytes | None]: ...
@@ -128,4 +137,4 @@ class KvNamespace(Shorthands, abc.ABC):
     def used_bytes(self) -> int: ...
 
     @abc.abstractmethod
-    def drop(self, *, fence: int | None = None) -> None: ...
+    def _drop(self, fence: int | None) -> None: ...

@@ -625,5 +625,5 @@ class PostgresNamespace(KvNamespace):
     def used_bytes(self) -> int:
         return self._head()[1]
 
-    def drop(self, *, fence: int | None = None) -> None:
+    def _drop(self, fence: int | None) -> None:
         self._delete_range(None, None, fence)

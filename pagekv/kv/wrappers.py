@@ -35,9 +35,10 @@ class KvWrapper(Shorthands):
     """Forwards every `ActorKv` call to `inner` through one hook, `_call`: override it to observe
     or alter calls (the base of every wrapper, and of users' own).
 
-    Arguments are passed on unchecked, so a wrong type gets the inner store's `InvalidKey`. That
-    is why range bounds are typed `object`: compiled, a `bytes` parameter is checked on entry and
-    would raise a `TypeError` of its own first (keys inside collections are not checked)."""
+    Arguments are passed on unchecked, so a wrong type gets the inner store's `InvalidKey` or
+    `InvalidArgument`. That is why range bounds, `limit`, `reverse` and `fence` are typed
+    `object`: compiled, a typed parameter is checked on entry and would raise a `TypeError` of
+    its own first (keys inside collections are not checked)."""
 
     def __init__(self, inner: ActorKv) -> None:
         self.inner = inner
@@ -58,8 +59,8 @@ class KvWrapper(Shorthands):
         prefix: object = None,
         start: object = None,
         end: object = None,
-        limit: int | None = None,
-        reverse: bool = False,
+        limit: object = None,
+        reverse: object = False,
     ) -> list[tuple[bytes, bytes]]:
         return self._call(
             "list",
@@ -72,12 +73,12 @@ class KvWrapper(Shorthands):
         )
 
     def write(
-        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
+        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: object = None
     ) -> None:
         put = dict(put.items()) if is_mapping(put) else list(put)
         self._call("write", self.inner.write, put=put, delete=list(delete), fence=fence)
 
-    def delete_range(self, start: object, end: object, *, fence: int | None = None) -> None:
+    def delete_range(self, start: object, end: object, *, fence: object = None) -> None:
         self._call("delete_range", self.inner.delete_range, start, end, fence=fence)
 
     def takeover(self) -> int:
@@ -89,7 +90,7 @@ class KvWrapper(Shorthands):
     def used_bytes(self) -> int:
         return self._call("used_bytes", self.inner.used_bytes)
 
-    def drop(self, *, fence: int | None = None) -> None:
+    def drop(self, *, fence: object = None) -> None:
         self._call("drop", self.inner.drop, fence=fence)
 
 
@@ -150,7 +151,7 @@ class CountingKv(KvWrapper):
         return old
 
     def write(
-        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: int | None = None
+        self, *, put: Entries = (), delete: Sequence[bytes] = (), fence: object = None
     ) -> None:
         if not is_mapping(put):
             put = list(put)
@@ -166,7 +167,8 @@ class CountingKv(KvWrapper):
             stats.round_trips["write"] += 1
             stats.entries_written += entries
             stats.bytes_written += size
-        self.inner.write(put=put, delete=delete, fence=fence)
+        write: Callable[..., None] = self.inner.write  # `fence` unchecked, as in `_call`
+        write(put=put, delete=delete, fence=fence)
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         with self._lock:

@@ -18,6 +18,7 @@ from pagekv.kv import (
     FaultyKv,
     FenceMismatch,
     FiredFault,
+    InvalidArgument,
     InvalidKey,
     KeyTooLarge,
     KvError,
@@ -185,20 +186,55 @@ LIST_RANGES: list[tuple[bytes | None, bytes | None]] = [
 
 def test_list_matches_reference_for_every_range_limit_and_direction(filled: ActorKv) -> None:
     for start, end in LIST_RANGES:
-        for limit in (None, 0, 1, 2, 5, 100):
+        for limit in (None, 1, 2, 5, 100):
             for reverse in (False, True):
                 got = filled.list(start=start, end=end, limit=limit, reverse=reverse)
                 expected = reference_list(ORDERED_KEYS, start, end, limit, reverse)
                 assert got == expected, (start, end, limit, reverse)
 
 
-def test_list_rejects_bad_arguments(filled: ActorKv) -> None:
-    with pytest.raises(ValueError):
+def test_list_rejects_a_prefix_with_bounds(filled: ActorKv) -> None:
+    with pytest.raises(InvalidArgument, match="prefix"):
         filled.list(prefix=b"a", start=b"a")
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument, match="prefix"):
         filled.list(prefix=b"a", end=b"b")
-    with pytest.raises(ValueError):
-        filled.list(limit=-1)
+
+
+def test_a_list_limit_beyond_any_count_means_all(open_store: OpenStore) -> None:
+    """Past 2**63 - 1, PostgreSQL refused the limit and the file store's merge raised."""
+    store = open_store()
+    kv = store.namespace("a")
+    kv.put({k: value_of(k) for k in ORDERED_KEYS})
+    # Enough bytes elsewhere that the folding file store folds: "a" is then read from its base.
+    for i in range(4):
+        store.namespace("other").put({b"k%d" % i: b"x" * 8 * KB})
+    for limit in (len(ORDERED_KEYS), 2**31, 2**63 - 1, 2**63, 2**64, 10**30):
+        for reverse in (False, True):
+            expected = reference_list(ORDERED_KEYS, None, None, None, reverse)
+            assert kv.list(limit=limit, reverse=reverse) == expected
+            assert kv.list(prefix=b"a", limit=limit, reverse=reverse) == [
+                (k, v) for k, v in expected if k.startswith(b"a")
+            ]
+
+
+@pytest.mark.parametrize("limit", [0, -1, -(2**70), True, False, 1.0, 2.5, "2", b"2"])
+def test_a_list_limit_that_is_not_a_positive_int_is_refused_before_any_round_trip(
+    store: KvStore, limit: object
+) -> None:
+    kv = store.namespace("a")
+    kv.put({b"k": b"v"})
+    with pytest.raises(InvalidArgument, match="limit") as info:
+        kv.list(limit=limit)  # type: ignore[arg-type]
+    assert str(limit) in str(info.value)
+    store.close()  # from here a round trip fails (KvUnavailable) on the stores that make one
+    with pytest.raises(InvalidArgument, match="limit"):
+        kv.list(limit=limit)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("reverse", [None, 0, 1, "yes", "False"])
+def test_list_reverse_must_be_a_bool(filled: ActorKv, reverse: object) -> None:
+    with pytest.raises(InvalidArgument, match="reverse"):
+        filled.list(reverse=reverse)  # type: ignore[arg-type]
 
 
 def test_list_of_empty_namespace(kv: ActorKv) -> None:
@@ -646,6 +682,34 @@ def test_stale_fence_fails_and_changes_nothing(kv: ActorKv, offset: int) -> None
         assert info.value.fence == stale
         assert info.value.current == gen
         assert snapshot(kv) == before
+
+
+@pytest.mark.parametrize("fence", [True, False, -1, 2**63, 1.0, "1"])
+def test_a_fence_that_is_not_a_generation_is_refused_before_any_round_trip(
+    store: KvStore, fence: object
+) -> None:
+    """A fence is None or a generation, 0 to 2**63 - 1. PostgreSQL could not take a bool or a
+    larger int (`KvUnavailable`) where the others compared it (`True` fenced generation 1)."""
+    kv = store.namespace("a")
+    kv.takeover()
+    kv.put({b"a": b"1", b"b": b"2"})
+    before = snapshot(kv)
+    attempts: list[Callable[[], object]] = [
+        lambda: kv.write(put={b"c": b"3"}, delete=[b"a"], fence=fence),  # type: ignore[arg-type]
+        lambda: kv.put({b"a": b"changed"}, fence=fence),  # type: ignore[arg-type]
+        lambda: kv.delete([b"a"], fence=fence),  # type: ignore[arg-type]
+        lambda: kv.write(fence=fence),  # type: ignore[arg-type]
+        lambda: kv.delete_range(b"a", b"z", fence=fence),  # type: ignore[arg-type]
+        lambda: kv.drop(fence=fence),  # type: ignore[arg-type]
+    ]
+    for attempt in attempts:
+        with pytest.raises(InvalidArgument, match="fence"):
+            attempt()
+    assert snapshot(kv) == before
+    store.close()  # from here a round trip fails (KvUnavailable) on the stores that make one
+    for attempt in attempts:
+        with pytest.raises(InvalidArgument, match="fence"):
+            attempt()
 
 
 def test_unfenced_writes_are_allowed_after_takeover(kv: ActorKv) -> None:

@@ -32,6 +32,7 @@ from pagekv.kv import (
     FenceMismatch,
     InjectedIndeterminate,
     InjectedUnavailable,
+    InvalidArgument,
     InvalidKey,
     KeyTooLarge,
     KvError,
@@ -114,11 +115,17 @@ class KvMachine(RuleBasedStateMachine):
         assert self.snapshot() == before
         return None
 
+    def fence_errors(self, fence: int | None) -> set[type[KvError]]:
+        """A negative fence was never a generation; any other but the current one is stale."""
+        if fence is None or fence == self.gen:
+            return set()
+        return {InvalidArgument} if fence < 0 else {FenceMismatch}
+
     def write_errors(
         self, pairs: list[tuple[bytes, bytes]], deletes: list[bytes], fence: int | None
     ) -> set[type[KvError]]:
         """The errors a write deserves; its limits count the request as sent, repeats included."""
-        errors: set[type[KvError]] = set()
+        errors = self.fence_errors(fence)
         puts = dict(pairs)  # the last put of a key wins
         if any(len(k) > LIMITS.max_key_bytes for k in (*puts, *deletes)):
             errors.add(KeyTooLarge)
@@ -131,8 +138,6 @@ class KvMachine(RuleBasedStateMachine):
         payload = sum(charge(k, v) for k, v in pairs) + sum(map(len, deletes))
         if payload > LIMITS.max_batch_bytes:
             errors.add(BatchTooLarge)
-        if fence is not None and fence != self.gen:
-            errors.add(FenceMismatch)
         deletes = list(dict.fromkeys(deletes))
         old = {k: charge(k, v) for k, v in self.model.items() if k in puts or k in deletes}
         delta = sum(charge(k, v) - old.get(k, 0) for k, v in puts.items())
@@ -251,11 +256,9 @@ class KvMachine(RuleBasedStateMachine):
     @rule(start=any_keys, end=small_keys, fence=fence_choices)
     def delete_range(self, start: bytes, end: bytes, fence: str) -> None:
         f = self.fence_for(fence)
-        errors: set[type[KvError]] = set()
+        errors = self.fence_errors(f)
         if len(start) > LIMITS.max_key_bytes:
             errors.add(KeyTooLarge)
-        if f is not None and f != self.gen:
-            errors.add(FenceMismatch)
         self.expect(errors, lambda: self.kv.delete_range(start, end, fence=f))
         if not errors:
             self.apply_write({}, [k for k in self.model if start <= k < end])
@@ -268,9 +271,7 @@ class KvMachine(RuleBasedStateMachine):
     @rule(fence=fence_choices)
     def drop(self, fence: str) -> None:
         f = self.fence_for(fence)
-        errors: set[type[KvError]] = set()
-        if f is not None and f != self.gen:
-            errors.add(FenceMismatch)
+        errors = self.fence_errors(f)
         self.expect(errors, lambda: self.kv.drop(fence=f))
         if not errors:
             self.model.clear()
@@ -290,7 +291,7 @@ class KvMachine(RuleBasedStateMachine):
     @rule(
         start=st.none() | small_keys,
         end=st.none() | small_keys,
-        limit=st.none() | st.integers(0, 5),
+        limit=st.none() | st.integers(1, 5),
         reverse=st.booleans(),
     )
     def list_range(
@@ -307,7 +308,7 @@ class KvMachine(RuleBasedStateMachine):
             expected = expected[:limit]
         assert self.kv.list(start=start, end=end, limit=limit, reverse=reverse) == expected
 
-    @rule(prefix=small_keys, limit=st.none() | st.integers(0, 5), reverse=st.booleans())
+    @rule(prefix=small_keys, limit=st.none() | st.integers(1, 5), reverse=st.booleans())
     def list_prefix(self, prefix: bytes, limit: int | None, reverse: bool) -> None:
         expected = sorted((k, v) for k, v in self.model.items() if k.startswith(prefix))
         if reverse:
@@ -365,6 +366,7 @@ def test_actor_kv_matches_model(open_store: OpenStore, backend: Any) -> None:
         BatchTooLarge,
         StorageQuotaExceeded,
         FenceMismatch,
+        InvalidArgument,
         InvalidKey,
         InjectedUnavailable,
         InjectedIndeterminate,
