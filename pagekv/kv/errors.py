@@ -48,6 +48,10 @@ class StorageQuotaExceeded(LimitError):
     limit = "max_storage_bytes"
 
 
+class NameTooLarge(LimitError):
+    limit = "max_name_bytes"
+
+
 class InvalidArgument(KvError, ValueError):
     """An argument outside the contract (a wrong type, or a value no backend accepts), named in
     the message. Raised before anything is sent, so nothing was applied."""

@@ -61,7 +61,7 @@ from pagekv.kv.file_records import (
     encode_takeover,
     encode_write,
 )
-from pagekv.kv.limits import KvLimits, WriteBatch, check_quota
+from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
 from pagekv.kv.sorted_keys import SortedKeys
 
@@ -567,11 +567,12 @@ class FileStore:
 
     # -- the store ---------------------------------------------------------------------------
 
-    def namespace(self, actor_id: str) -> FileNamespace:
+    def namespace(self, actor_id: object) -> FileNamespace:
+        name = check_name(self.limits, actor_id)
         with self._lock, self._transaction() as db:
-            db.execute("INSERT OR IGNORE INTO namespaces(name) VALUES (?)", (actor_id,))
-            ns_id = db.execute("SELECT id FROM namespaces WHERE name = ?", (actor_id,)).get
-        return FileNamespace(actor_id, self, ns_id)
+            db.execute("INSERT OR IGNORE INTO namespaces(name) VALUES (?)", (name,))
+            ns_id = db.execute("SELECT id FROM namespaces WHERE name = ?", (name,)).get
+        return FileNamespace(name, self, ns_id)
 
     def actor_ids(self) -> list[str]:
         with self._lock:

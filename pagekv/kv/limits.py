@@ -23,6 +23,7 @@ from pagekv.kv.errors import (
     InvalidArgument,
     InvalidKey,
     KeyTooLarge,
+    NameTooLarge,
     StorageQuotaExceeded,
     TooManyEntries,
     ValueTooLarge,
@@ -49,6 +50,9 @@ class KvLimits:
     max_batch_bytes: int = 976 * 1024
     """Keys and values of one write's puts plus the keys of its deletes, each repeat counted."""
     max_storage_bytes: int = 10 * 2**30
+    max_name_bytes: int = 2048
+    """A namespace name's UTF-8 bytes: room for every actor id whose registry entries fit the
+    default key size, and within what PostgreSQL can index."""
 
 
 @dataclass(slots=True, init=False)
@@ -138,6 +142,25 @@ def check_fence_arg(fence: object) -> int | None:
     if isinstance(fence, bool) or not isinstance(fence, int) or fence >> 63:
         raise InvalidArgument(f"fence must be None or an int from 0 to {INT64_MAX}, got {fence!r}")
     return fence
+
+
+def check_name(limits: KvLimits, name: object) -> str:
+    """Validate a namespace name: a non-empty str, without NUL (PostgreSQL's text cannot hold
+    it), encodable as UTF-8 (no lone surrogates: the file and PostgreSQL stores keep UTF-8),
+    of at most `max_name_bytes` bytes in that form."""
+    if not isinstance(name, str):
+        raise InvalidArgument(f"namespace name must be str, not {type(name).__name__}")
+    if not name:
+        raise InvalidArgument("namespace name must not be empty")
+    if "\x00" in name:
+        raise InvalidArgument(f"namespace name {name[:32]!r} contains NUL")
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"namespace name {name[:32]!r} has no UTF-8 form") from None
+    if size > limits.max_name_bytes:
+        raise NameTooLarge(f"namespace name of {size} bytes", size, limits.max_name_bytes)
+    return name
 
 
 def _check_value(key: bytes, value: object) -> bytes:

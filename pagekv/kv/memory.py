@@ -12,7 +12,14 @@ import time
 from librt.threading import Lock
 
 from pagekv.kv.fence import check_fence
-from pagekv.kv.limits import KvLimits, WriteBatch, check_quota, entry_size, quota_delta
+from pagekv.kv.limits import (
+    KvLimits,
+    WriteBatch,
+    check_name,
+    check_quota,
+    entry_size,
+    quota_delta,
+)
 from pagekv.kv.namespace import KvNamespace
 from pagekv.kv.sorted_keys import SortedKeys
 
@@ -122,10 +129,11 @@ class MemoryStore:
         self._data: dict[str, _MemoryData] = {}
         self._lock = Lock()
 
-    def namespace(self, actor_id: str) -> MemoryNamespace:
+    def namespace(self, actor_id: object) -> MemoryNamespace:
+        name = check_name(self.limits, actor_id)
         with self._lock:
-            data = self._data.setdefault(actor_id, _MemoryData())
-        return MemoryNamespace(actor_id, data, self.limits, self.latency_ms / 1000)
+            data = self._data.setdefault(name, _MemoryData())
+        return MemoryNamespace(name, data, self.limits, self.latency_ms / 1000)
 
     def actor_ids(self) -> list[str]:
         with self._lock:

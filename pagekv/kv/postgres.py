@@ -51,7 +51,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
-from pagekv.kv.limits import KvLimits, WriteBatch, check_quota
+from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
 
 SCHEMA_VERSION = 1
@@ -434,9 +434,10 @@ class PostgresStore:
 
     # --- the store ------------------------------------------------------------------------
 
-    def namespace(self, actor_id: str) -> PostgresNamespace:
-        rows = self._run("namespace", self._sql.namespace, (actor_id,), write=True)
-        return PostgresNamespace(actor_id, self, rows[0][0])
+    def namespace(self, actor_id: object) -> PostgresNamespace:
+        name = check_name(self.limits, actor_id)
+        rows = self._run("namespace", self._sql.namespace, (name,), write=True)
+        return PostgresNamespace(name, self, rows[0][0])
 
     def actor_ids(self) -> list[str]:
         return [r[0] for r in self._run("actor_ids", self._sql.actor_ids, (), write=False)]

@@ -27,6 +27,7 @@ from pagekv.kv import (
     KvStore,
     KvUnavailable,
     LimitError,
+    NameTooLarge,
     StorageQuotaExceeded,
     TooManyEntries,
     ValueTooLarge,
@@ -388,6 +389,7 @@ def test_default_limits_are_the_documented_ones() -> None:
     assert limits.max_batch_entries == 128
     assert limits.max_batch_bytes == 999424
     assert limits.max_storage_bytes == 10 * 2**30
+    assert limits.max_name_bytes == 2048
 
 
 def test_store_applies_the_limits_it_was_opened_with(open_store: OpenStore) -> None:
@@ -906,6 +908,77 @@ def test_data_persists_across_reopen(persistent_open_store: OpenStore) -> None:
     assert kv.takeover() == gen + 1
     assert reopened.namespace("other").list() == []
     assert reopened.namespace("other").used_bytes() == 0
+
+
+def incompressible_name(size: int, seed: int = 5) -> str:
+    """A name of exactly `size` UTF-8 bytes of random 3-byte characters (PostgreSQL compresses a
+    repetitive one, which would hide the size its index must hold)."""
+    rnd = random.Random(seed)
+    chars = [chr(rnd.randrange(0x4E00, 0xA000)) for _ in range(size // 3)]
+    return "".join(chars) + "x" * (size % 3)
+
+
+GOOD_NAMES = [
+    "a",
+    "A",
+    " ",
+    "_x",
+    "a/b",
+    "counter/room%201",
+    "\x01\x7f",
+    "a\u0301",  # "á" decomposed, a name of its own ...
+    "\u00e1",  # ... and composed
+    "\U0001f600",
+    "x" * 2048,
+    "\u00e9" * 1024,
+    incompressible_name(2048),
+]
+
+
+def test_every_backend_keeps_the_same_namespace_names_apart(store: KvStore) -> None:
+    for name in GOOD_NAMES:
+        store.namespace(name).put({b"name": name.encode()})
+    for name in GOOD_NAMES:
+        assert store.namespace(name).get([b"name"]) == [name.encode()]
+    # In code point order everywhere.
+    assert store.actor_ids() == sorted(GOOD_NAMES)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("", InvalidArgument),
+        ("a\x00b", InvalidArgument),  # PostgreSQL's text cannot hold NUL
+        ("a\udcffb", InvalidArgument),  # a lone surrogate: no UTF-8 form
+        (b"bytes", InvalidArgument),
+        (42, InvalidArgument),
+        (None, InvalidArgument),
+        ("x" * 2049, NameTooLarge),
+        ("\u00e9" * 1024 + "x", NameTooLarge),
+        (incompressible_name(2800), NameTooLarge),  # beyond what PostgreSQL can index
+    ],
+)
+def test_a_namespace_name_outside_the_contract_is_refused_and_creates_nothing(
+    store: KvStore, name: object, error: type[KvError]
+) -> None:
+    store.namespace("existing")
+    with pytest.raises(error, match="namespace name") as info:
+        store.namespace(name)  # type: ignore[arg-type]
+    if isinstance(info.value, NameTooLarge):
+        size = len(name.encode())  # type: ignore[union-attr]
+        assert_limit_error(info.value, NameTooLarge, "max_name_bytes", size, 2048)
+    assert store.actor_ids() == ["existing"]  # type: ignore[attr-defined]
+
+
+def test_store_applies_the_name_limit_it_was_opened_with(open_store: OpenStore) -> None:
+    store = open_store(KvLimits(max_name_bytes=8))
+    store.namespace("x" * 8)
+    store.namespace("\u00e9" * 4)
+    for name in ("x" * 9, "\u00e9" * 4 + "x"):
+        with pytest.raises(NameTooLarge) as info:
+            store.namespace(name)
+        assert_limit_error(info.value, NameTooLarge, "max_name_bytes", 9, 8)
+    assert store.actor_ids() == sorted(["x" * 8, "\u00e9" * 4])  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("url", ["redis://localhost/0", "s3://bucket/dir"])
