@@ -59,6 +59,13 @@ SCHEMA_VERSION = 1
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 
+# The longest key and namespace name the unique indexes hold whatever their bytes: a btree entry
+# is at most 2704 bytes (a third of an 8 KiB page), less an 8-byte tuple header, a 4-byte bytea
+# or text header and, for a key, the 8-byte `ns`. A longer one that does not compress failed its
+# write (measured on PostgreSQL 15: a 2684-byte random key is stored, a 2686-byte one is not).
+_MAX_KEY_BYTES = 2704 - 8 - 8 - 4
+_MAX_NAME_BYTES = 2704 - 8 - 4
+
 # Statuses returned by kv_write / kv_delete_range.
 _OK, _FENCED, _OVER_QUOTA, _MISSING = 0, 1, 2, 3
 
@@ -267,6 +274,16 @@ class PostgresStore:
 
     def __init__(self, url: str, *, limits: KvLimits | None = None) -> None:
         self.limits = limits or KvLimits()
+        if self.limits.max_key_bytes > _MAX_KEY_BYTES:
+            raise ValueError(
+                f"the PostgreSQL store holds keys of up to {_MAX_KEY_BYTES} bytes, "
+                f"not max_key_bytes={self.limits.max_key_bytes}"
+            )
+        if self.limits.max_name_bytes > _MAX_NAME_BYTES:
+            raise ValueError(
+                f"the PostgreSQL store holds namespace names of up to {_MAX_NAME_BYTES} bytes, "
+                f"not max_name_bytes={self.limits.max_name_bytes}"
+            )
         libpq_url, self.options = parse_postgres_url(url)
         self.where = _where(libpq_url)
         self._closed = False
@@ -514,7 +531,8 @@ class _Statements:
             return sql.SQL(text).format(s=s).as_string(None)
 
         self.namespace = q("SELECT {s}.kv_namespace(%b::text)")
-        self.actor_ids = q("SELECT name FROM {s}.namespaces ORDER BY name")
+        # "C": code point order, as the other stores sort, whatever the database's collation.
+        self.actor_ids = q('SELECT name FROM {s}.namespaces ORDER BY name COLLATE "C"')
         self.write = q(
             "SELECT status, gen, used_before, delta FROM {s}.kv_write("
             "%b::bigint, %b::bigint, %b::bytea[], %b::bytea[], %b::bytea[], %b::bigint)"

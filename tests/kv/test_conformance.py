@@ -940,7 +940,7 @@ def test_every_backend_keeps_the_same_namespace_names_apart(store: KvStore) -> N
         store.namespace(name).put({b"name": name.encode()})
     for name in GOOD_NAMES:
         assert store.namespace(name).get([b"name"]) == [name.encode()]
-    # In code point order everywhere.
+    # In code point order everywhere (PostgreSQL sorted by the database's collation).
     assert store.actor_ids() == sorted(GOOD_NAMES)  # type: ignore[attr-defined]
 
 
@@ -979,6 +979,24 @@ def test_store_applies_the_name_limit_it_was_opened_with(open_store: OpenStore) 
             store.namespace(name)
         assert_limit_error(info.value, NameTooLarge, "max_name_bytes", 9, 8)
     assert store.actor_ids() == sorted(["x" * 8, "\u00e9" * 4])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("limit", ["max_key_bytes", "max_name_bytes"])
+def test_a_store_holds_what_its_limits_allow_or_refuses_them_at_open(
+    open_store: OpenStore, limit: str
+) -> None:
+    """PostgreSQL's indexes hold keys and names of about 2.6 KiB: opened with larger limits, it
+    accepted them and then failed each write of a long key (`KvUnavailable`, retried in vain)."""
+    size = 4096
+    try:
+        store = open_store(KvLimits(**{limit: size}))
+    except ValueError as e:
+        assert limit in str(e)
+        return
+    key = random.Random(3).randbytes(size) if limit == "max_key_bytes" else b"k"
+    name = incompressible_name(size) if limit == "max_name_bytes" else "a"
+    store.namespace(name).put({key: b"v"})
+    assert store.namespace(name).list() == [(key, b"v")]
 
 
 @pytest.mark.parametrize("url", ["redis://localhost/0", "s3://bucket/dir"])

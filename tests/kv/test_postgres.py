@@ -11,14 +11,17 @@ when nothing was applied, `KvIndeterminate` when a write may have been.
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -210,6 +213,54 @@ def test_bytea_keys_sort_bytewise_on_the_server(open_pg: Any) -> None:
         b"\x80",
         b"\xff",
     ]
+
+
+def test_the_longest_keys_and_names_the_indexes_hold_are_stored(open_pg: Any) -> None:
+    """The store's bounds are exact: an incompressible key or name of that size is stored (one
+    more byte failed the write), and limits past them are refused when the store is opened."""
+    rnd = random.Random(11)
+    limits = KvLimits(max_key_bytes=pg._MAX_KEY_BYTES, max_name_bytes=pg._MAX_NAME_BYTES)
+    store = open_pg(limits=limits)
+    key = rnd.randbytes(pg._MAX_KEY_BYTES)
+    name = rnd.randbytes(pg._MAX_NAME_BYTES // 2).hex()
+    store.namespace(name).put({key: b"v"})
+    assert store.namespace(name).get([key]) == [b"v"]
+    assert name in store.actor_ids()
+    for field, most in (
+        ("max_key_bytes", pg._MAX_KEY_BYTES),
+        ("max_name_bytes", pg._MAX_NAME_BYTES),
+    ):
+        with pytest.raises(ValueError, match=field):
+            open_pg(limits=replace(limits, **{field: most + 1}))
+
+
+def test_actor_ids_are_in_code_point_order_whatever_the_collation(
+    server: PostgresServer, open_pg: Any
+) -> None:
+    """In a database whose collation is linguistic ("a" < "B"), the names still sort by code
+    point, as every other store sorts them."""
+    database = "pagekv_icu_test"
+    drop = f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"
+    with admin(server) as conn:
+        try:
+            conn.execute(drop)  # left over by an interrupted run
+            conn.execute(
+                f"CREATE DATABASE {database} TEMPLATE template0 LOCALE 'C' "
+                "LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"
+            )
+        except psycopg.Error as e:  # PostgreSQL < 15, no ICU, or no CREATEDB right
+            pytest.skip(f"this server cannot create an ICU database: {e}")
+    try:
+        url = urlsplit(server.store_url("icu"))._replace(path=f"/{database}").geturl()
+        store = open_pg(url=url)
+        names = ["B", "a", "_x", "\u00e9", "e", "Z"]
+        for name in names:
+            store.namespace(name)
+        assert store.actor_ids() == sorted(names) == ["B", "Z", "_x", "a", "e", "\u00e9"]
+        store.close()
+    finally:
+        with admin(server) as conn:
+            conn.execute(drop)
 
 
 def test_quota_is_exact_under_concurrent_writers(open_pg: Any) -> None:
