@@ -30,7 +30,7 @@ from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.runner import Runner
-from pagekv.kv import ActorKv, FenceMismatch
+from pagekv.kv import ActorKv, FenceMismatch, KvError
 from pagekv.vfs import open_database
 
 if TYPE_CHECKING:
@@ -82,6 +82,12 @@ class ActorInstance:
         """When this instance last knew it was current (its takeover at start, then checks)."""
         self.next_due: float | None = None
         self._wake_written: object = _UNSET
+        self._lease = registry.wake_lease
+        """Seconds ahead that the published wake time stays while this instance holds the
+        actor; 0 once it gives the lease up to sleep (see `_wake_time`)."""
+        self._publishing = anyio.Lock()
+        self._stopping: Stop | None = None
+        """How `stop` is stopping this instance, once it began."""
         self._dispatching = False
         self.gate = Gate()
         self._idle = anyio.Event()
@@ -124,6 +130,7 @@ class ActorInstance:
                 "migrate_and_load", db.run(lambda c: (migrate(c), load(c))[1], internal=True)
             )
             cell.restore((stored, encode_state(stored) if initialized else None))
+            await self.publish_wake()  # the lease, before any hook runs (see `_wake_time`)
             hooks = definition.hooks
             if "on_migrate" in hooks:
                 async with db.transaction():
@@ -137,7 +144,6 @@ class ActorInstance:
             if "on_wake" in hooks:
                 await self._timed("on_wake", hooks["on_wake"](self.ctx), user=True)
                 await db.save_state()
-            await self.publish_wake()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._close()
@@ -298,15 +304,48 @@ class ActorInstance:
 
     # -- schedules --------------------------------------------------------------------------
 
-    async def announce_wake(self, due: float) -> None:
-        """Before committing a schedule row due at `due`: make sure the registry's wake index
-        wakes the actor by then. Written ahead of the commit, so a crash in between can only
-        cause an early (harmless) wake, never a missed one; `refresh_wake` sets the exact time
-        after the commit."""
+    def _wake_time(self, next_due: float | None, now: float) -> float | None:
+        """The time to publish at `now` in the registry's wake index (`Registry.write_wake`,
+        which every registry of the store polls) for a next schedule at `next_due`: the one
+        published already if it still does (no write), else a fresh one.
+
+        Invariant, while this instance holds a lease (from its takeover, before any hook runs,
+        until it goes to sleep) and a schedule is pending, the published time lies in
+        [now + lease / 2, max(next_due, now + lease)]:
+        - the lower bound keeps a healthy owner's entry from ever being due, so no other
+          registry's poll takes the actor over from it, not even while a due schedule runs (it
+          would run it a second time). The registry's housekeeping renews the lease
+          (`wake_lapsing`) with half of it still to go: only an event loop stalled that long,
+          or clocks that disagree by as much, let another registry find it due;
+        - the upper bound means that if this process dies, the actor is woken on time for its
+          schedule or at most one lease after the death, whichever is later. Schedules stay at
+          least once across crashes: one cut short by the crash runs again.
+        Without a lease (going to sleep), the time is exactly `next_due`.
+        """
+        lease = self._lease
+        if next_due is None or not lease:
+            return next_due
+        latest = max(next_due, now + lease)
         written = self._wake_written
-        if not isinstance(written, int | float) or due < written:
-            await self.registry.write_wake(self, due)
-            self._wake_written = due
+        if isinstance(written, int | float) and now + lease / 2 <= written <= latest:
+            return written
+        return latest
+
+    async def _publish(self, next_due: float | None) -> None:
+        """Write the wake time for `next_due` to the wake index unless it is there already.
+        One write at a time, so what `_wake_written` says is what the index holds."""
+        async with self._publishing:
+            target = self._wake_time(next_due, time.time())
+            if target != self._wake_written:
+                await self.registry.write_wake(self, target)
+                self._wake_written = target
+
+    async def announce_wake(self, due: float) -> None:
+        """Before committing a schedule row due at `due`: make sure the wake index covers it
+        should this instance die (see `_wake_time`). Written ahead of the commit, so a crash in
+        between can only cause an early (harmless) wake, never a missed one; `refresh_wake` sets
+        the time after the commit."""
+        await self._publish(due if self.next_due is None else min(due, self.next_due))
 
     async def refresh_wake(self) -> None:
         """Record the next due schedule here and in the registry's durable wake index."""
@@ -317,10 +356,31 @@ class ActorInstance:
         await self.publish_wake()
 
     async def publish_wake(self) -> None:
-        """Write `next_due` to the registry's wake index unless it is there already."""
-        if self._wake_written != self.next_due:
-            await self.registry.write_wake(self, self.next_due)
-            self._wake_written = self.next_due
+        """Write the wake time for `next_due` to the wake index unless it is there already; the
+        registry's housekeeping calls it to renew the lease."""
+        await self._publish(self.next_due)
+
+    def wake_lapsing(self, now: float) -> bool:
+        """The published wake time must move on (its lease runs short) and no write of it is
+        under way. Only an instance that serves or goes to sleep renews (it may still finish a
+        due schedule): one torn down by a crash leaves its lease to run out, so the actor is
+        woken elsewhere for its schedules, and a destroyed one must not write its entry back."""
+        return (
+            self._stopping in (None, "sleep")
+            and self.stop_reason() != "crash"
+            and not self._publishing.locked()
+            and self._wake_time(self.next_due, now) != self._wake_written
+        )
+
+    async def _release_wake(self) -> None:
+        """Going to sleep: give the lease up, publishing exactly the next schedule's time, so
+        the actor is woken on time rather than a lease late. A store error is logged, not
+        raised: the lease left behind still wakes the actor, at most one lease late."""
+        self._lease = 0.0
+        try:
+            await self.publish_wake()
+        except KvError:
+            log.exception("actor %s: wake time not written; woken a lease late", self.actor_id)
 
     async def dispatch_due(self) -> None:
         """Run every due schedule (at least once), then move the wake time on."""
@@ -369,6 +429,7 @@ class ActorInstance:
             await self.stopped.wait()
             return
         self.phase = Phase.STOPPING
+        self._stopping = how
         with anyio.CancelScope(shield=True):
             destroyed = False
             try:
@@ -377,6 +438,8 @@ class ActorInstance:
                     while self.active:
                         await self._idle.wait()
                 await self._stop_hooks(how)
+                if how == "sleep":
+                    await self._release_wake()
             finally:
                 try:
                     await self._close()

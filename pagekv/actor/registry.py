@@ -29,6 +29,11 @@ from pagekv.kv import DEFAULT_URL, KeyTooLarge, KvStore, open_kv, prefix_end
 REGISTRY_NAMESPACE = "pagekv-registry"
 _IDLE_CHECK_S = 0.05
 _WAKE_POLL_S = 0.5
+WAKE_LEASE_S = 10.0
+"""Default lease of a live instance on its wake entry (see `ActorInstance._wake_time`): other
+registries leave the actor alone while the lease runs, and the owner renews it with half of it
+to go. It is how late, at most, a schedule of an actor whose process died runs elsewhere; it
+must exceed twice the clock difference between hosts."""
 _CALL_ATTEMPTS = 3
 """Wakes a call may take when an instance stops before the call reaches it (e.g. its run
 handler crashed right after the wake)."""
@@ -42,7 +47,19 @@ def actor_id(name: str, key: str) -> str:
 
 
 class Registry:
-    def __init__(self, actors: Iterable[ActorDefinition], kv: str | KvStore = DEFAULT_URL) -> None:
+    """Serves `actors` on the store `kv`. `wake_lease` (seconds) bounds how late a schedule of
+    an actor whose process died runs on another registry of the store; see `WAKE_LEASE_S`."""
+
+    def __init__(
+        self,
+        actors: Iterable[ActorDefinition],
+        kv: str | KvStore = DEFAULT_URL,
+        *,
+        wake_lease: float = WAKE_LEASE_S,
+    ) -> None:
+        if wake_lease <= 0:
+            raise ValueError(f"wake_lease must be > 0 seconds, got {wake_lease}")
+        self.wake_lease = wake_lease
         self.definitions: dict[str, ActorDefinition] = {}
         for definition in actors:
             if definition.name in self.definitions:
@@ -122,10 +139,13 @@ class Registry:
                 log.exception("housekeeping failed; the next round tries again")
 
     def _tend_instances(self, now: float) -> None:
-        """Dispatch the due schedules of live instances and put idle ones to sleep."""
+        """Dispatch the due schedules of live instances, renew their wake leases, and put idle
+        ones to sleep."""
         for instance in list(self._instances.values()):
             if instance.next_due is not None and instance.next_due <= now:
                 self.spawn(instance.dispatch_due)
+            if instance.wake_lapsing(now):
+                self.spawn(instance.publish_wake)
             idle = instance.idle_for()
             if idle is not None and idle >= instance.definition.sleep_timeout:
                 self.spawn(instance.stop, "sleep")
@@ -175,17 +195,37 @@ class Registry:
             self._index.put(missing[i : i + step])
 
     async def _wake(self, name: str, key: str) -> None:
+        """Wake an actor the poll found due, if it still is (see `_still_due`)."""
         try:
-            await self.instance(name, key, create=False)
+            if await anyio.to_thread.run_sync(self._still_due, actor_id(name, key), time.time()):
+                await self.instance(name, key, create=False)
         except Exception:
             log.exception("could not wake actor %s/%s for its schedule", name, key)
+
+    def _still_due(self, aid: str, now: float) -> bool:
+        """Whether the newest generation's wake entry of `aid` is due at `now`.
+
+        Only the newest generation's entry decides: an older one is what a stale instance
+        wrote after a newer one took the actor over (a lease it renewed, or its time at
+        sleep), and it must not take the actor from the newer owner; it is deleted here with its
+        due entry. Read again just before the takeover, so an owner that took the actor, or
+        renewed its lease, since the poll read the index is left alone.
+        """
+        entries = self._index.list(prefix=_wake_prefix(aid))
+        if not entries:
+            return False
+        *older, (_, newest) = entries
+        if older:
+            self._index.write(delete=[*_due_keys(older), *(key for key, _ in older)])
+        due = cbor2.loads(newest)["due"]
+        return due is not None and due <= now
 
     async def write_wake(self, instance: ActorInstance, due: float | None) -> None:
         """Record `instance`'s next wake time under its own generation.
 
         Entries are per generation, so a stale instance that writes late can never replace a
-        newer instance's wake time (no compare-and-set needed); at worst its entry wakes the
-        actor early, which is harmless. Older generations' entries are removed. The due entries
+        newer instance's wake time (no compare-and-set needed), and a poll heeds only the newest
+        generation's entry (`_still_due`). Older generations' entries are removed. The due entries
         of this and older generations' wake times go in the same batch as the new one arrives, so
         no due entry outlives its time unless a newer generation wrote it (the poll never has to
         guess what is stale).

@@ -23,6 +23,7 @@ from pagekv.kv import CountingKv, FaultKind, FaultyStore, MemoryStore
 
 pytestmark = pytest.mark.anyio
 WaitFor = Callable[..., Awaitable[None]]
+Attempt = Callable[[Awaitable[Any]], Awaitable[Any]]
 
 
 def _ticker(sleep_timeout: float = 0.2) -> Any:
@@ -335,3 +336,213 @@ async def test_registry_metrics_count_the_lifecycle(wait_for: WaitFor) -> None:
     assert metrics["takeovers"] == 1 and metrics["crashes"] == 1
     assert metrics["actions"] == 4 and metrics["internal.open_database_ms_total"] > 0
     assert metrics["live"] == 0
+
+
+class _Held:
+    """The actor `held`: `arm` schedules `work`, which records the generation that runs it in
+    `started`, waits for `release`, then records it in `finished`; `hold` only waits."""
+
+    def __init__(self, sleep_timeout: float = 30) -> None:
+        self.started: list[int] = []
+        self.finished: list[int] = []
+        self.release = anyio.Event()
+        a = actor("held", state=None, sleep_timeout=sleep_timeout)
+
+        @a.action
+        async def arm(ctx: ActorContext, delay: float) -> str:
+            return await ctx.schedule.after(delay, "work")
+
+        @a.action
+        async def work(ctx: ActorContext) -> None:
+            self.started.append(ctx.db.database.generation)
+            await self.release.wait()
+            self.finished.append(ctx.db.database.generation)
+
+        @a.action
+        async def hold(ctx: ActorContext) -> None:
+            await self.release.wait()
+
+        @a.action
+        async def pending(ctx: ActorContext) -> int:
+            return len(await ctx.schedule.list())
+
+        self.definition = a
+
+
+def _count_polls(registry: Registry, polls: int = 2) -> Callable[[], bool]:
+    """Count `registry`'s wake polls; the predicate returned holds once `polls` more polls
+    ended and no wake they started is still under way (so whole polls read the index after this
+    call, and whatever they decided is done)."""
+    ended = waking = 0
+    poll, wake = registry._due_sleepers, registry._wake
+
+    async def counted_poll(now: float) -> list[tuple[str, str]]:
+        nonlocal ended
+        try:
+            return await poll(now)
+        finally:
+            ended += 1
+
+    async def counted_wake(name: str, key: str) -> None:
+        nonlocal waking
+        waking += 1
+        try:
+            await wake(name, key)
+        finally:
+            waking -= 1
+
+    registry._due_sleepers = counted_poll  # type: ignore[method-assign]
+    registry._wake = counted_wake  # type: ignore[method-assign]
+    return lambda: ended >= polls and waking == 0
+
+
+async def test_a_due_schedule_runs_once_while_its_owner_runs_it(
+    wait_for: WaitFor, attempt: Attempt
+) -> None:
+    """Registry one owns the actor and runs its due schedule; registry two polls the shared
+    wake index meanwhile. Two must not wake (take over) the actor: it would run the schedule a
+    second time, since one settles it only when the action returns."""
+    held = _Held()
+    store = MemoryStore()
+    owner, other = Registry([held.definition], kv=store), Registry([held.definition], kv=store)
+    async with owner.run() as client, other.run():
+        handle = client.get_or_create("held", "k")
+        await handle.arm(0.2)
+        await wait_for(lambda: bool(held.started), what="the owner running the due schedule")
+        await wait_for(_count_polls(other), what="two polls of the other registry")
+        woken_elsewhere = [i.actor_id for i in other.live()]
+        held.release.set()
+        await wait_for(lambda: bool(held.finished), what="the scheduled action to return")
+        pending = await attempt(handle.pending())
+        takeovers = owner.counters["takeovers"]
+    assert woken_elsewhere == [], "the other registry took the actor over from its live owner"
+    assert held.started == held.finished and len(held.started) == 1, held.started
+    assert pending == 0 and takeovers == 0
+
+
+async def test_the_owner_renews_its_wake_lease_while_a_schedule_runs_long(
+    wait_for: WaitFor, attempt: Attempt
+) -> None:
+    """The scheduled action outlasts the wake lease several times over; the owner's
+    housekeeping renews the lease meanwhile, so the other registry never finds it due."""
+    held = _Held()
+    store = MemoryStore()
+    owner = Registry([held.definition], kv=store, wake_lease=1.0)
+    other = Registry([held.definition], kv=store, wake_lease=1.0)
+    async with owner.run() as client, other.run():
+        await client.get_or_create("held", "k").arm(0.1)
+        await wait_for(lambda: bool(held.started), what="the owner running the due schedule")
+        await wait_for(_count_polls(other, polls=6), what="3 s of polls by the other registry")
+        woken_elsewhere = [i.actor_id for i in other.live()]
+        held.release.set()
+        await wait_for(lambda: bool(held.finished), what="the scheduled action to return")
+        pending = await attempt(client.get("held", "k").pending())
+    assert woken_elsewhere == [] and held.started == held.finished == [1]
+    assert pending == 0
+
+
+async def test_an_actor_woken_for_its_schedule_is_left_alone_while_it_starts(
+    wait_for: WaitFor, attempt: Attempt
+) -> None:
+    """Registry two wakes the sleeping actor for its due schedule and its `on_wake` hook takes
+    a while; registry three polls meanwhile. The woken instance's lease is in the wake index
+    before any hook runs, so three does not take the actor over from it."""
+    held = _Held()
+    waking = anyio.Event()
+
+    @held.definition.on_wake
+    async def slow_wake(ctx: ActorContext) -> None:
+        if ctx.db.database.generation == 2:  # the wake by the second registry, only
+            waking.set()
+            await held.release.wait()
+
+    store = MemoryStore()
+    async with Registry([held.definition], kv=store).run() as creator:
+        await creator.get_or_create("held", "k").arm(0.1)
+    actor_kv = store.namespace(actor_id("held", "k"))
+    woken_by, other = Registry([held.definition], kv=store), Registry([held.definition], kv=store)
+    async with woken_by.run() as client:
+        await wait_for(waking.is_set, what="the schedule waking the actor")
+        generation = actor_kv.generation()
+        polled = _count_polls(other)
+        async with other.run():
+            await wait_for(polled, what="two polls of the other registry")
+            taken_over = actor_kv.generation() != generation
+            held.release.set()
+            await wait_for(lambda: bool(held.finished), what="the scheduled action to return")
+        pending = await attempt(client.get("held", "k").pending())
+    assert not taken_over, "the other registry took the actor over while it started"
+    assert held.started == held.finished == [generation] and pending == 0
+
+
+async def test_a_stale_instance_going_to_sleep_does_not_wake_the_actor_from_its_owner(
+    wait_for: WaitFor, attempt: Attempt
+) -> None:
+    """Registry one's instance was taken over by registry two without knowing it; when it goes
+    to sleep it writes its (stale) generation's wake time. Only the newest generation's entry
+    decides a wake, so one's polls leave the actor with two, which runs the schedule once."""
+    held = _Held(sleep_timeout=0.2)
+    store = MemoryStore()
+    stale = Registry([held.definition], kv=store)
+    owner = Registry([held.definition], kv=store)
+    async with stale.run() as first, owner.run() as second:
+        await first.get_or_create("held", "k").arm(1.5)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(second.get("held", "k").hold)  # takes the actor over, stays awake
+            await wait_for(lambda: not stale.live(), what="the stale instance to sleep")
+            wakes = [key for key, _ in store.namespace(REGISTRY_NAMESPACE).list(prefix=b"wake/")]
+            await wait_for(lambda: bool(held.started), what="the owner running the schedule")
+            await wait_for(_count_polls(stale), what="two polls of the stale registry")
+            woken_elsewhere = [i.actor_id for i in stale.live()]
+            held.release.set()
+        await wait_for(lambda: bool(held.finished), what="the scheduled action to return")
+        pending = await attempt(second.get("held", "k").pending())
+        left = [key for key, _ in store.namespace(REGISTRY_NAMESPACE).list(prefix=b"wake/")]
+    assert len(wakes) == 2, "the stale instance wrote its generation's wake time at sleep"
+    assert woken_elsewhere == [] and held.started == held.finished == [2]
+    assert pending == 0 and left == wakes[1:], "the poll deleted the stale generation's entry"
+
+
+async def test_a_schedule_cut_short_by_a_killed_owner_runs_again_elsewhere(
+    tmp_path: Path, wait_for: WaitFor
+) -> None:
+    """At least once across crashes: the owner is SIGKILLed inside the scheduled action, so
+    its lease is never renewed nor given up; once it runs out, another registry wakes the
+    actor and runs the schedule again."""
+    store, runs = tmp_path / "kv", tmp_path / "runs"
+    program = textwrap.dedent(
+        f"""
+        import anyio
+        from pagekv.actor import Registry, actor
+        a = actor("held", state=None, sleep_timeout=30)
+        @a.action
+        async def arm(ctx, delay): return await ctx.schedule.after(delay, "work")
+        @a.action
+        async def work(ctx):
+            with open({str(runs)!r}, "a") as f:
+                f.write("started\\n")
+            await anyio.sleep_forever()
+        async def main():
+            async with Registry([a], kv="file://{store}", wake_lease=1.0).run() as client:
+                await client.get_or_create("held", "k").arm(0.1)
+                await anyio.sleep_forever()
+        anyio.run(main)
+        """
+    )
+    owner = subprocess.Popen([sys.executable, "-c", program])
+    try:
+        await wait_for(
+            lambda: runs.exists() and runs.read_text() == "started\n",
+            what="the owner running the scheduled action",
+            timeout=30,
+        )
+    finally:
+        owner.kill()
+        owner.wait()
+    held = _Held()
+    held.release.set()
+    registry = Registry([held.definition], kv=f"file://{store}")
+    async with registry.run() as client:
+        await wait_for(lambda: bool(held.finished), what="the schedule to run again")
+        pending = await client.get("held", "k").pending()
+    assert runs.read_text() == "started\n" and held.finished == [2] and pending == 0
