@@ -1,5 +1,6 @@
 """Session-wide fixtures: the PostgreSQL server that every `postgresql://` test runs against;
-and a check that no compiled module is older than its source.
+what a memory store holds of actors (for tests of refused input); and a check that no compiled
+module is older than its source.
 
 `./test` needs nothing else: the first test that asks for `postgres_server` starts a throwaway
 cluster (temporary directory, 127.0.0.1, a random free port, as the `postgres` user when run as
@@ -17,13 +18,15 @@ from __future__ import annotations
 import hashlib
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.kv import MemoryStore
 from pagekv.kv.pg_cluster import HOW_TO_INSTALL, TempCluster, find_pg_bin
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -95,3 +98,17 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield PostgresServer(cluster.url, cluster)
     finally:
         cluster.destroy()
+
+
+def _stored_actors(store: MemoryStore) -> tuple[list[str], list[bytes]]:
+    """What `store` holds of actors: their namespaces, and the registry's entries (index, wake
+    and due entries). Both are empty on a store where no actor was ever created."""
+    namespaces = [n for n in store.actor_ids() if n != REGISTRY_NAMESPACE]
+    entries = [key for key, _ in store.namespace(REGISTRY_NAMESPACE).list()]
+    return namespaces, entries
+
+
+@pytest.fixture
+def stored_actors() -> Callable[[MemoryStore], tuple[list[str], list[bytes]]]:
+    """For tests of refused input, which must leave no trace of the actor they addressed."""
+    return _stored_actors

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 MAX_MESSAGES = 1000
 MAX_MESSAGE_BYTES = 64 * 1024
+MAX_QUEUE_NAME_BYTES = 256
 
 
 class QueueFull(ActorError):
@@ -33,6 +34,42 @@ class QueueFull(ActorError):
 
 class MessageTooLarge(ActorError, ValueError):
     """A message body encodes to more than `MAX_MESSAGE_BYTES`."""
+
+
+class InvalidQueueName(ActorError, ValueError):
+    """A queue name that is not 1 to `MAX_QUEUE_NAME_BYTES` bytes of UTF-8 text."""
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message that passed `prepare_message`: its queue name and its encoded body."""
+
+    name: str
+    body: bytes
+
+
+def prepare_message(name: Any, body: Any) -> Outgoing:
+    """Check a message against the queue's limits and encode it.
+
+    Senders from outside the actor call this before they wake (or create) it, so a message that
+    is refused changes nothing.
+    """
+    if not isinstance(name, str):
+        raise InvalidQueueName(f"queue name must be a string, got {type(name).__name__}")
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError as e:
+        raise InvalidQueueName(f"queue name {name[:40]!r} is not UTF-8 text: {e.reason}") from None
+    if not 1 <= size <= MAX_QUEUE_NAME_BYTES:
+        raise InvalidQueueName(
+            f"queue name must be 1 to {MAX_QUEUE_NAME_BYTES} bytes, got {size} bytes"
+        )
+    encoded = cbor2.dumps(body)
+    if len(encoded) > MAX_MESSAGE_BYTES:
+        raise MessageTooLarge(
+            f"message of {len(encoded)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}"
+        )
+    return Outgoing(name, encoded)
 
 
 @dataclass
@@ -88,15 +125,12 @@ class Queue:
 
     async def send(self, name: str, body: Any) -> int:
         """Append a message; returns its id."""
-        if not name:
-            raise ValueError("queue name must not be empty")
-        encoded = cbor2.dumps(body)
-        if len(encoded) > MAX_MESSAGE_BYTES:
-            raise MessageTooLarge(
-                f"message of {len(encoded)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}"
-            )
+        return await self.append(prepare_message(name, body))
 
-        def send(c: Any) -> int:
+    async def append(self, message: Outgoing) -> int:
+        """Append a message checked by `prepare_message`; returns its id."""
+
+        def insert(c: Any) -> int:
             with c:
                 (count,) = c.execute("SELECT count(*) FROM _pagekv_queue").fetchall()[0]
                 if count >= MAX_MESSAGES:
@@ -106,11 +140,11 @@ class Queue:
                     )
                 c.execute(
                     "INSERT INTO _pagekv_queue(name, body, created) VALUES (?, ?, ?)",
-                    (name, encoded, time.time()),
+                    (message.name, message.body, time.time()),
                 )
                 return c.last_insert_rowid()
 
-        message_id = await self._instance.ctx.db.locked(send, internal=True)
+        message_id = await self._instance.ctx.db.locked(insert, internal=True)
         self._notify()
         return message_id
 

@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import ActorExists, ActorNotFound, ActorTakenOver, UnknownActor
 from pagekv.actor.instance import ActorInstance, NotServing
+from pagekv.actor.queue import prepare_message
 from pagekv.actor.workflow.handle import WorkflowHandle
 from pagekv.kv import DEFAULT_URL, KeyTooLarge, KvStore, open_kv, prefix_end
 
@@ -371,9 +372,11 @@ class Registry:
     async def send(
         self, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any = None
     ) -> int:
-        """Enqueue a message for an actor, waking it if it sleeps."""
+        """Enqueue a message for an actor, waking it if it sleeps; a message the queue refuses
+        is refused before the actor is woken or created."""
+        message = prepare_message(queue, body)
         instance = await self.instance(name, key, create=create, input=input)
-        return await instance.ctx.queue.send(queue, body)
+        return await instance.ctx.queue.append(message)
 
 
 def index_key(name: str, key: str) -> bytes:

@@ -24,7 +24,7 @@ from pagekv.actor import (
 )
 from pagekv.actor.errors import STORAGE_ERRORS
 from pagekv.actor.inspect import InspectError, QueryRefused, TableNotFound
-from pagekv.actor.queue import MessageTooLarge, QueueFull
+from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
 from pagekv.actor.schedule import TooManySchedules
 from pagekv.kv import LimitError
 from pagekv.server.protocol import ErrorCode
@@ -60,6 +60,7 @@ _KNOWN: tuple[tuple[type[BaseException], int, ErrorCode, str | None], ...] = (
     (QueueFull, 429, ErrorCode.QUEUE_FULL, "MAX_MESSAGES"),
     (TooManySchedules, 429, ErrorCode.TOO_MANY_SCHEDULES, "MAX_SCHEDULES"),
     (MessageTooLarge, 413, ErrorCode.MESSAGE_TOO_LARGE, "MAX_MESSAGE_BYTES"),
+    (InvalidQueueName, 400, ErrorCode.INVALID_QUEUE_NAME, "MAX_QUEUE_NAME_BYTES"),
     (TableNotFound, 404, ErrorCode.TABLE_NOT_FOUND, None),
     (QueryRefused, 403, ErrorCode.QUERY_REFUSED, None),
     (InspectError, 400, ErrorCode.INVALID_QUERY, None),

@@ -44,6 +44,7 @@ class ErrorCode(enum.StrEnum):
     KV_LIMIT = "kv_limit"
     QUEUE_FULL = "queue_full"
     MESSAGE_TOO_LARGE = "message_too_large"
+    INVALID_QUEUE_NAME = "invalid_queue_name"
     TOO_MANY_SCHEDULES = "too_many_schedules"
     TABLE_NOT_FOUND = "table_not_found"
     QUERY_REFUSED = "query_refused"

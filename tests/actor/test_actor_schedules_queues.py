@@ -16,7 +16,13 @@ import anyio
 import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
-from pagekv.actor.queue import MAX_MESSAGE_BYTES, MessageTooLarge, QueueFull
+from pagekv.actor.queue import (
+    MAX_MESSAGE_BYTES,
+    MAX_QUEUE_NAME_BYTES,
+    InvalidQueueName,
+    MessageTooLarge,
+    QueueFull,
+)
 from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
 from pagekv.actor.schedule import TooManySchedules, next_due
 from pagekv.kv import CountingKv, FaultKind, FaultyStore, MemoryStore
@@ -24,6 +30,7 @@ from pagekv.kv import CountingKv, FaultKind, FaultyStore, MemoryStore
 pytestmark = pytest.mark.anyio
 WaitFor = Callable[..., Awaitable[None]]
 Attempt = Callable[[Awaitable[Any]], Awaitable[Any]]
+StoredActors = Callable[[MemoryStore], tuple[list[str], list[bytes]]]
 
 
 def _ticker(sleep_timeout: float = 0.2) -> Any:
@@ -313,6 +320,35 @@ async def test_queue_and_schedule_limits_fail_clearly(monkeypatch: pytest.Monkey
     assert isinstance(full, QueueFull) and "limit 3" in str(full)
     assert isinstance(too_large, MessageTooLarge) and str(MAX_MESSAGE_BYTES) in str(too_large)
     assert isinstance(too_many, TooManySchedules) and "limit 2" in str(too_many)
+
+
+async def test_a_refused_message_wakes_and_creates_nothing(
+    attempt: Attempt, stored_actors: StoredActors
+) -> None:
+    """A bad queue name or an oversized body is refused before the actor is woken: sending it
+    to an actor that does not exist leaves no namespace and no registry entry behind."""
+    a = actor("mailbox", state={})
+
+    @a.workflow
+    async def _wait(wf: Any) -> None:
+        await wf.queue.next("wait")
+
+    bad = [
+        ("", 1, InvalidQueueName, "1 to 256 bytes, got 0 bytes"),
+        ("q" * (MAX_QUEUE_NAME_BYTES + 1), 1, InvalidQueueName, "got 257 bytes"),
+        (7, 1, InvalidQueueName, "must be a string, got int"),
+        ("\ud800", 1, InvalidQueueName, "not UTF-8 text"),
+        ("q", b"x" * MAX_MESSAGE_BYTES, MessageTooLarge, f"limit of {MAX_MESSAGE_BYTES}"),
+    ]
+    store = MemoryStore()
+    outcomes: list[Any] = []
+    async with Registry([a], kv=store).run() as client:
+        handle = client.get_or_create("mailbox", "k")
+        for send in (handle.send, handle.workflow.send):
+            outcomes += [await attempt(send(queue, body)) for queue, body, _, _ in bad]
+    for outcome, (_, _, kind, message) in zip(outcomes, bad * 2, strict=True):
+        assert isinstance(outcome, kind) and message in str(outcome), outcome
+    assert stored_actors(store) == ([], [])
 
 
 async def test_registry_metrics_count_the_lifecycle(wait_for: WaitFor) -> None:

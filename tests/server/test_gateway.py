@@ -14,6 +14,7 @@ import pytest
 from server_helpers import Served, serving
 
 from pagekv.actor import ActionNotFound, ActorExists, ActorNotFound, UnknownActor
+from pagekv.actor.queue import MAX_MESSAGE_BYTES, MAX_QUEUE_NAME_BYTES
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.client import RemoteError
 from pagekv.kv import FaultKind, FaultyStore, MemoryStore
@@ -268,6 +269,36 @@ async def test_kv_and_queue_limits_are_4xx_naming_the_limit(served: Served) -> N
     assert error_of(long_key)["limit"] == "max_key_bytes"
     assert "max_key_bytes = 2048" in error_of(long_key)["message"]
     assert await actor_ids(served) == ["ledger/k"]
+
+
+async def test_a_refused_message_is_a_4xx_and_creates_no_actor(
+    served: Served, stored_actors
+) -> None:
+    """The queue name and the body's size are checked before the actor is woken or created."""
+    long_name = "q" * (MAX_QUEUE_NAME_BYTES + 1)
+    async with served.http() as http:
+        empty = await http.post("/actors/ledger/queues/", params={"key": "k"}, json={"body": 1})
+        too_long = await http.post(
+            f"/actors/ledger/queues/{long_name}", params={"key": "k"}, json={"body": 1}
+        )
+        too_large = await http.post(
+            "/actors/ledger/queues/inbox",
+            params={"key": "k"},
+            json={"body": "x" * MAX_MESSAGE_BYTES},
+        )
+    async with served.client() as client:
+        with pytest.raises(RemoteError) as from_client:
+            await client.get_or_create("ledger", "k").send("", 1)
+    for response, status, code, limit, message in (
+        (empty, 400, "invalid_queue_name", "MAX_QUEUE_NAME_BYTES", "got 0 bytes"),
+        (too_long, 400, "invalid_queue_name", "MAX_QUEUE_NAME_BYTES", "got 257 bytes"),
+        (too_large, 413, "message_too_large", "MAX_MESSAGE_BYTES", str(MAX_MESSAGE_BYTES)),
+    ):
+        assert response.status_code == status, response.text
+        error = error_of(response)
+        assert (error["code"], error["limit"]) == (code, limit) and message in error["message"]
+    assert (from_client.value.status, from_client.value.code) == (400, "invalid_queue_name")
+    assert stored_actors(served.store) == ([], [])
 
 
 async def test_queue_messages(served: Served) -> None:

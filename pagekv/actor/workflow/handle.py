@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pagekv.actor.errors import ActorError
+from pagekv.actor.queue import prepare_message
 from pagekv.actor.workflow.history import describe
 from pagekv.actor.workflow.runner import Runner, WorkflowStatus
 
@@ -39,9 +40,10 @@ class WorkflowHandle:
         return await runner.db.locked(describe, internal=True)
 
     async def send(self, queue: str, body: Any) -> int:
-        """A message for `wf.queue.next`; returns its id."""
+        """A message for `wf.queue.next`; returns its id. Checked before the actor is woken."""
+        message = prepare_message(queue, body)
         runner = await self._runner()
-        return await runner.instance.ctx.queue.send(queue, body)
+        return await runner.instance.ctx.queue.append(message)
 
     async def wake(self) -> None:
         """Make sure the actor is awake and its workflow running (no-op if it is)."""
