@@ -9,7 +9,8 @@ every call is resolved by the server afresh, so a handle outlives sleeps, wakes,
 even destroy (a `get` handle then raises `ActorNotFound`; a `get_or_create` handle creates the
 actor anew). Bodies travel as CBOR so bytes and every other CBOR value round-trip exactly.
 Errors the runtime defines come back as the same exception types (`ActorNotFound`,
-`ActionNotFound`, ...); any other failure raises `RemoteError` with the server's code.
+`ActionNotFound`, `InvalidArguments`, ...); any other failure raises `RemoteError` with the
+server's code.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pagekv.actor import (
     ActorNotFound,
     ActorStopped,
     ActorTakenOver,
+    InvalidArguments,
     UnknownActor,
 )
 from pagekv.server.protocol import CBOR, JSON, ErrorCode, decode, encode
@@ -38,6 +40,7 @@ _ACTOR_ERRORS: dict[str, type[Exception]] = {
     ErrorCode.ACTOR_EXISTS: ActorExists,
     ErrorCode.ACTOR_TAKEN_OVER: ActorTakenOver,
     ErrorCode.ACTOR_STOPPED: ActorStopped,
+    ErrorCode.INVALID_ARGUMENTS: InvalidArguments,
 }
 
 

@@ -9,6 +9,7 @@ from pagekv.actor.errors import (
     ActorNotFound,
     ActorStopped,
     ActorTakenOver,
+    InvalidArguments,
     ReservedName,
     UnknownActor,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "ActorStopped",
     "ActorTakenOver",
     "Client",
+    "InvalidArguments",
     "Registry",
     "ReservedName",
     "UnknownActor",

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from pagekv.actor.errors import ActionNotFound, InvalidArguments
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[..., Awaitable[Any]]
@@ -57,6 +61,27 @@ class ActorDefinition:
     def initial_state(self) -> Any:
         return self.state() if callable(self.state) else copy.deepcopy(self.state)
 
+    def resolve(self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hook:
+        """The action to call with `args` and `kwargs` (after `ctx`): `ActionNotFound` if there
+        is none, `InvalidArguments` if they do not bind to its signature. Callers check this
+        before they wake or create the actor, so a call that cannot run changes nothing."""
+        fn = self.actions.get(action)
+        if fn is None:
+            raise ActionNotFound(f"actor {self.name!r} has no action {action!r}")
+        signature = _signature(fn)
+        try:
+            signature.bind(None, *args, **kwargs)
+        except TypeError as e:
+            params = list(signature.parameters.values())[1:]  # without ctx
+            shown = signature.replace(
+                parameters=[p.replace(annotation=p.empty) for p in params],
+                return_annotation=signature.empty,
+            )
+            raise InvalidArguments(
+                f"action {action!r} of actor {self.name!r} takes {shown}: {e}"
+            ) from None
+        return fn
+
     def action(self, fn: F) -> F:
         """Register `async def name(ctx, *args)` as an action callable by clients."""
         if fn.__name__ in self.actions:
@@ -84,6 +109,12 @@ class ActorDefinition:
         if name in ActorDefinition.HOOKS:
             return self._hook(name)
         raise AttributeError(name)
+
+
+@functools.cache
+def _signature(fn: Hook) -> inspect.Signature:
+    """`inspect.signature` of an action, once: it costs more than the binding it serves."""
+    return inspect.signature(fn)
 
 
 def actor(

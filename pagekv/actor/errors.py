@@ -27,6 +27,11 @@ class ActionNotFound(ActorError, AttributeError):
     """The actor defines no action of that name."""
 
 
+class InvalidArguments(ActorError, TypeError):
+    """A call's arguments do not bind to its action's signature (too many, a required one
+    missing, an unknown keyword)."""
+
+
 class ActorTakenOver(ActorError):
     """Another instance (another process or host) took this actor over; this one was torn down.
 

@@ -21,8 +21,8 @@ import cbor2
 
 from pagekv.actor.context import ActorContext
 from pagekv.actor.database import ActorDb
-from pagekv.actor.definition import ActorDefinition
-from pagekv.actor.errors import STORAGE_ERRORS, ActionNotFound, ActorStopped, ActorTakenOver
+from pagekv.actor.definition import ActorDefinition, Hook
+from pagekv.actor.errors import STORAGE_ERRORS, ActorStopped, ActorTakenOver
 from pagekv.actor.gate import Gate
 from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
 from pagekv.actor.queue import Queue
@@ -213,12 +213,11 @@ class ActorInstance:
 
     # -- actions ----------------------------------------------------------------------------
 
-    async def call(self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def call(self, fn: Hook, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run action `fn`, which `ActorDefinition.resolve` found and bound to the arguments
+        (callers resolve first, so a call that cannot run is refused before the wake)."""
         if not self.serving():
             raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
-        fn = self.definition.actions.get(action)
-        if fn is None:
-            raise ActionNotFound(f"actor {self.definition.name!r} has no action {action!r}")
         await self._check_current()
         if not self.serving():  # it began to stop while the check above waited
             raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
@@ -402,7 +401,9 @@ class ActorInstance:
                     if action == WORKFLOW_WAKE:
                         self.start_run()
                     else:
-                        await self.call(action, tuple(cbor2.loads(args)), {})
+                        call_args = tuple(cbor2.loads(args))
+                        fn = self.definition.resolve(action, call_args, {})
+                        await self.call(fn, call_args, {})
                 except (ActorTakenOver, ActorStopped):
                     raise
                 except STORAGE_ERRORS as e:

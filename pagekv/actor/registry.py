@@ -351,14 +351,17 @@ class Registry:
         create: bool,
         input: Any = None,
     ) -> Any:
+        """Call an action, waking (or creating) the actor; an unknown action, or arguments
+        that do not bind to it, are refused before the actor is woken or created."""
+        fn = self.definition(name).resolve(action, args, kwargs)
         for _ in range(_CALL_ATTEMPTS - 1):
             instance = await self.instance(name, key, create=create, input=input)
             try:
-                return await instance.call(action, args, kwargs)
+                return await instance.call(fn, args, kwargs)
             except NotServing:
                 continue
         instance = await self.instance(name, key, create=create, input=input)
-        return await instance.call(action, args, kwargs)
+        return await instance.call(fn, args, kwargs)
 
     async def destroy(self, name: str, key: str) -> None:
         """Destroy an actor; a stale local instance is replaced by a fresh one first."""

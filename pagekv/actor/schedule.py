@@ -72,8 +72,7 @@ class Schedule:
         self, event_id: str, due: float, action: str, args: tuple[Any, ...], every: float | None
     ) -> str:
         instance = self._instance
-        if action not in instance.definition.actions:
-            raise ActorError(f"cannot schedule unknown action {action!r}")
+        instance.definition.resolve(action, args, {})  # refused now, not when it is due
         encoded = cbor2.dumps(list(args))
 
         def add(c: Any) -> None:

@@ -20,6 +20,7 @@ from pagekv.actor import (
     ActorNotFound,
     ActorStopped,
     ActorTakenOver,
+    InvalidArguments,
     UnknownActor,
 )
 from pagekv.actor.errors import STORAGE_ERRORS
@@ -55,6 +56,7 @@ _KNOWN: tuple[tuple[type[BaseException], int, ErrorCode, str | None], ...] = (
     (ActionNotFound, 404, ErrorCode.UNKNOWN_ACTION, None),
     (ActorNotFound, 404, ErrorCode.ACTOR_NOT_FOUND, None),
     (ActorExists, 409, ErrorCode.ACTOR_EXISTS, None),
+    (InvalidArguments, 400, ErrorCode.INVALID_ARGUMENTS, None),
     (ActorTakenOver, 503, ErrorCode.ACTOR_TAKEN_OVER, None),
     (ActorStopped, 503, ErrorCode.ACTOR_STOPPED, None),
     (QueueFull, 429, ErrorCode.QUEUE_FULL, "MAX_MESSAGES"),

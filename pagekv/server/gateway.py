@@ -9,9 +9,10 @@
 
 The key travels in the query string (any text, percent-encoded) so it never collides with the
 path. `key` and `mode` are the only routing parameters; anything else is refused, and only the
-body's `args`/`kwargs` reach the action. Unknown actor types and actions are refused before
-anything is created or woken. Every answer is `{"result": ...}` (or `{"id": ...}` for a queued
-message), every failure an `{"error": {code, message}}` from `errors.py`.
+body's `args`/`kwargs` reach the action. Unknown actor types and actions, arguments that do not
+bind to the action, and messages the queue refuses are refused (by the registry) before anything
+is created or woken. Every answer is `{"result": ...}` (or `{"id": ...}` for a queued message),
+every failure an `{"error": {code, message}}` from `errors.py`.
 """
 
 from __future__ import annotations
@@ -75,10 +76,6 @@ async def call_action(request: Request) -> Response:
     create = _create_flag(params, body)
     args, kwargs = _arguments(body)
     try:
-        if action not in rt.registry.definition(name).actions:
-            raise HttpError(
-                404, ErrorCode.UNKNOWN_ACTION, f"actor {name!r} has no action {action!r}"
-            )
         started = time.perf_counter()
         result = await rt.registry.call(
             name, key, action, args, kwargs, create=create, input=body.get("input")

@@ -34,6 +34,7 @@ class ErrorCode(enum.StrEnum):
     MALFORMED_BODY = "malformed_body"
     INVALID_BODY = "invalid_body"
     INVALID_PARAMETER = "invalid_parameter"
+    INVALID_ARGUMENTS = "invalid_arguments"
     UNKNOWN_ACTOR = "unknown_actor"
     UNKNOWN_ACTION = "unknown_action"
     ACTOR_NOT_FOUND = "actor_not_found"

@@ -13,11 +13,13 @@ import anyio
 import pytest
 
 from pagekv.actor import (
+    ActionNotFound,
     ActorContext,
     ActorDefinition,
     ActorExists,
     ActorNotFound,
     ActorStopped,
+    InvalidArguments,
     Registry,
     actor,
 )
@@ -595,6 +597,40 @@ async def test_a_key_too_long_for_the_registry_is_refused_before_anything_is_wri
         assert sorted(store.actor_ids()) == sorted(
             [REGISTRY_NAMESPACE, f"keyed/{'k' * longest_ok}"]
         ), "no namespace of the refused key"
+
+
+async def test_a_call_that_cannot_bind_wakes_and_creates_nothing(attempt, stored_actors) -> None:
+    """An unknown action, or arguments that do not bind to the action's signature, are refused
+    before the actor is woken: calling an actor that does not exist that way leaves no namespace
+    and no registry entry behind, and names the action and what did not bind."""
+    a = actor("binder", state={})
+
+    @a.action
+    async def put(ctx: ActorContext, item: str, *, count: int = 1) -> str:
+        return item * count
+
+    store = MemoryStore()
+    async with Registry([a], kv=store).run() as client:
+        handle = client.get_or_create("binder", "k")
+        outcomes = [
+            await attempt(handle.put("a", 2)),
+            await attempt(handle.put()),
+            await attempt(handle.put("a", size=3)),
+            await attempt(handle.put("a", item="b")),
+            await attempt(handle.take()),
+        ]
+        after = stored_actors(store)
+        assert await handle.put("a", count=2) == "aa"  # the same call, bound: creates it
+    too_many, missing, unknown, twice, no_action = outcomes
+    for outcome in (too_many, missing, unknown, twice):
+        assert isinstance(outcome, InvalidArguments), outcome
+        assert "action 'put' of actor 'binder' takes (item, *, count=1): " in str(outcome)
+    assert str(too_many).endswith("too many positional arguments")
+    assert str(missing).endswith("missing a required argument: 'item'")
+    assert str(unknown).endswith("got an unexpected keyword argument 'size'")
+    assert str(twice).endswith("multiple values for argument 'item'")
+    assert isinstance(no_action, ActionNotFound) and "no action 'take'" in str(no_action)
+    assert after == ([], [])
 
 
 async def test_the_registry_forgets_the_locks_of_actors_not_awake() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from pagekv.actor import ActorContext, Registry, actor
+from pagekv.actor import ActionNotFound, ActorContext, InvalidArguments, Registry, actor
 from pagekv.actor.queue import (
     MAX_MESSAGE_BYTES,
     MAX_QUEUE_NAME_BYTES,
@@ -349,6 +349,35 @@ async def test_a_refused_message_wakes_and_creates_nothing(
     for outcome, (_, _, kind, message) in zip(outcomes, bad * 2, strict=True):
         assert isinstance(outcome, kind) and message in str(outcome), outcome
     assert stored_actors(store) == ([], [])
+
+
+async def test_a_schedule_whose_call_cannot_bind_is_refused_when_made(
+    attempt: Attempt, stored_actors: StoredActors
+) -> None:
+    """Its arguments are bound to the action when scheduled, not when due: a refused schedule
+    stores no row and no wake time."""
+    a = _ticker(sleep_timeout=30)
+
+    @a.action
+    async def arm_with(ctx: ActorContext, action: str, args: list[Any]) -> str:
+        return await ctx.schedule.after(100, action, *args)
+
+    store = MemoryStore()
+    async with Registry([a], kv=store).run() as client:
+        handle = client.get_or_create("ticker", "k")
+        outcomes = [
+            await attempt(handle.arm_with("tick", [])),
+            await attempt(handle.arm_with("tick", ["a", "b"])),
+            await attempt(handle.arm_with("tock", [])),
+        ]
+        pending = await handle.pending()
+        _, entries = stored_actors(store)
+    missing, too_many, unknown = outcomes
+    assert isinstance(missing, InvalidArguments) and "missing a required argument" in str(missing)
+    assert isinstance(too_many, InvalidArguments) and "too many positional" in str(too_many)
+    assert isinstance(unknown, ActionNotFound) and "no action 'tock'" in str(unknown)
+    assert pending == []
+    assert [e for e in entries if e.startswith(b"due/")] == []
 
 
 async def test_registry_metrics_count_the_lifecycle(wait_for: WaitFor) -> None:

@@ -97,7 +97,9 @@ async def test_the_right_token_opens_every_route_and_is_never_echoed(served: Ser
             await http.get("/inspect/actors/ledger", params={"key": "k"}),
             await http.get("/inspect/actors/ledger/state", params={"key": "k"}),
             await http.get("/metrics"),
-            await http.post("/actors/ledger/actions/fail", params={"key": "k"}, json={}),
+            await http.post(
+                "/actors/ledger/actions/fail", params={"key": "k"}, json={"args": ["boom"]}
+            ),
         ]
     assert [a.status_code for a in answers] == [200, 200, 200, 200, 500]
     assert all(TOKEN not in a.text for a in answers)

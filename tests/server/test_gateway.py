@@ -13,7 +13,13 @@ import httpx
 import pytest
 from server_helpers import Served, serving
 
-from pagekv.actor import ActionNotFound, ActorExists, ActorNotFound, UnknownActor
+from pagekv.actor import (
+    ActionNotFound,
+    ActorExists,
+    ActorNotFound,
+    InvalidArguments,
+    UnknownActor,
+)
 from pagekv.actor.queue import MAX_MESSAGE_BYTES, MAX_QUEUE_NAME_BYTES
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.client import RemoteError
@@ -161,12 +167,30 @@ async def test_action_errors_are_structured_without_tracebacks(served: Served) -
         response = await http.post(
             "/actors/ledger/actions/fail", params={"key": "k"}, json={"args": ["boom 42"]}
         )
-        wrong_args = await http.post(ADD, params={"key": "k"}, json={"args": [1, 2, 3]})
     assert response.status_code == 500
     assert error_of(response) == {"code": "action_error", "message": "ValueError: boom 42"}
     assert "Traceback" not in response.text and ".py" not in response.text
-    assert error_of(wrong_args)["code"] == "action_error"
-    assert "TypeError" in error_of(wrong_args)["message"]
+
+
+async def test_arguments_that_do_not_bind_are_a_400_and_create_no_actor(
+    served: Served, stored_actors
+) -> None:
+    async with served.http() as http:
+        too_many = await http.post(ADD, params={"key": "k"}, json={"args": [1, 2, 3]})
+        unknown = await http.post(ADD, params={"key": "k"}, json={"kwargs": {"n": 1, "m": 1}})
+    async with served.client() as client:
+        with pytest.raises(InvalidArguments, match="missing a required argument: 'n'"):
+            await client.get_or_create("ledger", "k").add()
+    for response, what in (
+        (too_many, "too many positional arguments"),
+        (unknown, "got an unexpected keyword argument 'm'"),
+    ):
+        assert response.status_code == 400, response.text
+        assert error_of(response) == {
+            "code": "invalid_arguments",
+            "message": f"action 'add' of actor 'ledger' takes (n): {what}",
+        }
+    assert stored_actors(served.store) == ([], [])
 
 
 async def test_a_store_failure_is_a_retryable_503_and_the_retry_succeeds() -> None:
