@@ -12,7 +12,7 @@ import anyio
 import pytest
 from flows import TERMINAL, durably, settle
 
-from pagekv.actor import ActorContext, Registry, actor
+from pagekv.actor import ActorContext, ActorError, Registry, actor
 from pagekv.actor.workflow import (
     Critical,
     StepContext,
@@ -658,3 +658,22 @@ async def test_workflow_deadlines_and_ordinary_schedules_do_not_overwrite_each_o
         assert await handle.view() == {"n": 1}, "the ordinary schedule fired"
     assert status.output - started >= 1.15, "and the workflow's own deadline was kept"
     assert wakes >= 3, "both deadlines woke the sleeping actor (first wake, tick, workflow)"
+
+
+async def test_the_workflow_of_an_actor_without_one_is_refused_before_the_wake(
+    attempt, stored_actors
+) -> None:
+    """Asking a workflow-less actor for its workflow (status, send, wake, ...) is refused without
+    creating the actor it addresses."""
+    plain = actor("plain", state={})
+    store = MemoryStore()
+    async with Registry([plain], kv=store).run() as client:
+        workflow = client.get_or_create("plain", "k").workflow
+        outcomes = [
+            await attempt(ask())
+            for ask in (workflow.status, workflow.wake, lambda: workflow.send("q", 1))
+        ]
+    for outcome in outcomes:
+        assert isinstance(outcome, ActorError), outcome
+        assert str(outcome) == "actor 'plain' has no workflow"
+    assert stored_actors(store) == ([], [])

@@ -23,11 +23,15 @@ class WorkflowHandle:
         self._input = input
 
     async def _runner(self) -> Runner:
+        """The workflow's runner, the actor woken (or created) for it; an actor without a
+        workflow is refused before the wake, so asking changes nothing."""
+        name = self._address[0]
+        if self._registry.definition(name).workflow_fn is None:
+            raise ActorError(f"actor {name!r} has no workflow")
         instance = await self._registry.instance(
             *self._address, create=self._create, input=self._input
         )
-        if instance.workflow is None:
-            raise ActorError(f"actor {self._address[0]!r} has no workflow")
+        assert instance.workflow is not None, "a started workflow actor has its runner"
         return instance.workflow
 
     async def status(self) -> WorkflowStatus:
