@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import apsw
 
-from pagekv.kv import KvError
+from pagekv.kv import FenceMismatch, KvIndeterminate, KvUnavailable
 
 
 class ActorError(Exception):
@@ -48,6 +48,8 @@ class ReservedName(ActorError):
     """User SQL touched a `_pagekv_` table, which the runtime reserves."""
 
 
-STORAGE_ERRORS = (KvError, apsw.IOError)
+STORAGE_ERRORS = (KvUnavailable, KvIndeterminate, FenceMismatch, apsw.IOError)
 """Failures of the store under an actor rather than of the actor's code: what failed is retried
-(a schedule stays due, a workflow replays), never recorded as the code's failure."""
+(a schedule stays due, a workflow replays), never recorded as the code's failure. Not every
+`KvError` is one: a `LimitError` or an `InvalidArgument` is the code's request refused, which a
+retry would only repeat (a schedule would stay due forever)."""

@@ -14,9 +14,17 @@ from typing import Any
 import anyio
 
 from pagekv.actor.errors import ActorTakenOver
-from pagekv.kv import ActorKv, FenceMismatch, prefix_end
+from pagekv.kv import ActorKv, FenceMismatch, InvalidKey, prefix_end
 
 USER_PREFIX = b"\x02"
+
+
+def _stored(key: object, what: str = "key") -> bytes:
+    """`key` under the user prefix. Only bytes-like keys: `bytes()` of an int would make a key
+    of that many zero bytes, and of a str fail with a bare `TypeError`."""
+    if not isinstance(key, bytes | bytearray | memoryview):
+        raise InvalidKey(f"{what} must be bytes, not {type(key).__name__}")
+    return USER_PREFIX + bytes(key)
 
 
 class UserKv:
@@ -27,14 +35,14 @@ class UserKv:
         self._fence = fence
 
     async def get(self, keys: Iterable[bytes]) -> list[bytes | None]:
-        keys = [USER_PREFIX + bytes(k) for k in keys]
+        keys = [_stored(k) for k in keys]
         return await anyio.to_thread.run_sync(self._kv.get, keys)
 
     async def put(self, entries: Mapping[bytes, bytes]) -> None:
-        await self._write(put={USER_PREFIX + bytes(k): v for k, v in entries.items()})
+        await self._write(put={_stored(k): v for k, v in entries.items()})
 
     async def delete(self, keys: Sequence[bytes]) -> None:
-        await self._write(delete=[USER_PREFIX + bytes(k) for k in keys])
+        await self._write(delete=[_stored(k) for k in keys])
 
     async def _write(self, **batch: Any) -> None:
         try:
@@ -45,7 +53,7 @@ class UserKv:
     async def list(
         self, *, prefix: bytes = b"", limit: int | None = None, reverse: bool = False
     ) -> list[tuple[bytes, bytes]]:
-        start = USER_PREFIX + prefix
+        start = _stored(prefix, "prefix")
         rows = await anyio.to_thread.run_sync(
             lambda: self._kv.list(start=start, end=prefix_end(start), limit=limit, reverse=reverse)
         )

@@ -23,7 +23,7 @@ from pagekv.actor import (
     actor,
 )
 from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.kv import FaultKind, FaultyStore, MemoryStore
+from pagekv.kv import FaultKind, FaultyStore, InvalidKey, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -278,6 +278,31 @@ async def test_unknown_actor_action_and_missing_actor_errors() -> None:
         with pytest.raises(TypeError):
             await client.get("bank", "k").move()  # the action's own error, unchanged
         assert await client.get("bank", "k").view() == (0, [])
+
+
+@pytest.mark.parametrize("key", [5, "text", None])
+async def test_user_kv_keys_must_be_bytes(key: object) -> None:
+    """`bytes(5)` is five zero bytes: without the check, `ctx.kv.get([5])` read that key."""
+    a = actor("keys")
+
+    @a.action
+    async def get(ctx: ActorContext, key: Any) -> list[bytes | None]:
+        return await ctx.kv.get([key])
+
+    @a.action
+    async def put(ctx: ActorContext, key: Any) -> None:
+        await ctx.kv.put({key: b"v"})
+
+    @a.action
+    async def listed(ctx: ActorContext, prefix: Any) -> list[tuple[bytes, bytes]]:
+        return await ctx.kv.list(prefix=prefix)
+
+    async with Registry([a], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("keys", "k")
+        for action, what in (("get", "key"), ("put", "key"), ("listed", "prefix")):
+            with pytest.raises(InvalidKey, match=f"{what} must be bytes"):
+                await handle.call(action, key)
+        assert await handle.listed(b"") == []
 
 
 @pytest.mark.parametrize("url", ["memory://", "file"])

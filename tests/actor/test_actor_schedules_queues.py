@@ -72,6 +72,37 @@ async def test_a_schedule_wakes_a_sleeping_actor_and_fires_once(wait_for: WaitFo
         assert await handle.pending() == []
 
 
+async def test_a_scheduled_action_the_kv_refuses_fails_once_and_is_settled(
+    wait_for: WaitFor,
+) -> None:
+    """A KV error the action's own request caused (an `InvalidArgument`, a `LimitError`) is the
+    action's failure: the schedule is settled after one run, like any failed action, not left
+    due to fail again at every dispatch as it is after a storage failure."""
+    runs: list[str] = []
+    a = actor("asker")
+
+    @a.action
+    async def arm(ctx: ActorContext) -> str:
+        return await ctx.schedule.after(0.05, "ask")
+
+    @a.action
+    async def ask(ctx: ActorContext) -> None:
+        runs.append("ask")
+        await ctx.kv.list(limit=0)
+
+    @a.action
+    async def pending(ctx: ActorContext) -> list[str]:
+        return [e.action for e in await ctx.schedule.list()]
+
+    async with Registry([a], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("asker", "k")
+        await handle.arm()
+        await wait_for(lambda: bool(runs), what="the scheduled run")
+        await anyio.sleep(0.5)  # ten housekeeping rounds: a due schedule would run again
+        assert runs == ["ask"]
+        assert await handle.pending() == []
+
+
 async def test_a_failed_wake_poll_is_retried_and_the_schedule_still_fires(
     wait_for: WaitFor,
 ) -> None:
