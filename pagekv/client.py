@@ -55,6 +55,12 @@ class RemoteError(Exception):
         self.limit = limit
 
 
+def _path(*parts: str) -> str:
+    """A URL path of `parts`, each escaped whole: a name with `#`, `%` or `/` in it still
+    reaches the server as that name (which then answers for it, e.g. with `ActionNotFound`)."""
+    return "".join("/" + quote(part, safe="") for part in parts)
+
+
 class Client:
     def __init__(
         self,
@@ -103,11 +109,11 @@ class Client:
 
     async def create(self, name: str, key: str, *, input: Any = None) -> ActorHandle:
         """Create a new actor (`ActorExists` if it exists) and return a `get` handle to it."""
-        await self.request("POST", f"/actors/{name}", {"key": key}, {"input": input})
+        await self.request("POST", _path("actors", name), {"key": key}, {"input": input})
         return self.get(name, key)
 
     async def destroy(self, name: str, key: str) -> None:
-        await self.request("DELETE", f"/actors/{name}", {"key": key})
+        await self.request("DELETE", _path("actors", name), {"key": key})
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -142,7 +148,7 @@ class ActorHandle:
         params, body = self._address()
         answer = await self._client.request(
             "POST",
-            f"/actors/{self.name}/actions/{action}",
+            _path("actors", self.name, "actions", action),
             params,
             {**body, "args": list(args), "kwargs": kwargs},
         )
@@ -153,7 +159,7 @@ class ActorHandle:
         params, fields = self._address()
         answer = await self._client.request(
             "POST",
-            f"/actors/{self.name}/queues/{quote(queue, safe='')}",
+            _path("actors", self.name, "queues", queue),
             params,
             {**fields, "body": body},
         )

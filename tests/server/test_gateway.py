@@ -149,6 +149,9 @@ async def test_unknown_actor_type_and_action_are_404_and_create_nothing(served: 
             await client.get_or_create("nobody", "k").hello()
         with pytest.raises(ActionNotFound, match="no action 'missing'"):
             await client.get_or_create("ledger", "k").missing()
+        for odd in ("what?", "a#b", "100%", "x y"):  # sent escaped, so the server sees the name
+            with pytest.raises(ActionNotFound, match=re.escape(f"no action {odd!r}")):
+                await client.get_or_create("ledger", "k").call(odd)
     async with served.http() as http:
         response = await http.post("/actors/nobody/actions/x", params={"key": "k"})
         assert response.status_code == 404 and error_of(response)["code"] == "unknown_actor"
