@@ -497,13 +497,16 @@ async def test_a_call_arriving_while_the_actor_goes_to_sleep_wakes_a_fresh_insta
         async def late_call() -> None:
             results.append(await client.get("drowsy", "k").inc())
 
-        with anyio.fail_after(10):
-            await sleeping.wait()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(late_call)
-                await anyio.wait_all_tasks_blocked()
-                assert results == []  # it waits for the sleep to finish ...
-                release.set()
+        try:
+            with anyio.fail_after(10):
+                await sleeping.wait()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(late_call)
+                    await anyio.wait_all_tasks_blocked()
+                    assert results == []  # it waits for the sleep to finish ...
+                    release.set()
+        finally:
+            release.set()  # a failure above must not leave the registry's exit waiting on it
         assert results == [2]  # ... then wakes a fresh instance
         assert events == ["on_wake", "on_sleep", "on_wake"]
 
