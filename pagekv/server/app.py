@@ -79,7 +79,9 @@ def create_app(
         store = await anyio.to_thread.run_sync(open_kv, kv) if isinstance(kv, str) else kv
         try:
             meter = KvMeter()
-            registry = Registry(definitions, kv=MeteredStore(store, meter))
+            registry = Registry(
+                definitions, kv=MeteredStore(store, meter), wake_lease=config.wake_lease_s
+            )
             async with registry.run():
                 index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)
                 yield {"runtime": Runtime(config, registry, store, index, meter)}

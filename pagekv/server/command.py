@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -27,6 +28,7 @@ def _serve(args: argparse.Namespace) -> int:
             cors_origins=tuple(args.cors_origin),
         )
         registry = load_registry(args.app)
+        config = replace(config, wake_lease_s=registry.wake_lease)
     except (ConfigError, AppNotFound) as e:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 2

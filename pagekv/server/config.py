@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagekv.actor.registry import WAKE_LEASE_S
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 
 
@@ -25,6 +26,8 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()
     query_timeout_s: float = 5.0
     """How long a read-only inspector query may run."""
+    wake_lease_s: float = WAKE_LEASE_S
+    """The registry's `wake_lease` (`pagekv serve` takes the app's registry's)."""
 
     def __post_init__(self) -> None:
         if self.token is None and not self.unauthenticated:
@@ -48,3 +51,5 @@ class ServerConfig:
                 )
         if self.query_timeout_s <= 0:
             raise ConfigError(f"query_timeout_s must be > 0, got {self.query_timeout_s}")
+        if self.wake_lease_s <= 0:
+            raise ConfigError(f"wake_lease_s must be > 0, got {self.wake_lease_s}")

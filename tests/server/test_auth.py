@@ -15,7 +15,7 @@ from pagekv.actor import Registry
 from pagekv.client import RemoteError
 from pagekv.kv import MemoryStore
 from pagekv.server import ConfigError, ServerConfig
-from pagekv.server.app import health
+from pagekv.server.app import create_app, health
 
 pytestmark = pytest.mark.anyio
 
@@ -42,6 +42,16 @@ def test_the_server_config_fails_closed() -> None:
     with pytest.raises(ConfigError, match="exact origin"):
         ServerConfig(token="t", cors_origins=("*",))
     assert ServerConfig(unauthenticated=True).token is None
+    with pytest.raises(ConfigError, match="wake_lease_s"):
+        ServerConfig(unauthenticated=True, wake_lease_s=0)
+
+
+async def test_the_served_registry_takes_the_configured_wake_lease() -> None:
+    """`pagekv serve` passes the app's registry's lease this way."""
+    config = ServerConfig(unauthenticated=True, wake_lease_s=2.5)
+    app = create_app(Registry([]).definitions.values(), kv=MemoryStore(), config=config)
+    async with app.router.lifespan_context(app) as state:
+        assert state["runtime"].registry.wake_lease == 2.5
 
 
 BAD_CREDENTIALS = [
