@@ -5,6 +5,7 @@ Helpers are fixtures (not imports) so that the test files need no package struct
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -47,3 +48,23 @@ def attempt() -> Callable[[Awaitable[Any]], Awaitable[Any]]:
     after it, so a failure is a plain AssertionError rather than an exception group (whose
     report can crash pytest's traceback rendering on CPython 3.11.7)."""
     return _attempt
+
+
+async def _settle() -> None:
+    """Wait until every other task is blocked, as `anyio.wait_all_tasks_blocked` does (checks
+    0.1 s apart, time for worker threads), but after letting every task woken meanwhile take its
+    step. Without that, a registry's housekeeping (which wakes every 50 ms) can be found woken
+    and not yet run at every check once a loaded machine makes both timers fire in the same
+    loop iteration, and the wait never ends (it failed a CI run that way)."""
+    this = asyncio.current_task()
+    while True:
+        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)
+        waiters = [task._fut_waiter for task in asyncio.all_tasks() if task is not this]  # type: ignore[attr-defined]
+        if all(w is not None and not w.done() for w in waiters):
+            return
+
+
+@pytest.fixture
+def settle() -> Callable[[], Awaitable[None]]:
+    return _settle

@@ -65,7 +65,7 @@ def journal(events: list[str], gates: dict[str, anyio.Event]) -> ActorDefinition
     return a
 
 
-async def test_actions_interleave_at_await_points() -> None:
+async def test_actions_interleave_at_await_points(settle) -> None:
     events: list[str] = []
     gates = {"a": anyio.Event()}
     async with Registry([journal(events, gates)], kv="memory://").run() as client:
@@ -78,7 +78,7 @@ async def test_actions_interleave_at_await_points() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert events == ["a-waiting"]
             # Another action of the same actor runs to completion meanwhile.
             assert await handle.hit() == 1
@@ -88,7 +88,7 @@ async def test_actions_interleave_at_await_points() -> None:
         assert results == ["a"]
 
 
-async def test_concurrent_transactions_and_statements_are_serialised() -> None:
+async def test_concurrent_transactions_and_statements_are_serialised(settle) -> None:
     """While one action holds a transaction open across `await`s, other actions' SQL waits
     (it must not land inside it); the failing transaction rolls back only its own work."""
     events: list[str] = []
@@ -107,11 +107,11 @@ async def test_concurrent_transactions_and_statements_are_serialised() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(failing)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert events == ["a-in"]
             tg.start_soon(handle.txn, "b")
             tg.start_soon(handle.plain, "c")
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert events == ["a-in"], "other SQL ran while a transaction was open"
             gates["a"].set()
         assert failures == ["a failed"]
@@ -121,7 +121,7 @@ async def test_concurrent_transactions_and_statements_are_serialised() -> None:
         assert view["log"] == ["b"]
 
 
-async def test_rollback_keeps_other_actions_state_changes() -> None:
+async def test_rollback_keeps_other_actions_state_changes(settle) -> None:
     events: list[str] = []
     gates = {"a": anyio.Event()}
     async with Registry([journal(events, gates)], kv="memory://").run() as client:
@@ -140,10 +140,10 @@ async def test_rollback_keeps_other_actions_state_changes() -> None:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(failing)
-                await anyio.wait_all_tasks_blocked()
+                await settle()
                 assert events == ["a-in"]
                 tg.start_soon(hit)  # changes the state, then waits for the database to save it
-                await anyio.wait_all_tasks_blocked()
+                await settle()
                 gates["a"].set()
         assert acknowledged == [1]
         view = await handle.view()

@@ -492,17 +492,24 @@ async def test_a_call_arriving_while_the_actor_goes_to_sleep_wakes_a_fresh_insta
     registry = Registry([a], kv="memory://")
     async with registry.run() as client:
         assert await client.get_or_create("drowsy", "k").inc() == 1
+        (first,) = registry.live()
         results: list[int] = []
 
         async def late_call() -> None:
             results.append(await client.get("drowsy", "k").inc())
 
+        # Not `anyio.wait_all_tasks_blocked()`: the registry's housekeeping wakes every 50 ms,
+        # and on a loaded machine its wake-ups can fall in step with that function's checks
+        # (every 100 ms), which then never find every task blocked.
         try:
             with anyio.fail_after(10):
                 await sleeping.wait()
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(late_call)
-                    await anyio.wait_all_tasks_blocked()
+                    await wait_for(
+                        lambda: first.stopped.statistics().tasks_waiting > 0,
+                        what="the late call waiting for the sleep to finish",
+                    )
                     assert results == []  # it waits for the sleep to finish ...
                     release.set()
         finally:
@@ -723,7 +730,7 @@ async def test_destroying_a_sleeping_actor_does_not_leave_its_run_handler_runnin
     assert after_destroy == []
 
 
-async def test_an_action_in_flight_during_destroy_fails_with_actor_stopped(attempt) -> None:
+async def test_an_action_in_flight_during_destroy_fails_with_actor_stopped(attempt, settle) -> None:
     release = anyio.Event()
     a = actor("busy", state={"n": 0}, stop_grace=0.2)
 
@@ -741,7 +748,7 @@ async def test_an_action_in_flight_during_destroy_fails_with_actor_stopped(attem
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             await client.destroy("busy", "k")
             release.set()
     (outcome,) = outcomes
