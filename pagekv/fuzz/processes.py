@@ -40,7 +40,11 @@ def child_main(argv: list[str]) -> None:
     url, actor, seed, start, count, max_blob = argv
     txns = _transactions(int(seed), int(count), int(max_blob))
     store = open_kv(url)
-    db = open_database(store.namespace(actor), compact_deltas=_COMPACT_DELTAS)
+    db = open_database(
+        store.namespace(actor),
+        compact_deltas=_COMPACT_DELTAS,
+        in_place_commits=int(seed) % 2 == 0,  # half the runs: deltas, so kills hit compactions
+    )
     print("ready", flush=True)
     for n in range(int(start), len(txns)):
         run_txn(db.connection, txns[n])

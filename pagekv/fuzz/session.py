@@ -37,6 +37,8 @@ class Found:
     seed: int
     steps: list[Step]
     failure: FuzzFailure
+    db_options: dict[str, Any]
+    """The run's options (`run_options`), which a replay must use too."""
 
     def save(self, path: Path, config: FuzzConfig) -> None:
         path.write_text(
@@ -44,7 +46,7 @@ class Found:
                 {
                     "seed": self.seed,
                     "kv": config.kv,
-                    "db_options": config.db_options,
+                    "db_options": self.db_options,
                     "failure": str(self.failure),
                     "steps": [to_json(s) for s in self.steps],
                 },
@@ -91,8 +93,15 @@ class _Namespaces:
             self.store = None
 
 
-def execute(steps: list[Step], factory: KvFactory, config: FuzzConfig) -> Coverage:
-    return Runner(factory, **config.db_options).run(steps)
+def run_options(seed: int, config: FuzzConfig) -> dict[str, Any]:
+    """The database options of run `seed`: every other run writes each commit as a delta, so
+    that delta commits and compaction are fuzzed as much as in-place commits; `config.db_options`
+    overrides."""
+    return {"in_place_commits": seed % 2 == 0, **config.db_options}
+
+
+def execute(steps: list[Step], factory: KvFactory, options: dict[str, Any]) -> Coverage:
+    return Runner(factory, **options).run(steps)
 
 
 def minimize(steps: list[Step], fails: Callable[[list[Step]], bool], seconds: float) -> list[Step]:
@@ -132,7 +141,7 @@ def fuzz(
         for seed in _seeds(config, started):
             steps = run_seed(seed, config)
             try:
-                total.add(execute(steps, factory, config))
+                total.add(execute(steps, factory, run_options(seed, config)))
             except FuzzFailure as failure:
                 return total, _minimized(seed, steps, failure, factory, config)
             finally:
@@ -158,10 +167,11 @@ def _minimized(
     seed: int, steps: list[Step], failure: FuzzFailure, factory: KvFactory, config: FuzzConfig
 ) -> Found:
     kind = _failure_kind(failure)
+    options = run_options(seed, config)
 
     def fails(candidate: list[Step]) -> bool:
         try:
-            execute(candidate, factory, config)
+            execute(candidate, factory, options)
         except FuzzFailure as again:
             return _failure_kind(again) == kind
         return False
@@ -171,10 +181,10 @@ def _minimized(
         failing = steps
     small = minimize(failing, fails, config.minimize_seconds)
     try:
-        execute(small, factory, config)
+        execute(small, factory, options)
     except FuzzFailure as final:
         failure = final
-    return Found(seed, small, failure)
+    return Found(seed, small, failure, options)
 
 
 def _failure_kind(failure: FuzzFailure) -> str:

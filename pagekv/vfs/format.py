@@ -7,7 +7,7 @@ wrong key, a wrong version or a torn value is detected rather than returned.
     PREFIX "H"                          head record (`Head.encode`)
     PREFIX "X" txid:u64 part:u32        index part: which pages each delta chunk of `txid` holds
     PREFIX "D" txid:u64 chunk:u32       delta chunk: the writer's generation, then framed pages
-    PREFIX "B" pgno:u32                 base page: a page folded in by compaction
+    PREFIX "B" pgno:u32                 base page: folded in by compaction, or written in place
     PREFIX "Y"                          preload hints: the pages to fetch at the next open
 
 A commit's chunks and index parts are invisible until the head's `txid` reaches them; the head

@@ -39,6 +39,7 @@ from pagekv.vfs.format import (
     decode_base,
     decode_chunk,
     delta_key,
+    encode_base,
     encode_hints,
     parse_base_key,
 )
@@ -62,6 +63,11 @@ class Options:
     auto_compact: bool = True
     """False leaves compaction to `Database.compact()`, except for a head with `COMPACT_SHRINKS`
     shrinks (format.py)."""
+    in_place_commits: bool = True
+    """A small commit on a fully compacted database overwrites its base pages (in its one KV
+    write) instead of adding a delta for compaction to fold later. False writes every commit as
+    a delta: a read-only snapshot then lasts until the next compaction, not only until a page it
+    has not read yet is rewritten."""
     preload_hints: bool = True
     """Learn which pages SQLite reads first after an open, save them at close, and fetch them
     with page 1 at the next open (preload.py); False preloads the first read-ahead window."""
@@ -70,6 +76,9 @@ class Options:
         check_options({name: getattr(self, name) for name in _OPTION_TYPES})
 
 
+_IN_PLACE_HEAD_BYTES: Final = len(HEAD_KEY) + len(Head().encode())
+"""The key and value of a head without shrinks, the only kind an in-place commit writes."""
+_BASE_ENTRY_BYTES: Final = len(base_key(1)) + len(encode_base(0, 1, ZERO_PAGE))
 _MAGIC: Final = b"SQLite format 3\x00"
 """The start of SQLite's database header, on page 1."""
 _OPTION_TYPES: Final[dict[str, type]] = {f.name: type(f.default) for f in fields(Options)}
@@ -98,6 +107,7 @@ class Counters:
 
     commits: int = 0
     commits_fast: int = 0
+    commits_in_place: int = 0
     commits_staged: int = 0
     pages_committed: int = 0
     max_commit_pages: int = 0
@@ -155,6 +165,12 @@ class PageStore:
         self._lock = Lock()
         self.cache = PageCache(options.cache_pages)
         self._planner = BatchPlanner(self.limits)  # before the takeover: bad limits change nothing
+        limits = self.limits
+        self._in_place_pages = min(
+            limits.max_batch_entries - 1,
+            (limits.max_batch_bytes - _IN_PLACE_HEAD_BYTES) // _BASE_ENTRY_BYTES,
+        )
+        """Most pages an in-place commit writes: with the head, one batch within the limits."""
         self.dead: BaseException | None = None
         self.last_error: BaseException | None = None
         self.counters = Counters()
@@ -474,16 +490,26 @@ class PageStore:
         pending = self._pending
         txid = self.head.txid + 1
         old = self.head
-        shrinks = old.shrinks + tuple(pending.shrinks) if pending.shrinks else old.shrinks
-        head = Head(txid, self.size, old.compacted, old.base_pages, shrinks)
-        head_raw = head.encode()
         dirty = self._dirty_pages()
-        batches = self._planner.plan(dirty, len(HEAD_KEY) + len(head_raw)) or [Batch([])]
+        in_place = self._in_place(dirty)
+        batches: list[Batch] = []
+        if in_place:
+            head = Head(txid, self.size, txid, max(old.base_pages, self._pages()), ())
+            head_raw = head.encode()
+        else:
+            shrinks = old.shrinks + tuple(pending.shrinks) if pending.shrinks else old.shrinks
+            head = Head(txid, self.size, old.compacted, old.base_pages, shrinks)
+            head_raw = head.encode()
+            batches = self._planner.plan(dirty, len(HEAD_KEY) + len(head_raw)) or [Batch([])]
         staged_before = bool(pending.parts)
         written = 0
         try:
+            if in_place:
+                puts = {base_key(pgno): encode_base(txid, pgno, data) for pgno, data in dirty}
+                puts[HEAD_KEY] = head_raw
+                self.kv.write(put=puts, fence=self.generation)
             for number, batch in enumerate(batches):
-                puts: dict[bytes, bytes] = {}
+                puts = {}
                 if batch.chunks:
                     puts, entries = self._encode(txid, batch)
                     pending.parts.append(entries)
@@ -497,7 +523,10 @@ class PageStore:
             self.last_error = e
             self._discard_pending()
             raise
-        self.index.apply_commit(txid, pending.parts, pending.shrinks)
+        if in_place:
+            self.index.base_limit = head.base_pages
+        else:
+            self.index.apply_commit(txid, pending.parts, pending.shrinks)
         # The cache may hold the previous version of any page this commit wrote: a staged
         # page can have been brought in by a read-ahead after it was staged.
         if pending.floor is not None:
@@ -508,18 +537,52 @@ class PageStore:
             self.cache.put(pgno, data)
         self.head = head
         self._pending = _Pending()
-        staged = staged_before or len(batches) > 1
         counters = self.counters
         counters.commits += 1
-        if staged:
+        if staged_before or len(batches) > 1:
             counters.commits_staged += 1
         else:
             counters.commits_fast += 1
-        n_pages = 0
+            if in_place:
+                counters.commits_in_place += 1
+        n_pages = len(dirty) if in_place else 0
         for part in pending.parts:
             n_pages += len(part)
         counters.pages_committed += n_pages
         counters.max_commit_pages = max(counters.max_commit_pages, n_pages)
+
+    def _in_place(self, dirty: list[tuple[int, bytes]]) -> bool:
+        """Whether this commit can write its pages over their base pages, in one batch with a
+        head that stays fully compacted (`compacted == txid`, no shrinks), instead of as a delta.
+
+        It can when the head is fully compacted, nothing of the transaction was staged or
+        shrunk, the pages fit one batch, and every page past the base pages is among them (the
+        base pages must be contiguous, and a commit only writes pages below its EOF). The batch
+        is atomic and fenced like any commit; only readers of an older head see the difference,
+        and a base page newer than their head's `compacted` is refused by `_base_page`."""
+        head = self.head
+        pending = self._pending
+        if (
+            not self.options.in_place_commits
+            or head.compacted != head.txid
+            or head.shrinks
+            or pending.parts
+            or pending.shrinks
+            or len(dirty) > self._in_place_pages
+        ):
+            return False
+        base = self.index.base_limit
+        if base != head.base_pages:
+            return False
+        new_pages = self._pages() - base
+        if new_pages <= 0:
+            return True
+        if base < LOCK_BYTE_PAGE <= base + new_pages:
+            new_pages -= 1  # never stored
+        for pgno, _ in dirty:
+            if pgno > base:
+                new_pages -= 1
+        return new_pages == 0
 
     def save_hints(self) -> None:
         """Store the pages learned since the open for the next one (at close).

@@ -62,6 +62,8 @@ class Scenario:
     options: dict[str, int | bool]
     action_opens: bool = False
     """The action is opening the database itself (takeover and recovery)."""
+    in_place: bool | None = None
+    """Whether the action's commit must be in place (None: not a one-commit action)."""
 
 
 def _base_setup(db: Database) -> None:
@@ -128,15 +130,21 @@ def _open(db: Database) -> None:
     pass
 
 
+DELTAS: dict[str, int | bool] = {"auto_compact": False, "in_place_commits": False}
+"""Every commit a delta, folded only when the test says: what compaction and recovery need."""
+
 SCENARIOS = [
-    Scenario("fast-path", _base_setup, _small_commit, {}),
+    Scenario("fast-path", _base_setup, _small_commit, {}, in_place=True),
+    Scenario(
+        "fast-path-delta", _base_setup, _small_commit, {"in_place_commits": False}, in_place=False
+    ),
     Scenario("staged", _base_setup, _staged_commit, {}),
     Scenario("early-staging", _base_setup, _early_staged_transaction, {"stage_pages": 40}),
-    Scenario("vacuum-shrink", _deltas_setup, _shrink, {"auto_compact": False}),
-    Scenario("compaction", _deltas_setup, _compact, {"auto_compact": False}),
-    Scenario("compaction-warm", _deltas_setup, _compact_warm, {"auto_compact": False}),
-    Scenario("takeover", _deltas_setup, _open, {"auto_compact": False}, action_opens=True),
-    Scenario("takeover-hinted", _hinted_setup, _open, {"auto_compact": False}, action_opens=True),
+    Scenario("vacuum-shrink", _deltas_setup, _shrink, DELTAS),
+    Scenario("compaction", _deltas_setup, _compact, DELTAS),
+    Scenario("compaction-warm", _deltas_setup, _compact_warm, DELTAS),
+    Scenario("takeover", _deltas_setup, _open, DELTAS, action_opens=True),
+    Scenario("takeover-hinted", _hinted_setup, _open, DELTAS, action_opens=True),
 ]
 
 
@@ -154,7 +162,7 @@ def _prepare(scenario: Scenario, new_ns: NewNamespace) -> tuple[ActorKv, State]:
 
 def _learn_hints(ns: ActorKv) -> None:
     """A wake that reads rows all over the table, so that its close saves preload hints."""
-    with open_database(ns, auto_compact=False) as db:
+    with open_database(ns, auto_compact=False, in_place_commits=False) as db:
         db.execute("SELECT length(v) FROM t WHERE id % 7 = 0").fetchall()
     assert db.metrics()["hints_saved"] == 1
 
@@ -163,7 +171,7 @@ def _leave_orphans(ns: ActorKv) -> None:
     """Interrupt a staged commit after its first batch, so the next open must reap orphans."""
     faulty = FaultyKv(ns, faults=[Fault(1, FaultKind.FAIL_BEFORE, frozenset({"write"}))])
     faulty.enabled = False
-    db = open_database(faulty, auto_compact=False)
+    db = open_database(faulty, auto_compact=False, in_place_commits=False)
     faulty.enabled = True
     with pytest.raises(apsw.IOError):
         _staged_commit(db)
@@ -212,6 +220,9 @@ def _count_calls(scenario: Scenario, new_ns: NewNamespace) -> tuple[State, State
     scenario.action(db)
     faulty.enabled = False
     calls = faulty.calls
+    if scenario.in_place is not None:
+        in_place = db.metrics()["commits_in_place"]
+        assert in_place == int(scenario.in_place), f"{scenario.name}: {in_place} in place"
     db.close()
     with open_database(ns) as check:
         new = content(check)
@@ -248,11 +259,11 @@ def test_fault_matrix(scenario: Scenario, new_ns: NewNamespace) -> None:
             assert faulty.fired_count() == 1, f"fault {kind} at call {index} did not fire"
             ops.add(faulty.fired[0].op)
             label = f"{scenario.name}: {kind.value} at call {index} ({faulty.fired[0].op})"
-            with open_database(ns, auto_compact=False) as db:
+            with open_database(ns, auto_compact=False, in_place_commits=False) as db:
                 after = content(db)
                 check_integrity(db)
                 _write_more(db)
-            with open_database(ns, auto_compact=False) as db:
+            with open_database(ns, auto_compact=False, in_place_commits=False) as db:
                 assert content(db) == _with_more(after), "a commit after recovery went wrong"
             later = after.pop("later", None)
             assert later == ([("after the fault",)] if wrote_on else None), label
@@ -294,7 +305,7 @@ def test_an_automatic_compaction_whose_deletes_fail_leaves_the_writer_consistent
     head (before, its next commit wrote the old head back over it, pointing at deleted chunks)."""
     ns = new_ns()
     faulty = FaultyKv(ns)
-    db = open_database(faulty, compact_deltas=4, cache_pages=1)
+    db = open_database(faulty, compact_deltas=4, cache_pages=1, in_place_commits=False)
     db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
     with db.connection:
         for i in range(20):
@@ -319,7 +330,7 @@ def test_a_death_after_the_commit_fails_reads_from_the_raw_connection(
     the pages in its own cache and, in exclusive mode, would answer reads without asking the
     VFS: the death must reach its pager, so `Database.connection` fails like `execute`."""
     faulty = FaultyKv(new_ns())
-    db = open_database(faulty, compact_deltas=1)
+    db = open_database(faulty, compact_deltas=1, in_place_commits=False)
     db.execute("CREATE TABLE t(x)")
     db.execute("INSERT INTO t VALUES (1)")
     assert db.connection.execute("SELECT * FROM t").fetchall() == [(1,)]

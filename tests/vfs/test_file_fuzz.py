@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 )
 
 from pagekv.kv import ActorKv, KvLimits, MemoryStore
-from pagekv.vfs import DatabaseDead
+from pagekv.vfs import DatabaseDead, SnapshotExpired
 from pagekv.vfs.format import (
     BASE_END,
     DELTA_PREFIX,
@@ -181,7 +181,7 @@ VARIANTS: dict[str, tuple[KvLimits, Options]] = {
     "default-limits": (KvLimits(), Options()),
     "small-limits": (
         SMALL_LIMITS,
-        Options(cache_pages=300, compact_deltas=3, compact_pages=40),
+        Options(cache_pages=300, compact_deltas=3, compact_pages=40, in_place_commits=False),
     ),
     "small-limits-stage-4": (
         SMALL_LIMITS,
@@ -388,3 +388,67 @@ def test_caching_a_read_ahead_at_once_is_caching_its_pages_one_by_one(
     at_once.put_many(batch)
     assert len(at_once) <= capacity
     assert list(at_once._pages.items()) == list(one_by_one._pages.items())
+
+
+# -- in-place commits --------------------------------------------------------------------------
+
+
+def _in_place(store: PageStore) -> int:
+    return store.counters.commits_in_place
+
+
+def test_a_commit_that_grows_past_a_hole_is_a_delta() -> None:
+    """In place, the base pages must stay contiguous: pages 2-4 of a file grown by writing page
+    5 alone are holes, which only the delta path can describe. (Written in place with
+    `base_pages = 5`, the next open finds base pages 2-4 missing.)"""
+    kv = MemoryStore().namespace("t")
+    store = PageStore(kv)
+    store.write(fill(1, PAGE_SIZE), 0)
+    store.sync()
+    assert _in_place(store) == 1
+    store.write(fill(5, PAGE_SIZE), 4 * PAGE_SIZE)
+    store.sync()
+    assert _in_place(store) == 1 and store.metrics()["live_deltas"] == 1
+    want = fill(1, PAGE_SIZE) + bytes(3 * PAGE_SIZE) + fill(5, PAGE_SIZE)
+    assert read_all(PageStore(kv, read_only=True)) == want
+    store.write(fill(2, PAGE_SIZE), PAGE_SIZE)  # live deltas: no longer in place
+    store.sync()
+    store.compact()
+    store.write(fill(6, PAGE_SIZE), 5 * PAGE_SIZE)  # compacted, contiguous: in place again
+    store.sync()
+    assert _in_place(store) == 2
+    want = want[:PAGE_SIZE] + fill(2, PAGE_SIZE) + want[2 * PAGE_SIZE :] + fill(6, PAGE_SIZE)
+    assert read_all(PageStore(kv)) == want
+
+
+def test_in_place_commits_write_base_pages_and_a_compacted_head_only() -> None:
+    kv = MemoryStore().namespace("t")
+    store = PageStore(kv)
+    for n in range(1, 6):
+        store.write(fill(n, PAGE_SIZE), (n - 1) * PAGE_SIZE)  # grow by one page
+        store.write(fill(10 + n, 100), 50)  # and rewrite part of page 1
+        store.sync()
+    assert _in_place(store) == 5
+    keys = [key for key, _ in kv.list()]
+    assert not [k for k in keys if k.startswith(DELTA_PREFIX)], keys
+    assert [parse_base_key(k) for k in keys if k.startswith(base_key(0)[:2])] == [1, 2, 3, 4, 5]
+    head = store.head
+    assert (head.txid, head.compacted, head.base_pages, head.shrinks) == (5, 5, 5, ())
+
+
+def test_a_snapshot_never_reads_a_page_rewritten_in_place_after_it() -> None:
+    """A read-only snapshot's head is older than a page the writer rewrote in place since: the
+    snapshot must refuse it (SnapshotExpired), not mix it with its older pages."""
+    kv = MemoryStore().namespace("t")
+    writer = PageStore(kv)
+    writer.write(fill(1, 3 * PAGE_SIZE), 0)
+    writer.sync()
+    snap = PageStore(kv, read_only=True, options=Options(cache_pages=1, preload_hints=False))
+    assert snap.read(PAGE_SIZE, 0) == fill(1, 3 * PAGE_SIZE)[:PAGE_SIZE]
+    writer.write(fill(2, PAGE_SIZE), 2 * PAGE_SIZE)
+    writer.sync()
+    assert _in_place(writer) == 2
+    with pytest.raises(SnapshotExpired):
+        snap.read(PAGE_SIZE, 2 * PAGE_SIZE)
+    fresh = PageStore(kv, read_only=True)
+    assert fresh.read(PAGE_SIZE, 2 * PAGE_SIZE) == fill(2, PAGE_SIZE)

@@ -31,7 +31,7 @@ BASE_PREFIX = PREFIX + b"B"
 
 def _database(compacted: bool) -> ActorKv:
     kv = MemoryStore().namespace("t")
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         db.execute("CREATE TABLE t(v BLOB)")
         db.execute("INSERT INTO t VALUES (randomblob(20000))")
         if compacted:
@@ -112,7 +112,7 @@ def test_a_newer_format_is_refused_with_a_clear_error(newer: Callable[[bytes], b
 def test_a_version_1_database_opens_and_its_next_commit_writes_the_current_format() -> None:
     """Format 1 stored the head as CBOR; a reader of format 2 reads it, shrinks included."""
     kv = MemoryStore().namespace("t")
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         db.execute("CREATE TABLE t(v BLOB)")
         db.execute("INSERT INTO t VALUES (randomblob(100000)), (randomblob(10))")
         db.execute("DELETE FROM t WHERE length(v) > 10")

@@ -119,7 +119,7 @@ def test_a_small_commit_that_shrinks_the_file_is_one_write_too() -> None:
     """SQLite truncates after `SQLITE_FCNTL_SYNC`; the size it truncates to is in page 1's
     header, so the truncation goes into the same KV write, and the reopened file has it."""
     counting = CountingKv(fresh_ns())
-    db = open_database(counting, auto_compact=False)
+    db = open_database(counting, auto_compact=False, in_place_commits=False)
     db.execute("PRAGMA auto_vacuum = FULL")
     db.execute("CREATE TABLE t(x)")
     for _ in range(20):
@@ -175,7 +175,7 @@ def test_open_cost_is_independent_of_size(compacted: bool) -> None:
     costs = []
     for blobs in (1, 100):
         kv = fresh_ns()
-        with open_database(kv, auto_compact=False) as db:
+        with open_database(kv, auto_compact=False, in_place_commits=False) as db:
             fill_blobs(db, blobs, MiB, seed=blobs, one_transaction=blobs > 1)
             if compacted:
                 db.compact()
@@ -258,7 +258,7 @@ def test_stale_hints_never_serve_an_old_page() -> None:
     _indexed_table(kv)
     ids = list(range(0, 2000, 97))
     _wake(kv, ids)
-    with open_database(kv, preload_hints=False, auto_compact=False) as db:
+    with open_database(kv, preload_hints=False, auto_compact=False, in_place_commits=False) as db:
         db.execute("UPDATE t SET v = zeroblob(10), k = 'changed' WHERE id % 2 = 0")
         db.execute("DELETE FROM t WHERE id >= 1500")
         db.execute("VACUUM")
@@ -352,6 +352,26 @@ def test_cold_full_scan_batches_reads(layout: str) -> None:
 
 
 # -- KV limits -------------------------------------------------------------------------------
+
+
+def test_small_commits_write_each_page_once() -> None:
+    """In place, a small commit writes its pages over their base pages, with the head, and
+    leaves nothing for compaction to copy again: KV bytes ≈ SQLite's page bytes."""
+    counting = CountingKv(fresh_ns())
+    db = open_database(counting)
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+    for i in range(600):
+        db.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}" * 10))
+    metrics = db.metrics()
+    db.close()
+    assert metrics["commits_in_place"] == metrics["commits"] == 601, metrics
+    assert metrics["compactions"] == 0 and metrics["live_deltas"] == 0, metrics
+    assert metrics["kv_bytes_written"] <= metrics["pages_committed"] * (PAGE + 64), metrics
+    keys = [key for key, _ in counting.list()]
+    assert not [k for k in keys if k.startswith((DELTA_PREFIX, INDEX_PREFIX))], keys[:5]
+    with open_database(counting) as again:
+        assert again.execute("SELECT count(*) FROM t").fetchall() == [(600,)]
+        assert integrity(again) == [("ok",)]
 
 
 class LimitCheckingKv(CountingKv):
@@ -513,19 +533,26 @@ def test_staged_transactions_respect_the_limits(name: str) -> None:
 # -- compaction keeps the open cost flat -----------------------------------------------------
 
 
-def test_compaction_bounds_live_deltas_and_open_cost() -> None:
+@pytest.mark.parametrize("in_place", [False, True], ids=["deltas", "in-place"])
+def test_compaction_bounds_live_deltas_and_open_cost(in_place: bool) -> None:
+    """Deltas are folded every `compact_deltas` commits; in-place commits leave none to fold."""
     kv = fresh_ns()
-    with open_database(kv) as db:
+    with open_database(kv, in_place_commits=in_place) as db:
         db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
         for i in range(10):
             db.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}"))
     early = open_cost(kv)
-    with open_database(kv) as db:
+    with open_database(kv, in_place_commits=in_place) as db:
         for i in range(10, 1010):
             db.execute("INSERT INTO t VALUES (?, ?)", (i, f"row {i}"))
         metrics = db.metrics()
-        assert metrics["live_deltas"] < 300, metrics
-        assert metrics["compactions"] >= 3, metrics
+        if in_place:
+            assert metrics["commits_in_place"] == 1000, metrics
+            assert metrics["live_deltas"] == 0 and metrics["compactions"] == 0, metrics
+        else:
+            assert metrics["commits_in_place"] == 0, metrics
+            assert metrics["live_deltas"] < 300, metrics
+            assert metrics["compactions"] >= 3, metrics
     counting = CountingKv(kv)
     with open_database(counting) as db:
         late = Counter(counting.stats.round_trips)
@@ -552,11 +579,11 @@ def _one_row_commits(db: Database) -> list[tuple[Any, ...]]:
 
 def test_a_compaction_pass_over_cached_pages_reads_nothing_and_writes_once() -> None:
     kv = fresh_ns()
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         rows = _one_row_commits(db)
         assert _compaction_round_trips(db) == Counter({"write": 1, "delete_range": 2})
         pages = page_count(db)
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         assert db.execute("SELECT * FROM t").fetchall() == rows
         assert db.metrics()["live_deltas"] == 0
         assert db.metrics()["delta_pages"] == 0
@@ -565,18 +592,18 @@ def test_a_compaction_pass_over_cached_pages_reads_nothing_and_writes_once() -> 
 
 def test_a_compaction_pass_reads_the_pages_it_has_not_cached() -> None:
     kv = fresh_ns()
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         rows = _one_row_commits(db)
-    with open_database(kv, auto_compact=False, cache_pages=1) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False, cache_pages=1) as db:
         trips = _compaction_round_trips(db)
         assert trips["get"] >= 1 and trips["write"] == 1, trips
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         assert db.execute("SELECT * FROM t").fetchall() == rows
 
 
 def _shrunk(kv: ActorKv) -> list[tuple[Any, ...]]:
     """A database whose base pages reach past EOF: compacted big, then shrunk by VACUUM."""
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         fill_blobs(db, 40, 6 * KiB, seed=8, one_transaction=True)
         db.compact()
         db.execute("DELETE FROM t WHERE id >= 4")
@@ -588,11 +615,11 @@ def _shrunk(kv: ActorKv) -> list[tuple[Any, ...]]:
 def test_a_pass_after_a_shrink_deletes_the_base_past_eof_first() -> None:
     kv = fresh_ns()
     rows = _shrunk(kv)
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         assert _compaction_round_trips(db)["delete_range"] == 3
         pages = page_count(db)
     assert _base_pages(kv) == list(range(1, pages + 1))
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         assert db.execute("SELECT * FROM t ORDER BY id").fetchall() == rows
 
 
@@ -601,7 +628,7 @@ def test_shrinking_commits_keep_the_head_small_even_with_auto_compaction_off() -
     `COMPACT_SHRINKS` the writer compacts by itself, or the head would grow past the value
     limit and kill the database."""
     kv = fresh_ns()
-    with open_database(kv, auto_compact=False) as db:
+    with open_database(kv, auto_compact=False, in_place_commits=False) as db:
         db.execute("PRAGMA auto_vacuum = FULL")
         db.execute("CREATE TABLE t(x)")
         for i in range(2 * COMPACT_SHRINKS):
@@ -626,14 +653,14 @@ def test_no_base_page_past_eof_survives_a_pass_cut_short_at_any_write(kind: Faul
         rows = _shrunk(kv)
         faulty = FaultyKv(kv, faults=[Fault(index, kind)])
         faulty.enabled = False
-        db = open_database(faulty, auto_compact=False)
+        db = open_database(faulty, auto_compact=False, in_place_commits=False)
         faulty.enabled = True
         lost = InjectedUnavailable if kind is FaultKind.FAIL_BEFORE else DatabaseDead
         with pytest.raises(lost):
             db.compact()
         assert faulty.fired_count() == 1, f"fault at write {index} did not fire"
         db.close()
-        with open_database(kv, auto_compact=False) as db:
+        with open_database(kv, auto_compact=False, in_place_commits=False) as db:
             db.compact()
             pages = page_count(db)
             assert db.execute("SELECT * FROM t ORDER BY id").fetchall() == rows
@@ -655,7 +682,7 @@ def _txids_above_head(kv: ActorKv) -> list[bytes]:
     return orphans
 
 
-STAGED_OPTIONS = {"stage_pages": 64, "auto_compact": False}
+STAGED_OPTIONS = {"stage_pages": 64, "auto_compact": False, "in_place_commits": False}
 
 
 def _base_content(kv: ActorKv) -> list[tuple[Any, ...]]:

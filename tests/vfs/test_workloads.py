@@ -376,7 +376,7 @@ def test_compaction_and_metrics_from_another_thread_while_committing(memory_ns: 
     eighth runs auto-compaction under it), another compacts and reads metrics meanwhile. The lock
     is not reentrant, so a locked path that took it again would deadlock: both run on daemon
     threads and a stuck one fails the test instead of hanging it."""
-    db = open_database(memory_ns, compact_deltas=8)
+    db = open_database(memory_ns, compact_deltas=8, in_place_commits=False)
     db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
     rows = [random.randbytes(100) for _ in range(400)]
     done = threading.Event()
@@ -593,7 +593,9 @@ def test_100MiB_transaction_keeps_memory_bounded(
     excess = 0
     tracemalloc.start()
     try:
-        db = open_database(memory_ns, stage_pages=stage_pages, auto_compact=False)
+        db = open_database(
+            memory_ns, stage_pages=stage_pages, auto_compact=False, in_place_commits=False
+        )
         try:
             db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
             db.execute("BEGIN")
