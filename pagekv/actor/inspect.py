@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import apsw
 import cbor2
@@ -135,14 +135,32 @@ def snapshot(store: KvStore, record: ActorRecord) -> Iterator[Database]:
         database.close()
 
 
+SNAPSHOT_ATTEMPTS: Final = 3
+"""Snapshots `read_snapshot` opens before it gives up on a writer that keeps rewriting pages."""
+
+
 def read_snapshot(store: KvStore, record: ActorRecord, fn: Callable[[Database], T]) -> T:
-    """`fn(database)` on a fresh snapshot; reopened once if the writer compacted past it."""
-    try:
-        with snapshot(store, record) as database:
+    """`fn(database)` on a fresh snapshot, reopened while the writer rewrites (in place) or
+    compacts away a page the snapshot had not read yet: `SNAPSHOT_ATTEMPTS` opens in all."""
+    for _ in range(SNAPSHOT_ATTEMPTS - 1):
+        try:
+            return _read_once(store, record, fn)
+        except SnapshotExpired:
+            continue
+    return _read_once(store, record, fn)
+
+
+def _read_once(store: KvStore, record: ActorRecord, fn: Callable[[Database], T]) -> T:
+    """SQLite reports a page the snapshot cannot have as an I/O error; the `SnapshotExpired`
+    behind it, which the database keeps, tells it from any other failure."""
+    with snapshot(store, record) as database:
+        try:
             return fn(database)
-    except SnapshotExpired:
-        with snapshot(store, record) as database:
-            return fn(database)
+        except apsw.IOError as e:
+            cause = database.take_last_kv_error()
+            if isinstance(cause, SnapshotExpired):
+                raise cause from e
+            raise
 
 
 def _has_table(connection: apsw.Connection, name: str) -> bool:

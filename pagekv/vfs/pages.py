@@ -356,7 +356,9 @@ class PageStore:
         instance took the namespace over, and then the writer must die, not report corruption.
         """
         if self.read_only:
-            return SnapshotExpired(f"{what} was removed by compaction; reopen the database")
+            return SnapshotExpired(
+                f"{what} was rewritten or compacted since this snapshot; reopen the database"
+            )
         current = self.kv.generation()
         if current != self.generation:
             return self._die(FenceMismatch(self.generation, current))
