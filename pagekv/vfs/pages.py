@@ -372,7 +372,9 @@ class PageStore:
             pending = self._pending
             pos, end = offset, offset + len(data)
             if len(data) == PAGE_SIZE and not offset % PAGE_SIZE:
-                pending.dirty[end // PAGE_SIZE] = bytes(data)  # SQLite's page writes: no slice
+                # SQLite's page writes: no slice, and APSW's bytes kept (compiled, `bytes(data)`
+                # is a generic call that costs 0.8k instructions even when it returns `data`)
+                pending.dirty[end // PAGE_SIZE] = data if type(data) is bytes else bytes(data)
                 pos = end
             while pos < end:
                 pgno, start = divmod(pos, PAGE_SIZE)
@@ -444,7 +446,9 @@ class PageStore:
 
     def _dirty_pages(self) -> list[tuple[int, bytes]]:
         """The dirty pages to store, in page order: none past EOF, never the lock-byte page."""
-        dirty = sorted(self._pending.dirty.items())
+        dirty = list(self._pending.dirty.items())
+        if len(dirty) > 1:
+            dirty.sort()  # compiled, `sorted` looks `sort` up by name: 0.8k of a one-page commit
         pages = self._pages()
         if dirty and (dirty[-1][0] > pages or LOCK_BYTE_PAGE in self._pending.dirty):
             return [(p, d) for p, d in dirty if p <= pages and p != LOCK_BYTE_PAGE]
