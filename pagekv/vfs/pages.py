@@ -8,7 +8,8 @@ Invariants:
 - Reads never see uncommitted data of another instance, and never rewind `head` (only a commit, a
   compaction or a local truncate changes it).
 - A commit is visible exactly when the batch carrying its head record is applied; everything before
-  it is written under `head.txid + 1`, which readers and recovery ignore until then.
+  it is written under `head.txid + 1`, which readers and recovery ignore until then. A commit in
+  place (`_in_place`) is that one batch: its base pages ride with the head.
 - After a write whose outcome is unknown (or a fence mismatch) the store is dead: it drops its
   buffers and answers every call with `DatabaseDead`, and never resends the write.
 """
