@@ -96,6 +96,10 @@ def parse_index_key(key: bytes) -> tuple[int, int]:
     return _TXID_U32.unpack(key[len(_INDEX) :])
 
 
+def parse_delta_key(key: bytes) -> tuple[int, int]:
+    return _TXID_U32.unpack(key[len(_DELTA) :])
+
+
 def parse_base_key(key: bytes) -> int:
     return _PGNO.unpack_from(key, len(_BASE))[0]
 

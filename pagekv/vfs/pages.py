@@ -28,8 +28,11 @@ from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
 from pagekv.vfs.compaction import compact, delete_folded
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import (
+    BASE_END,
     COMPACT_SHRINKS,
+    DELTA_PREFIX,
     HEAD_KEY,
+    HINTS_END,
     HINTS_KEY,
     LOCK_BYTE_PAGE,
     PAGE_SIZE,
@@ -43,11 +46,12 @@ from pagekv.vfs.format import (
     encode_base,
     encode_hints,
     parse_base_key,
+    parse_delta_key,
 )
 from pagekv.vfs.page_cache import PageCache
 from pagekv.vfs.preload import MAX_HINT_PAGES, PreloadHints
 from pagekv.vfs.read_ahead import ReadAhead
-from pagekv.vfs.recovery import recover
+from pagekv.vfs.recovery import read_stored, recover
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,10 @@ class Options:
 _IN_PLACE_HEAD_BYTES: Final = len(HEAD_KEY) + len(Head().encode())
 """The key and value of a head without shrinks, the only kind an in-place commit writes."""
 _BASE_ENTRY_BYTES: Final = len(base_key(1)) + len(encode_base(0, 1, ZERO_PAGE))
+_READ_ALL_PAGES: Final = 1024
+"""A snapshot reads a database of up to 4 MiB whole, at its open (`PageStore._read_all`)."""
+_READ_ALL_SLACK: Final = 32
+"""Entries a snapshot's whole read (`PageStore._read_all`) allows beyond what it expects."""
 _MAGIC: Final = b"SQLite format 3\x00"
 """The start of SQLite's database header, on page 1."""
 _OPTION_TYPES: Final[dict[str, type]] = {f.name: type(f.default) for f in fields(Options)}
@@ -312,9 +320,11 @@ class PageStore:
     def _preload(self) -> None:
         """Page 1 and the hinted pages, in one `get` of their chunks and base pages; without
         hints, or when the first read-ahead window covers the file, page 1 and the pages after
-        it in one range read. Pages it cannot vouch for (absent, superseded) are left to the
-        read path, which reports them."""
+        it in one range read; a snapshot of a small database, all of it (`_read_all`). Pages it
+        cannot vouch for (absent, superseded) are left to the read path, which reports them."""
         pages = self.head.pages
+        if self.read_only and 0 < pages <= _READ_ALL_PAGES and self._read_all():
+            return
         hinted = [p for p in self.hints.stored if 1 < p <= pages and p != LOCK_BYTE_PAGE]
         if not hinted or pages <= self._read_ahead.first:
             self.read_page(1, mixed=False)
@@ -340,6 +350,38 @@ class PageStore:
             if data is not None:
                 fetched[page] = data
         self.cache.put_many(fetched)
+
+    def _read_all(self) -> bool:
+        """A snapshot of a database of at most `_READ_ALL_PAGES`: read all of it in one range
+        read (base pages, delta chunks, head, index parts, hints), and adopt the head
+        it holds. One `list` is atomic, so a writer committing meanwhile (in place, or by
+        compaction) cannot overtake the snapshot, and SQLite needs no other read; reading the
+        head, then the pages, a snapshot of a busy writer's database failed most of the time.
+        False, with nothing changed, when the range holds more entries than the head read at
+        recovery led to expect (the writer grew the database or its deltas meanwhile)."""
+        index = self.index
+        expected = self.head.base_pages + sum(index.chunks.values()) + len(index.chunks) + 2
+        limit = expected + _READ_ALL_SLACK
+        rows = self.kv.list(start=base_key(1), end=HINTS_END, limit=limit)
+        if len(rows) >= limit:
+            return False
+        at_head = 0
+        while at_head < len(rows) and rows[at_head][0] < HEAD_KEY:
+            at_head += 1
+        stored = read_stored(rows[at_head:])
+        self.head, self.index, self.size = stored.head, stored.index, stored.head.size
+        pages: dict[int, bytes] = {}
+        for key, raw in rows[:at_head]:
+            if key.startswith(DELTA_PREFIX):
+                self._chunk_pages(parse_delta_key(key), raw, pages)
+        for key, raw in rows[:at_head]:
+            if key < BASE_END:
+                page = parse_base_key(key)
+                data = self._base_page(page, raw)
+                if data is not None:
+                    pages[page] = data
+        self.cache.put_many(pages)
+        return True
 
     def _fetch_staged(self, pgno: int, chunk: int) -> bytes:
         """A page this transaction staged early; only this generation may have written it."""

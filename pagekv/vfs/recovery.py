@@ -42,7 +42,38 @@ class Recovered:
 def recover(kv: ActorKv, *, read_only: bool) -> Recovered:
     """Take over (unless `read_only`) and load a consistent view of the stored database."""
     generation = kv.generation() if read_only else kv.takeover()
-    rows = kv.list(start=HEAD_KEY, end=HINTS_END)
+    stored = read_stored(kv.list(start=HEAD_KEY, end=HINTS_END))
+    head, orphans, leftovers = stored.head, stored.orphans, stored.leftovers
+    if not read_only:
+        if orphans:
+            delete_txids(kv, generation, head.txid + 1, MAX_TXID)
+        if leftovers:
+            delete_txids(kv, generation, 0, head.compacted)
+    return Recovered(
+        generation,
+        head,
+        stored.index,
+        orphans and not read_only,
+        leftovers and not read_only,
+        stored.hints,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What the head, index parts and hints of one range read say."""
+
+    head: Head
+    index: PageIndex
+    hints: tuple[int, ...]
+    orphans: bool
+    """Index parts of txids above the head: an interrupted commit's."""
+    leftovers: bool
+    """Index parts of txids at or below `compacted`: a finished compaction's."""
+
+
+def read_stored(rows: list[tuple[bytes, bytes]]) -> Stored:
+    """Parse the rows of a range read from `HEAD_KEY` to `HINTS_END`, in key order."""
     head = Head()
     if rows and rows[0][0] == HEAD_KEY:
         head = Head.decode(rows[0][1])
@@ -61,15 +92,7 @@ def recover(kv: ActorKv, *, read_only: bool) -> Recovered:
             orphans = True
         else:
             parts.setdefault(txid, {})[part] = decode_index(value)
-    index = PageIndex.build(head, parts)
-    if not read_only:
-        if orphans:
-            delete_txids(kv, generation, head.txid + 1, MAX_TXID)
-        if leftovers:
-            delete_txids(kv, generation, 0, head.compacted)
-    return Recovered(
-        generation, head, index, orphans and not read_only, leftovers and not read_only, hints
-    )
+    return Stored(head, PageIndex.build(head, parts), hints, orphans, leftovers)
 
 
 def delete_txids(kv: ActorKv, fence: int, first: int, last: int) -> None:

@@ -11,7 +11,7 @@ from pagekv.actor.inspect import SNAPSHOT_ATTEMPTS, ActorRecord, read_snapshot
 from pagekv.kv import MemoryStore
 from pagekv.vfs import Database, SnapshotExpired, open_database
 
-ROWS = 400  # ~300 pages of 3 KB rows: past the 128 pages a snapshot reads at open
+ROWS = 1200  # a page per 3 KB row: past the 4 MiB a snapshot reads whole at its open
 
 
 @pytest.fixture
