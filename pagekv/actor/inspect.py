@@ -135,8 +135,10 @@ def snapshot(store: KvStore, record: ActorRecord) -> Iterator[Database]:
         database.close()
 
 
-SNAPSHOT_ATTEMPTS: Final = 3
-"""Snapshots `read_snapshot` opens before it gives up on a writer that keeps rewriting pages."""
+SNAPSHOT_ATTEMPTS: Final = 5
+"""Snapshots `read_snapshot` opens before it gives up on a writer that keeps rewriting pages.
+A database of up to 4 MiB is read whole at the open and never needs a second one; a bigger one
+can be overtaken by in-place commits while a query reads it (`benchmarks/RESULTS.md`)."""
 
 
 def read_snapshot(store: KvStore, record: ActorRecord, fn: Callable[[Database], T]) -> T:
