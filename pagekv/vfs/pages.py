@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -28,7 +29,6 @@ from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
 from pagekv.vfs.compaction import compact, delete_folded
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import (
-    BASE_END,
     COMPACT_SHRINKS,
     DELTA_PREFIX,
     HEAD_KEY,
@@ -365,17 +365,14 @@ class PageStore:
         rows = self.kv.list(start=base_key(1), end=HINTS_END, limit=limit)
         if len(rows) >= limit:
             return False
-        at_head = 0
-        while at_head < len(rows) and rows[at_head][0] < HEAD_KEY:
-            at_head += 1
+        at_head = bisect.bisect_left(rows, (HEAD_KEY,))
         stored = read_stored(rows[at_head:])
         self.head, self.index, self.size = stored.head, stored.index, stored.head.size
-        pages: dict[int, bytes] = {}
+        pages: dict[int, bytes] = {}  # a page is current in a chunk or as a base page, not both
         for key, raw in rows[:at_head]:
             if key.startswith(DELTA_PREFIX):
                 self._chunk_pages(parse_delta_key(key), raw, pages)
-        for key, raw in rows[:at_head]:
-            if key < BASE_END:
+            else:
                 page = parse_base_key(key)
                 data = self._base_page(page, raw)
                 if data is not None:
@@ -541,14 +538,14 @@ class PageStore:
         old = self.head
         dirty = self._dirty_pages()
         in_place = self._in_place(dirty)
-        batches: list[Batch] = []
         if in_place:
             head = Head(txid, self.size, txid, max(old.base_pages, self._pages()), ())
-            head_raw = head.encode()
         else:
             shrinks = old.shrinks + tuple(pending.shrinks) if pending.shrinks else old.shrinks
             head = Head(txid, self.size, old.compacted, old.base_pages, shrinks)
-            head_raw = head.encode()
+        head_raw = head.encode()
+        batches: list[Batch] = []
+        if not in_place:
             batches = self._planner.plan(dirty, len(HEAD_KEY) + len(head_raw)) or [Batch([])]
         staged_before = bool(pending.parts)
         written = 0
