@@ -176,31 +176,44 @@ def _check_value(key: bytes, value: object) -> bytes:
     return bytes(value)
 
 
+def _check_put(
+    limits: KvLimits, puts: dict[bytes, bytes], raw_key: object, raw_value: object
+) -> int:
+    """Check one put and add it to `puts`; return its keys' and values' bytes."""
+    key = (
+        raw_key
+        if type(raw_key) is bytes and 0 < len(raw_key) <= limits.max_key_bytes
+        else check_key(limits, raw_key)
+    )
+    value = raw_value if type(raw_value) is bytes else _check_value(key, raw_value)
+    if len(value) > limits.max_value_bytes:
+        raise ValueTooLarge(
+            f"value of {len(value)} bytes for key {key[:32]!r}", len(value), limits.max_value_bytes
+        )
+    puts[key] = value
+    return len(key) + len(value)
+
+
 def check_write(limits: KvLimits, put: Entries, delete: Sequence[object]) -> WriteBatch:
     """Validate one write batch against every per-batch limit, counting repeats as given.
 
-    On every write of every backend, so the common case (bytes keys and values within limits)
-    costs one loop with no calls beyond `len`; anything unusual takes the checked path. Keys and
-    values are typed `object` here: this is where a caller's wrong types become `InvalidKey`.
+    On every write of every backend, so the common case (a `dict` of bytes keys and values
+    within limits) is iterated as a `dict`, which compiled code does directly (a generic
+    `items()` iteration cost 1.5k instructions a commit). Keys and values are typed `object`
+    here: this is where a caller's wrong types become `InvalidKey`.
     """
-    pairs: Iterable[tuple[object, object]] = put.items() if is_mapping(put) else put
-    max_key, max_value = limits.max_key_bytes, limits.max_value_bytes
     puts: dict[bytes, bytes] = {}
     n_entries = payload = 0
-    for raw_key, raw_value in pairs:
-        key = (
-            raw_key
-            if type(raw_key) is bytes and 0 < len(raw_key) <= max_key
-            else check_key(limits, raw_key)
-        )
-        value = raw_value if type(raw_value) is bytes else _check_value(key, raw_value)
-        if len(value) > max_value:
-            raise ValueTooLarge(
-                f"value of {len(value)} bytes for key {key[:32]!r}", len(value), max_value
-            )
-        puts[key] = value
-        payload += len(key) + len(value)
-        n_entries += 1
+    if type(put) is dict:
+        given: dict[object, object] = put
+        for raw_key, raw_value in given.items():
+            payload += _check_put(limits, puts, raw_key, raw_value)
+        n_entries = len(given)
+    else:
+        pairs: Iterable[tuple[object, object]] = put.items() if is_mapping(put) else put
+        for raw_key, raw_value in pairs:
+            payload += _check_put(limits, puts, raw_key, raw_value)
+            n_entries += 1
     deletes: tuple[bytes, ...] = ()
     if delete:
         checked = [check_key(limits, k) for k in delete]

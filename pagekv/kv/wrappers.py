@@ -22,7 +22,7 @@ from mypy_extensions import mypyc_attr
 from pagekv.kv.api import ActorKv, KvStore
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.limits import Entries, KvLimits, is_mapping
-from pagekv.kv.namespace import Shorthands
+from pagekv.kv.namespace import KvNamespace, Shorthands
 
 T = TypeVar("T")
 
@@ -179,7 +179,11 @@ class CountingKv(KvWrapper):
             stats.round_trips["write"] += 1
             stats.entries_written += entries
             stats.bytes_written += size
-        write: Callable[..., None] = self.inner.write  # `fence` unchecked, as in `_call`
+        inner = self.inner
+        if isinstance(inner, KvNamespace):  # pagekv's backends: a compiled call, no kwargs parse
+            inner.write(put=put, delete=delete, fence=fence)
+            return
+        write: Callable[..., None] = inner.write  # `fence` unchecked, as in `_call`
         write(put=put, delete=delete, fence=fence)
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
