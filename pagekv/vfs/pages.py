@@ -133,8 +133,10 @@ class Counters:
 
 @dataclass(slots=True, init=False)
 class _Pending:
-    """The transaction being built: dirty pages and whatever was already staged to KV. One is
-    made per commit, so `__init__` is written out, as `WriteBatch`'s is."""
+    """The transaction being built: dirty pages and whatever was already staged to KV.
+
+    `reset` empties it for the next transaction; `__init__` is written out, as `WriteBatch`'s
+    is (compiled, a dataclass's generated one runs interpreted)."""
 
     dirty: dict[int, bytes]
     staged: dict[int, int]
@@ -150,6 +152,20 @@ class _Pending:
         self.staged = {}
         self.parts = []
         self.shrinks = []
+        self.chunks = 0
+        self.floor = None
+
+    def reset(self) -> None:
+        """Empty it in place, as a new one would be, but making only the containers that were
+        used: a one-page commit fills `dirty` alone, and making the four anew was 3% of its
+        time. `parts` and `shrinks` are replaced, not cleared: the page index keeps them."""
+        self.dirty.clear()
+        if self.staged:
+            self.staged = {}
+        if self.parts:
+            self.parts = []
+        if self.shrinks:
+            self.shrinks = []
         self.chunks = 0
         self.floor = None
 
@@ -582,7 +598,6 @@ class PageStore:
         for pgno, data in dirty:
             self.cache.put(pgno, data)
         self.head = head
-        self._pending = _Pending()
         counters = self.counters
         counters.commits += 1
         if staged_before or len(batches) > 1:
@@ -596,6 +611,7 @@ class PageStore:
             n_pages += len(part)
         counters.pages_committed += n_pages
         counters.max_commit_pages = max(counters.max_commit_pages, n_pages)
+        pending.reset()
 
     def _in_place(self, dirty: list[tuple[int, bytes]]) -> bool:
         """Whether this commit can write its pages over their base pages, in one batch with a
@@ -652,7 +668,7 @@ class PageStore:
             self.counters.hints_saved += 1
 
     def _discard_pending(self) -> None:
-        self._pending = _Pending()
+        self._pending.reset()
         self.size = self.head.size
 
     # -- compaction -------------------------------------------------------------------------
