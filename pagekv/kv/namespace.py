@@ -100,7 +100,11 @@ class KvNamespace(Shorthands, abc.ABC):
     def write(
         self, *, put: Entries = (), delete: Sequence[object] = (), fence: object = None
     ) -> None:
-        batch = check_write(self._limits, put, delete)
+        self.write_batch(check_write(self._limits, put, delete), fence)
+
+    def write_batch(self, batch: WriteBatch, fence: object = None) -> None:
+        """`write` of a batch that `check_write` made against these limits: for a wrapper that
+        validates a write itself (`CountingKv` sizes it from the batch), so it is done once."""
         checked_fence = check_fence_arg(fence)
         if batch.puts or batch.deletes or checked_fence is not None:
             self._write(batch, checked_fence)

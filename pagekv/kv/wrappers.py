@@ -21,7 +21,7 @@ from mypy_extensions import mypyc_attr
 
 from pagekv.kv.api import ActorKv, KvStore
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
-from pagekv.kv.limits import Entries, KvLimits, is_mapping
+from pagekv.kv.limits import Entries, KvLimits, check_write, is_mapping
 from pagekv.kv.namespace import KvNamespace, Shorthands
 
 T = TypeVar("T")
@@ -94,22 +94,15 @@ class KvWrapper(Shorthands):
         self._call("drop", self.inner.drop, fence=fence)
 
 
-def _payload(put: Entries) -> int:
-    """Bytes of the keys and values of `put` (a mapping, or a list of pairs).
-
-    A plain loop: compiled, `sum(map(len, ...))` looks up and calls each builtin generically,
-    which cost 6k instructions per commit. Items are `Sized`, not `bytes`: any key or value with
-    a length is counted, and the store judges its type."""
-    size = 0
-    if type(put) is dict:  # what every caller in pagekv passes: iterated as a dict when compiled
-        entries: dict[Sized, Sized] = put
-        for key, value in entries.items():
-            size += len(key) + len(value)
-        return size
+def _given_size(put: Entries, delete: Sequence[Sized]) -> int:
+    """Bytes of the keys and values of a write as given (a mapping or pairs, and delete keys),
+    or 0 if one has no length: the store then rejects the write. Items are `Sized`, not
+    `bytes`: any key or value with a length is counted, and the store judges its type."""
     pairs: Iterable[tuple[Sized, Sized]] = put.items() if is_mapping(put) else put
-    for key, value in pairs:
-        size += len(key) + len(value)
-    return size
+    try:
+        return sum([len(k) + len(v) for k, v in pairs]) + sum([len(k) for k in delete])
+    except TypeError:
+        return 0
 
 
 @mypyc_attr(native_class=False)
@@ -170,21 +163,28 @@ class CountingKv(KvWrapper):
         if delete:
             delete = list(delete)
         entries = len(put) + len(delete)
+        inner = self.inner
+        if not isinstance(inner, KvNamespace):
+            self._count_write(entries, _given_size(put, delete))
+            write: Callable[..., None] = inner.write  # `fence` unchecked, as in `_call`
+            write(put=put, delete=delete, fence=fence)
+            return
+        # pagekv's own backends: the write is validated once, here, and sized from its batch
+        # (the same bytes as given), then passed on as a compiled call without keywords
         try:
-            size = _payload(put) + (sum(map(len, delete)) if delete else 0)
-        except TypeError:  # a key or value without a length: the store rejects the write
-            size = 0
+            batch = check_write(inner.limits, put, delete)
+        except BaseException:
+            self._count_write(entries, _given_size(put, delete))
+            raise
+        self._count_write(entries, batch.payload)
+        inner.write_batch(batch, fence)
+
+    def _count_write(self, entries: int, size: int) -> None:
         with self._lock:
             stats = self.stats
             stats.round_trips["write"] += 1
             stats.entries_written += entries
             stats.bytes_written += size
-        inner = self.inner
-        if isinstance(inner, KvNamespace):  # pagekv's backends: a compiled call, no kwargs parse
-            inner.write(put=put, delete=delete, fence=fence)
-            return
-        write: Callable[..., None] = inner.write  # `fence` unchecked, as in `_call`
-        write(put=put, delete=delete, fence=fence)
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         with self._lock:

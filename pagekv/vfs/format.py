@@ -39,6 +39,7 @@ FRAME_BYTES: Final = _FRAME.size + PAGE_SIZE
 _BASE_HEADER: Final = struct.Struct(">BQI")
 """value version, txid, crc"""
 _BASE_BYTES: Final = _BASE_HEADER.size + PAGE_SIZE
+_BASE_KEY: Final = struct.Struct(">2sI")
 _INDEX_ENTRY: Final = struct.Struct(">II")
 _HEAD: Final = struct.Struct(">BIQQQQI")
 """version, page_size, txid, size, compacted, base_pages, number of shrinks"""
@@ -47,8 +48,8 @@ _PGNO: Final = struct.Struct(">I")
 _TXID_U32: Final = struct.Struct(">QI")
 """txid and a page, chunk or part number: in keys and in the page CRC"""
 _PACK_TXID_U32: Final = _TXID_U32.pack
-_PACK_PGNO: Final = _PGNO.pack
 _PACK_BASE_HEADER: Final = _BASE_HEADER.pack
+_PACK_BASE_KEY: Final = _BASE_KEY.pack
 _PACK_HEAD: Final = _HEAD.pack
 """Bound once: compiled, `_HEAD.pack(...)` looks the method up by name at every call, and a
 commit packs four times."""
@@ -71,7 +72,7 @@ def delta_key(txid: int, chunk: int) -> bytes:
 
 
 def base_key(pgno: int) -> bytes:
-    return _BASE + _PACK_PGNO(pgno)
+    return _PACK_BASE_KEY(_BASE, pgno)
 
 
 def txid_bound(kind_key: bytes, txid: int) -> bytes:

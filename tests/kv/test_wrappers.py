@@ -151,6 +151,9 @@ def test_counting_kv_counts_calls_that_fail(kv: ActorKv) -> None:
     assert counting.stats.round_trips == Counter(
         {"write": 1, "get": 1, "delete_range": 1, "drop": 1}
     )
+    # The rejected write is counted as given, entries and bytes included.
+    assert counting.stats.entries_written == 1
+    assert counting.stats.bytes_written == 1 + kv.limits.max_value_bytes + 1
     assert counting.stats.entries_read == 0
     assert kv.list() == []
 
