@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeGuard
 
 from typing_extensions import TypeIs
 
@@ -58,7 +58,8 @@ class KvLimits:
 @dataclass(slots=True, init=False)
 class WriteBatch:
     """A validated write: puts (the last put of a key wins) and deletes of other keys, each key
-    once (the backends' quota arithmetic relies on that).
+    once (the backends' quota arithmetic relies on that). `puts` may be the caller's own dict:
+    a backend reads it during the write and keeps no reference to it.
 
     One is made per write, so `__init__` is written out: mypyc compiles a written `__init__`,
     but a dataclass's generated one runs interpreted, about 6x slower (250 vs 40 ns).
@@ -176,15 +177,16 @@ def _check_value(key: bytes, value: object) -> bytes:
     return bytes(value)
 
 
+def _is_plain_key(key: object, limits: KvLimits) -> TypeGuard[bytes]:
+    """A key that needs no conversion and breaks no limit (the common case, told cheaply)."""
+    return type(key) is bytes and 0 < len(key) <= limits.max_key_bytes
+
+
 def _check_put(
     limits: KvLimits, puts: dict[bytes, bytes], raw_key: object, raw_value: object
 ) -> int:
     """Check one put and add it to `puts`; return its keys' and values' bytes."""
-    key = (
-        raw_key
-        if type(raw_key) is bytes and 0 < len(raw_key) <= limits.max_key_bytes
-        else check_key(limits, raw_key)
-    )
+    key = raw_key if _is_plain_key(raw_key, limits) else check_key(limits, raw_key)
     value = raw_value if type(raw_value) is bytes else _check_value(key, raw_value)
     if len(value) > limits.max_value_bytes:
         raise ValueTooLarge(
@@ -194,22 +196,35 @@ def _check_put(
     return len(key) + len(value)
 
 
+def _plain_size(limits: KvLimits, put: dict[object, object]) -> int:
+    """Bytes of the keys and values of `put` if each is `bytes` within its limit, else -1 (the
+    checked path then converts or rejects)."""
+    size = 0
+    for key, value in put.items():
+        if not (
+            _is_plain_key(key, limits)
+            and type(value) is bytes
+            and len(value) <= limits.max_value_bytes
+        ):
+            return -1
+        size += len(key) + len(value)
+    return size
+
+
 def check_write(limits: KvLimits, put: Entries, delete: Sequence[object]) -> WriteBatch:
     """Validate one write batch against every per-batch limit, counting repeats as given.
 
-    On every write of every backend, so the common case (a `dict` of bytes keys and values
-    within limits) is iterated as a `dict`, which compiled code does directly (a generic
-    `items()` iteration cost 1.5k instructions a commit). Keys and values are typed `object`
-    here: this is where a caller's wrong types become `InvalidKey`.
+    On every write of every backend, so the common case, a `dict` of bytes keys and values
+    within limits, is checked in one pass and becomes the batch's `puts` as it is: copying it
+    was a fifth of the KV layer's time in a one-row commit. Anything else takes the checked
+    path. Keys and values are typed `object` here: this is where a caller's wrong types become
+    `InvalidKey`.
     """
-    puts: dict[bytes, bytes] = {}
-    n_entries = payload = 0
-    if type(put) is dict:
-        given: dict[object, object] = put
-        for raw_key, raw_value in given.items():
-            payload += _check_put(limits, puts, raw_key, raw_value)
-        n_entries = len(given)
+    puts: dict[bytes, bytes]
+    if type(put) is dict and (payload := _plain_size(limits, put)) >= 0:
+        puts, n_entries = put, len(put)
     else:
+        puts, n_entries, payload = {}, 0, 0
         pairs: Iterable[tuple[object, object]] = put.items() if is_mapping(put) else put
         for raw_key, raw_value in pairs:
             payload += _check_put(limits, puts, raw_key, raw_value)
