@@ -79,10 +79,12 @@ class MemoryNamespace(KvNamespace):
                 if key in d.values:
                     del d.values[key]
                     d.keys.remove(key)
+            values = d.values
             for key, value in batch.puts.items():
-                if key not in d.values:
+                before = len(values)
+                values[key] = value
+                if len(values) != before:  # a new key (told without a second lookup)
                     d.keys.add(key)
-                d.values[key] = value
 
     def _delete_range(self, start: bytes, end: bytes, fence: int | None) -> None:
         self._round_trip()
