@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import apsw
 
-from pagekv.kv import ActorKv, FaultyKv, FileStore, KvStats, KvStore, open_kv
+from pagekv.kv import OPS, ActorKv, FaultyKv, FileStore, KvStats, KvStore, open_kv
 from pagekv.vfs import Database, open_database
 
 PAGE_SIZE = 4096
@@ -249,9 +249,7 @@ class PagekvSubject(Subject):
         delta = now - self._mark
         self._mark = now
         return KvStats(
-            round_trips=Counter(
-                {k.removeprefix(_RT): v for k, v in delta.items() if k.startswith(_RT)}
-            ),
+            calls=[delta[_RT + op] for op in OPS],
             bytes_written=delta["kv_bytes_written"],
             bytes_read=delta["kv_bytes_read"],
         )

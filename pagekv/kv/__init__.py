@@ -22,6 +22,7 @@ from pagekv.kv.memory import MemoryStore
 from pagekv.kv.namespace import KvNamespace, prefix_end
 from pagekv.kv.url import DEFAULT_URL, check_kv_url, open_kv
 from pagekv.kv.wrappers import (
+    OPS,
     READ_OPS,
     WRITE_OPS,
     CountingKv,
@@ -38,6 +39,7 @@ from pagekv.kv.wrappers import (
 __all__ = [
     "ACTOR_KV_METHODS",
     "DEFAULT_URL",
+    "OPS",
     "READ_OPS",
     "WRITE_OPS",
     "ActorKv",
