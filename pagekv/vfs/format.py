@@ -52,7 +52,7 @@ _PACK_BASE_HEADER: Final = _BASE_HEADER.pack
 _PACK_BASE_KEY: Final = _BASE_KEY.pack
 _PACK_HEAD: Final = _HEAD.pack
 """Bound once: compiled, `_HEAD.pack(...)` looks the method up by name at every call, and a
-commit packs four times."""
+commit packs several times."""
 ZERO_PAGE: Final = bytes(PAGE_SIZE)
 LOCK_BYTE_PAGE: Final = 0x40000000 // PAGE_SIZE + 1
 """SQLite's lock-byte page (the page holding offset 1 GiB); it is never written."""

@@ -274,6 +274,27 @@ def test_put_accepts_a_mapping_or_pairs_and_the_last_put_of_a_key_wins(kv: Actor
     assert kv.used_bytes() == 6
 
 
+def test_bytes_like_keys_and_values_are_stored_as_bytes(kv: ActorKv) -> None:
+    entries = {memoryview(b"ba"): memoryview(b"mv"), b"plain": bytearray(b"xyz")}
+    kv.put(entries)  # type: ignore[arg-type]
+    kv.put([(memoryview(b"pair"), bytearray(b"1"))])  # type: ignore[list-item]
+    assert kv.list() == [(b"ba", b"mv"), (b"pair", b"1"), (b"plain", b"xyz")]
+    assert all(type(v) is bytes for v in kv.get([b"ba", b"pair", b"plain"]))
+    entries[b"plain"][:] = b"zzz"  # the store kept its own copy
+    assert kv.get([b"plain"]) == [b"xyz"]
+    assert kv.used_bytes() == 4 + 5 + 8
+
+
+def test_the_callers_dict_is_its_own_after_a_write(kv: ActorKv) -> None:
+    entries = {b"a": b"1", b"b": b"2"}
+    kv.put(entries)
+    entries[b"a"] = b"changed"
+    entries[b"c"] = b"3"
+    del entries[b"b"]
+    assert kv.list() == [(b"a", b"1"), (b"b", b"2")]
+    assert kv.used_bytes() == 4
+
+
 def test_write_puts_and_deletes_in_one_batch(kv: ActorKv) -> None:
     kv.put({b"a": b"1", b"b": b"2", b"c": b"3"})
     kv.write(put={b"b": b"22", b"d": b"4"}, delete=[b"a", b"c", b"never-existed"])
