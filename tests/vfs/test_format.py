@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 import apsw
 import cbor2
 import pytest
+from crc32c import crc32c
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from pagekv.kv import ActorKv, MemoryStore
 from pagekv.vfs import StorageCorrupt, open_database
@@ -22,7 +26,9 @@ from pagekv.vfs.format import (
     Head,
     Shrink,
     decode_hints,
+    encode_base,
     encode_hints,
+    page_crc,
 )
 from pagekv.vfs.pages import PageStore
 
@@ -138,6 +144,25 @@ def test_a_version_1_database_opens_and_its_next_commit_writes_the_current_forma
 def test_an_unreadable_head_is_corrupt(raw: bytes) -> None:
     with pytest.raises(StorageCorrupt):
         Head.decode(raw)
+
+
+@given(
+    txid=st.integers(0, 2**64 - 1),
+    pgno=st.integers(0, 2**32 - 1),
+    data=st.binary(max_size=64) | st.binary(min_size=4096, max_size=4096),
+)
+@example(txid=0, pgno=0, data=b"")
+@example(txid=2**64 - 1, pgno=2**32 - 1, data=bytes(4096))
+@example(txid=2**32, pgno=1, data=b"\xff" * 4096)
+def test_the_page_crc_is_crc32c_of_txid_pgno_and_page(txid: int, pgno: int, data: bytes) -> None:
+    """The format's definition (docs/FORMAT.md), against the table-driven prefix CRC."""
+    assert page_crc(txid, pgno, data) == crc32c(struct.pack(">QI", txid, pgno) + data)
+
+
+def test_a_base_page_value_is_its_header_and_the_page() -> None:
+    page = bytes(range(256)) * 16
+    value = encode_base(7, 3, page)
+    assert value == struct.pack(">BQI", 1, 7, crc32c(struct.pack(">QI", 7, 3) + page)) + page
 
 
 def test_head_record_round_trips() -> None:
