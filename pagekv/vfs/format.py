@@ -93,12 +93,9 @@ VALUE_HEADER_BYTES: Final = len(_VALUE_VERSION)
 CHUNK_HEADER_BYTES: Final = len(_VALUE_VERSION) + _GENERATION.size
 
 
-def parse_index_key(key: bytes) -> tuple[int, int]:
-    return _TXID_U32.unpack(key[len(_INDEX) :])
-
-
-def parse_delta_key(key: bytes) -> tuple[int, int]:
-    return _TXID_U32.unpack(key[len(_DELTA) :])
+def parse_txid_key(key: bytes) -> tuple[int, int]:
+    """`(txid, part or chunk)` of an index or delta key (their prefixes are one length)."""
+    return _TXID_U32.unpack_from(key, len(PREFIX) + 1)
 
 
 def parse_base_key(key: bytes) -> int:

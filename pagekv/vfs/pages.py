@@ -46,7 +46,7 @@ from pagekv.vfs.format import (
     encode_base,
     encode_hints,
     parse_base_key,
-    parse_delta_key,
+    parse_txid_key,
 )
 from pagekv.vfs.page_cache import PageCache
 from pagekv.vfs.preload import MAX_HINT_PAGES, PreloadHints
@@ -387,7 +387,7 @@ class PageStore:
         pages: dict[int, bytes] = {}  # a page is current in a chunk or as a base page, not both
         for key, raw in rows[:at_head]:
             if key.startswith(DELTA_PREFIX):
-                self._chunk_pages(parse_delta_key(key), raw, pages)
+                self._chunk_pages(parse_txid_key(key), raw, pages)
             else:
                 page = parse_base_key(key)
                 data = self._base_page(page, raw)

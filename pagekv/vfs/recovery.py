@@ -23,7 +23,7 @@ from pagekv.vfs.format import (
     Head,
     decode_hints,
     decode_index,
-    parse_index_key,
+    parse_txid_key,
     txid_bound,
 )
 from pagekv.vfs.page_index import PageIndex
@@ -85,7 +85,7 @@ def read_stored(rows: list[tuple[bytes, bytes]]) -> Stored:
     parts: dict[int, dict[int, list[tuple[int, int]]]] = {}
     orphans = leftovers = False
     for key, value in rows:
-        txid, part = parse_index_key(key)
+        txid, part = parse_txid_key(key)
         if txid <= head.compacted:
             leftovers = True
         elif txid > head.txid:
