@@ -49,7 +49,7 @@ import apsw
 
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
-from pagekv.kv.file_log import DATA_START, LogFile, LogHeader
+from pagekv.kv.file_log import DATA_START, LogFile, LogHeader, os_reason
 from pagekv.kv.file_records import (
     MAX_KEY_BYTES,
     Range,
@@ -288,7 +288,7 @@ class FileStore:
         self._live = False  # whether the header's epoch is the one records go to
         self._offset = DATA_START
         self._seq = 0
-        self._broken: OSError | None = None
+        self._broken: str | None = None  # why the store refuses requests until reopened
         self._sections = (_Section(self, exclusive=False), _Section(self, exclusive=True))
         try:
             self._log = LogFile(self.path / "kv.log")
@@ -436,23 +436,31 @@ class FileStore:
         try:
             self._log.ensure_size(offset + size)
         except OSError as e:  # a full disk, say: nothing of this record was written
-            raise KvUnavailable(f"cannot grow {self._log.path}: {e}") from e
+            raise KvUnavailable(
+                f"cannot grow {self._log.path}: {os_reason(e)}; nothing was written"
+            ) from e
         change(self._pending_for(ns))
         self._offset, self._seq = offset + size, seq
         try:
             self._changes = self._log.bump()
             self._log.append(offset, header.salt, seq, body)
         except OSError as e:
-            self._broken = e
-            raise KvIndeterminate(f"append to {self._log.path} failed: {e}") from e
+            self._broken = f"an append to its log failed: {os_reason(e)}"
+            raise KvIndeterminate(
+                f"append to {self._log.path} failed: {os_reason(e)}; the write may or may not "
+                "have been applied, and the store refuses requests until it is reopened"
+            ) from e
 
     def _write_header(self, header: LogHeader) -> None:
         try:
             self._changes = self._log.bump()
             self._log.write_header(header)
         except OSError as e:
-            self._broken = e
-            raise KvUnavailable(f"header write to {self._log.path} failed: {e}") from e
+            self._broken = f"a header write to its log failed: {os_reason(e)}"
+            raise KvUnavailable(
+                f"header write to {self._log.path} failed: {os_reason(e)}; the request was not "
+                "applied, and the store refuses requests until it is reopened"
+            ) from e
         self._header = header
         self._header_bytes = self._log.header_bytes()
 
@@ -618,7 +626,7 @@ class _Section:
         try:
             if store._broken is not None:
                 raise KvUnavailable(
-                    f"the file store {store.path} failed to sync ({store._broken}); reopen it"
+                    f"the file store {store.path} is broken ({store._broken}); reopen it"
                 )
             try:
                 store._log.lock(self._exclusive)

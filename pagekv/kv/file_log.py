@@ -152,7 +152,7 @@ class LogFile:
 
     def write_header(self, header: LogHeader) -> None:
         self.ensure_size(DATA_START)
-        os.pwrite(self.fd, header.encode(), (header.hseq % 2) * _SLOT_SIZE)
+        write_all(self.fd, header.encode(), (header.hseq % 2) * _SLOT_SIZE)
         os.fdatasync(self.fd)
 
     def read_record(self, offset: int, salt: bytes, seq: int) -> bytes | None:
@@ -202,14 +202,21 @@ class LogFile:
             _CRC.pack_into(buffer, 0, crc32c(record[_CRC.size : end], self._seed(salt)))
             if self._direct is not None:
                 try:
-                    os.pwritev(self._direct, [record[:size]], offset)
-                    return
+                    written = os.pwritev(self._direct, [record[:size]], offset)
                 except OSError as e:
                     if e.errno != errno.EINVAL:
                         raise
                     os.close(self._direct)  # wrote nothing: the file system wants other alignment
                     self._direct = None
-            os.pwrite(self.fd, record[:end], offset)
+                else:
+                    if written == size:
+                        return
+                    # A short direct write (a full disk, a quota, RLIMIT_FSIZE): the rest goes
+                    # through the page cache, which either completes it or says why it cannot.
+                    write_all(self.fd, buffer, offset + written, written, size)
+                    os.fdatasync(self.fd)
+                    return
+            write_all(self.fd, buffer, offset, 0, end)
             os.fdatasync(self.fd)
 
     @staticmethod
@@ -230,7 +237,7 @@ class LogFile:
         if size > current:
             step = min(max(current, _FIRST_EXTENT), _MAX_EXTENT)
             target = max(_aligned(size), current + step)
-            os.pwrite(self.fd, bytes(target - current), current)
+            write_all(self.fd, bytes(target - current), current)
             os.fdatasync(self.fd)
             current = target
         self._size = current
@@ -253,6 +260,31 @@ class LogFile:
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)
+
+
+def os_reason(e: OSError) -> str:
+    """`ENOSPC (No space left on device)`: the symbolic errno a user can search for."""
+    name = errno.errorcode.get(e.errno, str(e.errno)) if e.errno is not None else "OSError"
+    return f"{name} ({e.strerror or e})"
+
+
+def write_all(
+    fd: int, data: bytes | mmap.mmap, offset: int, start: int = 0, end: int | None = None
+) -> None:
+    """Write `data[start:end]` at `offset` in full, or raise `OSError`.
+
+    `pwrite` may write less than asked without an error (the disk filled up, a quota or
+    `RLIMIT_FSIZE` was reached); writing the rest then fails with the reason (`ENOSPC`,
+    `EDQUOT`, `EFBIG`), so a short write is never taken for a whole one. The view of `data` is
+    released on every way out, so a traceback never keeps a mapping from being closed.
+    """
+    with memoryview(data) as view:
+        done, stop = start, len(view) if end is None else end
+        while done < stop:
+            written = os.pwrite(fd, view[done:stop], offset + done - start)
+            if written <= 0:
+                raise OSError(errno.EIO, f"wrote nothing of {stop - done} bytes")
+            done += written
 
 
 def _map_counter(path: Path) -> mmap.mmap:

@@ -206,6 +206,8 @@ class PageStore:
         self.counters.orphan_cleanups = recovered.orphans_removed + recovered.leftovers_removed
         self.size = self.head.size
         self._pending = _Pending()
+        self._refused = False
+        """Whether the last commit was refused with nothing written (`_drop_unchanged`)."""
         self._read_ahead = ReadAhead()
         use_hints = options.preload_hints
         budget = min(MAX_HINT_PAGES, self.limits.max_batch_entries - 1) if use_hints else 0
@@ -250,6 +252,10 @@ class PageStore:
             return self._fetch_staged(pgno, chunk)
         if pending.floor is not None and pgno > pending.floor:
             return ZERO_PAGE
+        return self._committed_page(pgno, mixed)
+
+    def _committed_page(self, pgno: int, mixed: bool = True) -> bytes:
+        """Page `pgno` (at most `head.pages`, not the lock-byte page) as the head has it."""
         data = self.cache.get(pgno)
         if data is not None:
             return data
@@ -549,6 +555,11 @@ class PageStore:
         if self.read_only or not self.has_pending():
             return
         self._shrink_to_header_size()
+        if self._refused:
+            self._refused = False
+            self._drop_unchanged()
+            if not self.has_pending():
+                return
         pending = self._pending
         txid = self.head.txid + 1
         old = self.head
@@ -584,6 +595,7 @@ class PageStore:
                 raise self._die(e) from e
             self.last_error = e
             self._discard_pending()
+            self._refused = True
             raise
         if in_place:
             self.index.base_limit = head.base_pages
@@ -612,6 +624,22 @@ class PageStore:
         counters.pages_committed += n_pages
         counters.max_commit_pages = max(counters.max_commit_pages, n_pages)
         pending.reset()
+
+    def _drop_unchanged(self) -> None:
+        """Forget dirty pages that hold what the head already has.
+
+        SQLite answers a refused commit (a quota or limit error, `_sync`) by writing the rolled
+        back pages' old contents again from its journal and syncing. Those writes change nothing,
+        but as a commit they would add a delta of every page, which meets the same quota: SQLite's
+        pager would stay in its error state and fail every statement. Called only at the sync
+        after a refusal, so commits never pay for the comparison."""
+        pending = self._pending
+        if pending.parts or pending.shrinks:
+            return
+        pages = self.head.pages
+        for pgno, data in list(pending.dirty.items()):
+            if pgno <= pages and pgno != LOCK_BYTE_PAGE and data == self._committed_page(pgno):
+                del pending.dirty[pgno]
 
     def _in_place(self, dirty: list[tuple[int, bytes]]) -> bool:
         """Whether this commit can write its pages over their base pages, in one batch with a

@@ -65,6 +65,22 @@ async def stash(ctx: ActorContext, size: int) -> None:
 
 
 @ledger.action
+async def fill(ctx: ActorContext, rows: int, size: int) -> int:
+    """`rows` blobs of `size` bytes in one transaction: a commit as big as a test needs."""
+    async with ctx.db.transaction():
+        await ctx.db.execute("CREATE TABLE IF NOT EXISTS blobs(b BLOB)")
+        for _ in range(rows):
+            await ctx.db.execute("INSERT INTO blobs VALUES (randomblob(?))", (size,))
+    return (await ctx.db.execute("SELECT count(*) FROM blobs"))[0][0]
+
+
+@ledger.action
+async def rewrite(ctx: ActorContext, size: int) -> None:
+    """Every blob rewritten: a commit of every page `fill` wrote."""
+    await ctx.db.execute("UPDATE blobs SET b = randomblob(?)", (size,))
+
+
+@ledger.action
 async def blob(ctx: ActorContext, data: bytes) -> bytes:
     return data[::-1]
 

@@ -23,7 +23,7 @@ from pagekv.actor import (
 from pagekv.actor.queue import MAX_MESSAGE_BYTES, MAX_QUEUE_NAME_BYTES
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.client import RemoteError
-from pagekv.kv import FaultKind, FaultyStore, MemoryStore
+from pagekv.kv import FaultKind, FaultyStore, KvLimits, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -275,6 +275,25 @@ async def test_bodies_over_the_limit_are_413_naming_it() -> None:
         assert error_of(response)["limit"] == "max_body_bytes"
         assert "1000" in error_of(response)["message"]
     assert fits.json()["result"]["rows"] == [1]
+
+
+async def test_a_commit_over_the_storage_quota_is_413_and_the_actor_stays_healthy() -> None:
+    """The refused commit wrote nothing, and the same actor instance goes on serving. It used to
+    fail every later statement with the quota error: SQLite rewrote the rolled-back pages from its
+    journal, and that rewrite, a delta as big as the refused commit, was refused too."""
+    store = MemoryStore(limits=KvLimits(max_storage_bytes=1_000_000))
+    async with serving(kv=store) as served, served.client() as client:
+        handle = client.get_or_create("ledger", "k")
+        assert await handle.fill(150, 3000) == 150  # too many pages to commit in place: a delta
+        used = store.namespace("ledger/k").used_bytes()
+        with pytest.raises(RemoteError) as refused:
+            await handle.rewrite(3000)
+        assert store.namespace("ledger/k").used_bytes() == used
+        assert await handle.fill(5, 3000) == 155
+        assert (await handle.add(4))["rows"] == [4]
+    assert (refused.value.status, refused.value.code) == (413, "kv_limit")
+    assert refused.value.limit == "max_storage_bytes"
+    assert "max_storage_bytes = 1000000" in refused.value.message
 
 
 async def test_kv_and_queue_limits_are_4xx_naming_the_limit(served: Served) -> None:

@@ -406,3 +406,38 @@ def test_limits_of_a_tiny_store_are_never_exceeded_by_commits(new_ns: NewNamespa
         rows = content(db)
     with open_database(ns) as again:
         assert content(again) == rows
+
+
+@pytest.mark.parametrize(
+    ("deltas", "quota"), [("delta-commits", 400_000), ("in-place-after-vacuum", 300_000)]
+)
+def test_a_commit_refused_by_the_quota_rolls_back_and_the_connection_keeps_working(
+    new_ns: NewNamespace, deltas: str, quota: int
+) -> None:
+    """The refused commit wrote nothing; SQLite then writes the rolled-back pages' old contents
+    again from its journal and syncs. That sync used to be a commit of every one of those pages
+    as a new delta, refused by the same quota, so every later statement failed with `FullError`
+    on a database that was not dead."""
+    ns = new_ns(KvLimits(max_storage_bytes=quota))
+    with open_database(ns, in_place_commits=deltas != "delta-commits") as db:
+        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
+        for _ in range(25):
+            db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        if deltas == "in-place-after-vacuum":
+            db.execute("DELETE FROM t WHERE id > 24")
+            db.execute("VACUUM")  # a shrink: the commits after it are deltas, not in place
+        db.execute("UPDATE t SET b = randomblob(3000) WHERE id = 3")  # a live delta
+        assert db.metrics()["live_deltas"] > 0
+        before = content(db)
+        used = ns.used_bytes()
+        with pytest.raises(apsw.FullError, match=f"max_storage_bytes = {quota}"):
+            db.execute("UPDATE t SET b = randomblob(3100)")
+        assert ns.used_bytes() == used, "the refused commit wrote something"
+        assert not db.is_dead
+        assert content(db) == before
+        check_integrity(db)
+        db.execute("UPDATE t SET b = x'00' WHERE id = 4")  # a commit that fits
+        after = content(db)
+    with open_database(ns) as again:
+        assert content(again) == after
+        check_integrity(again)

@@ -379,14 +379,17 @@ def test_compaction_and_metrics_from_another_thread_while_committing(memory_ns: 
     db = open_database(memory_ns, compact_deltas=8, in_place_commits=False)
     db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
     rows = [random.randbytes(100) for _ in range(400)]
-    done = threading.Event()
+    done, started = threading.Event(), threading.Event()
     seen: Counter[str] = Counter()
     errors: list[BaseException] = []
 
     def commit() -> None:
         try:
-            for row in rows:
+            started.wait(10)
+            for i, row in enumerate(rows):
                 db.execute("INSERT INTO t(v) VALUES (?)", (row,))
+                if i % 50 == 0:  # 400 commits take a few ms, less than a GIL switch interval
+                    time.sleep(0.001)
         except BaseException as e:
             errors.append(e)
         finally:
@@ -397,6 +400,7 @@ def test_compaction_and_metrics_from_another_thread_while_committing(memory_ns: 
             while not done.is_set():
                 db.metrics()
                 seen["metrics"] += 1
+                started.set()
                 try:
                     db.compact()
                     seen["compactions"] += 1

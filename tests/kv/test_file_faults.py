@@ -1,0 +1,180 @@
+"""OS-level faults of the `file://` store, in real child processes.
+
+The children are this file run as a script (`python test_file_faults.py ROLE ...`), each printing
+one JSON document of what it saw; the parent checks it and then reopens the store.
+
+- Short writes: a child lowers `RLIMIT_FSIZE` (with `SIGXFSZ` ignored) so that only part of the
+  next write to `kv.log` fits, as on a full disk or a hit quota, then writes. The write must fail
+  (never be acknowledged), name the log and the errno, and the reopened store must hold every
+  acknowledged batch and not the failed one. Each case also proves that the short write happened:
+  the log's record, extension or header write is the one refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pagekv.kv import FileStore
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_child(*args: str) -> dict[str, Any]:
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, __file__, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _outcome(call: Any) -> dict[str, str]:
+    try:
+        call()
+    except Exception as e:
+        return {"error": type(e).__name__, "message": str(e)}
+    return {"error": ""}
+
+
+def _limit_file_size(size: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+
+
+def _lift_file_size_limit() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+# --- the children -------------------------------------------------------------------------------
+
+
+def _child_short_record(directory: str, room: int, direct: bool) -> dict[str, Any]:
+    """Acknowledge three batches, then leave `room` bytes for the next record and write it."""
+    store = FileStore(directory)
+    if not direct and store._log._direct is not None:
+        os.close(store._log._direct)
+        store._log._direct = None
+    ns = store.namespace("a")
+    for i in range(3):
+        ns.write(put={b"k%d" % i: bytes([i]) * 100})
+    offset = store._offset
+    _limit_file_size(offset + room)
+    failed = _outcome(lambda: ns.write(put={b"lost": b"x" * 5000}))
+    after = _outcome(lambda: ns.get([b"k0"]))
+    return {
+        "direct": store._log._direct is not None,
+        "size": os.path.getsize(Path(directory) / "kv.log"),
+        "offset": offset,
+        "write": failed,
+        "after": after,
+    }
+
+
+def _child_short_extension(directory: str) -> dict[str, Any]:
+    """Fill the preallocated log, then leave 1,000 bytes for the zeros of its next extension."""
+    store = FileStore(directory)
+    ns = store.namespace("a")
+    log = Path(directory) / "kv.log"
+    acked = 0
+    while acked == 0 or store._offset + 8192 <= os.path.getsize(log):
+        ns.write(put={b"k%05d" % acked: b"v" * 8000})
+        acked += 1
+    size = os.path.getsize(log)
+    _limit_file_size(size + 1000)
+    failed = _outcome(lambda: ns.write(put={b"lost": b"x" * 8000}))
+    grown = os.path.getsize(log)
+    _lift_file_size_limit()
+    later = _outcome(lambda: ns.write(put={b"later": b"y" * 100}))
+    return {"acked": acked, "size": size, "grown": grown, "write": failed, "later": later}
+
+
+def _child_short_header(directory: str) -> dict[str, Any]:
+    """Fold the log by hand and stop before the next epoch's header, as a folder that died there
+    would; then leave room for 8 bytes of that header (slot 1, at byte 512) and write."""
+    store = FileStore(directory)
+    ns = store.namespace("a")
+    for i in range(3):
+        ns.write(put={b"k%d" % i: b"v" * 600})
+    with store._section(exclusive=True):
+        store._fold()
+    assert store._header is not None and store._header.sealed
+    assert (store._header.hseq + 1) % 2 == 1, "the next header goes to slot 0"
+    _limit_file_size(512 + 8)
+    failed = _outcome(lambda: ns.write(put={b"lost": b"v" * 600}))
+    after = _outcome(lambda: ns.get([b"k0"]))
+    return {"write": failed, "after": after}
+
+
+# --- the tests ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("room", [600, 1024])
+@pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "pwrite"])
+def test_a_short_record_write_is_never_acknowledged(
+    tmp_path: Path, room: int, direct: bool
+) -> None:
+    seen = _run_child("short-record", str(tmp_path), str(room), str(int(direct)))
+    if direct and not seen["direct"] and room == 1024:
+        pytest.skip(f"{tmp_path} does not support O_DIRECT")
+    assert seen["size"] > seen["offset"] + room, "the record's blocks were not preallocated"
+    assert seen["write"]["error"] == "KvIndeterminate", seen
+    assert "EFBIG (File too large)" in seen["write"]["message"]
+    assert str(tmp_path / "kv.log") in seen["write"]["message"]
+    assert seen["after"]["error"] == "KvUnavailable" and "reopen" in seen["after"]["message"]
+    store = FileStore(tmp_path)
+    ns = store.namespace("a")
+    assert dict(ns.list()) == {b"k%d" % i: bytes([i]) * 100 for i in range(3)}
+    assert ns.used_bytes() == 3 * 102
+    ns.put({b"next": b"n"})  # lands where the torn record was
+    store.close()
+    assert dict(FileStore(tmp_path).namespace("a").list())[b"next"] == b"n"
+
+
+def test_a_short_extension_of_the_log_writes_nothing_and_breaks_nothing(tmp_path: Path) -> None:
+    seen = _run_child("short-extension", str(tmp_path))
+    assert seen["grown"] == seen["size"] + 1000, "the extension was not cut short"
+    assert seen["write"]["error"] == "KvUnavailable", seen
+    assert "cannot grow" in seen["write"]["message"]
+    assert "EFBIG" in seen["write"]["message"]
+    assert seen["later"] == {"error": ""}, "the store stayed broken after a refused extension"
+    ns = FileStore(tmp_path).namespace("a")
+    keys = {k for k, _ in ns.list()}
+    assert keys == {b"k%05d" % i for i in range(seen["acked"])} | {b"later"}
+
+
+def test_a_short_header_write_fails_the_write_and_the_other_slot_survives(tmp_path: Path) -> None:
+    seen = _run_child("short-header", str(tmp_path))
+    assert seen["write"]["error"] == "KvUnavailable", seen
+    assert "header write" in seen["write"]["message"] and "EFBIG" in seen["write"]["message"]
+    assert seen["after"]["error"] == "KvUnavailable" and "reopen" in seen["after"]["message"]
+    ns = FileStore(tmp_path).namespace("a")
+    assert dict(ns.list()) == {b"k%d" % i: b"v" * 600 for i in range(3)}
+    ns.put({b"next": b"n"})  # a new epoch starts over the torn header
+    assert len(ns.list()) == 4
+
+
+if __name__ == "__main__":
+    role, *argv = sys.argv[1:]
+    if role == "short-record":
+        result = _child_short_record(argv[0], int(argv[1]), argv[2] == "1")
+    elif role == "short-extension":
+        result = _child_short_extension(argv[0])
+    elif role == "short-header":
+        result = _child_short_header(argv[0])
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+    print(json.dumps(result))
