@@ -81,7 +81,7 @@ def compact(
         if data is None:
             by_chunk.setdefault(loc, []).append(pgno)
         else:
-            writer.put(base_key(pgno), encode_base(loc[0], pgno, data))
+            writer.put(base_key(pgno), encode_base(fence, loc[0], pgno, data))
     folded = len(index.deltas) - sum(map(len, by_chunk.values()))
     ordered = sorted(by_chunk)
     per_read = min(_CHUNKS_PER_READ, kv.limits.max_batch_entries)
@@ -93,11 +93,11 @@ def compact(
                 raise StorageCorrupt(f"delta chunk {chunk} of txid {txid} is missing")
             frames = decode_chunk(txid, raw).pages
             for pgno in by_chunk[(txid, chunk)]:
-                writer.put(base_key(pgno), encode_base(txid, pgno, frames[pgno]))
+                writer.put(base_key(pgno), encode_base(fence, txid, pgno, frames[pgno]))
                 folded += 1
     for pgno in range(index.base_limit + 1, pages + 1):
         if pgno not in index.deltas and pgno != LOCK_BYTE_PAGE:
-            writer.put(base_key(pgno), encode_base(head.txid, pgno, ZERO_PAGE))
+            writer.put(base_key(pgno), encode_base(fence, head.txid, pgno, ZERO_PAGE))
             folded += 1
     new_head = replace(head, compacted=head.txid, base_pages=pages, shrinks=())
     writer.put(HEAD_KEY, new_head.encode())

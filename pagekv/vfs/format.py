@@ -25,7 +25,7 @@ from crc32c import crc32c
 
 from pagekv.vfs.errors import StorageCorrupt
 
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 PAGE_SIZE: Final = 4096
 PREFIX: Final = b"\x01"
 HEAD_KEY: Final = PREFIX + b"H"
@@ -36,13 +36,19 @@ _VALUE_VERSION: Final = b"\x01"
 _FRAME: Final = struct.Struct(">II")
 _GENERATION: Final = struct.Struct(">Q")
 FRAME_BYTES: Final = _FRAME.size + PAGE_SIZE
-_BASE_HEADER: Final = struct.Struct(">BQI")
-"""value version, txid, crc"""
+_BASE_VERSION: Final = 2
+_BASE_HEADER: Final = struct.Struct(">BQQI")
+"""value version (2), generation, txid, crc"""
 _BASE_BYTES: Final = _BASE_HEADER.size + PAGE_SIZE
+_BASE_HEADER_V1: Final = struct.Struct(">BQI")
+"""value version (1), txid, crc: base pages written before format 3, with no generation"""
+_BASE_BYTES_V1: Final = _BASE_HEADER_V1.size + PAGE_SIZE
 _BASE_KEY: Final = struct.Struct(">2sI")
 _INDEX_ENTRY: Final = struct.Struct(">II")
 _HEAD: Final = struct.Struct(">BIQQQQI")
 """version, page_size, txid, size, compacted, base_pages, number of shrinks"""
+_HEAD_VERSIONS: Final = (2, FORMAT_VERSION)
+"""Heads of the same layout: version 3 only says that base pages may carry a generation."""
 _SHRINK: Final = struct.Struct(">QII")
 _PGNO: Final = struct.Struct(">I")
 _TXID_U32: Final = struct.Struct(">QI")
@@ -201,13 +207,14 @@ class Head:
 
     @classmethod
     def decode(cls, raw: bytes) -> Head:
-        """Read a head of this version or of version 1 (CBOR, told apart by its first byte)."""
+        """Read a head of this version, of version 2 (the same layout) or of version 1 (CBOR,
+        told apart by its first byte)."""
         version = raw[0] if raw else None
         if version is not None and 0xA0 <= version <= 0xBF:  # a CBOR map: version 1
             return cls._decode_v1(raw)
         if version is not None and version > FORMAT_VERSION:
             raise _newer(version)
-        if version != FORMAT_VERSION or len(raw) < _HEAD.size:
+        if version not in _HEAD_VERSIONS or len(raw) < _HEAD.size:
             raise StorageCorrupt(f"unreadable head record ({len(raw)} bytes, version {version})")
         _, page_size, txid, size, compacted, base_pages, n_shrinks = _HEAD.unpack_from(raw)
         if len(raw) != _HEAD.size + n_shrinks * _SHRINK.size:
@@ -283,19 +290,24 @@ def decode_chunk(txid: int, raw: bytes) -> Chunk:
     return Chunk(generation, pages)
 
 
-def encode_base(txid: int, pgno: int, data: bytes) -> bytes:
-    return _PACK_BASE_HEADER(_VALUE_VERSION[0], txid, page_crc(txid, pgno, data)) + data
+def encode_base(generation: int, txid: int, pgno: int, data: bytes) -> bytes:
+    return _PACK_BASE_HEADER(_BASE_VERSION, generation, txid, page_crc(txid, pgno, data)) + data
 
 
-def decode_base(pgno: int, raw: bytes) -> tuple[int, bytes]:
-    """Return `(txid the version came from, page data)`."""
-    if len(raw) != _BASE_BYTES or raw[0] != _VALUE_VERSION[0]:
+def decode_base(pgno: int, raw: bytes) -> tuple[int, int, bytes]:
+    """Return `(generation that wrote it, txid the version came from, page data)`; a page from
+    before format 3 reports generation 0."""
+    if len(raw) == _BASE_BYTES and raw[0] == _BASE_VERSION:
+        _, generation, txid, crc = _BASE_HEADER.unpack_from(raw)
+    elif len(raw) == _BASE_BYTES_V1 and raw[0] == _VALUE_VERSION[0]:
+        generation = 0
+        _, txid, crc = _BASE_HEADER_V1.unpack_from(raw)
+    else:
         raise StorageCorrupt(f"malformed base page {pgno} ({len(raw)} bytes)")
-    _, txid, crc = _BASE_HEADER.unpack_from(raw)
-    data = raw[_BASE_BYTES - PAGE_SIZE :]
+    data = raw[len(raw) - PAGE_SIZE :]
     if page_crc(txid, pgno, data) != crc:
         raise StorageCorrupt(f"CRC mismatch in base page {pgno}")
-    return txid, data
+    return generation, txid, data
 
 
 def encode_index(entries: list[tuple[int, int]]) -> bytes:

@@ -83,7 +83,7 @@ class Options:
 
 _IN_PLACE_HEAD_BYTES: Final = len(HEAD_KEY) + len(Head().encode())
 """The key and value of a head without shrinks, the only kind an in-place commit writes."""
-_BASE_ENTRY_BYTES: Final = len(base_key(1)) + len(encode_base(0, 1, ZERO_PAGE))
+_BASE_ENTRY_BYTES: Final = len(base_key(1)) + len(encode_base(0, 0, 1, ZERO_PAGE))
 _READ_ALL_PAGES: Final = 1024
 """A snapshot reads a database of up to 4 MiB whole, at its open (`PageStore._read_all`)."""
 _READ_ALL_SLACK: Final = 32
@@ -316,8 +316,12 @@ class PageStore:
         return pages
 
     def _chunk_pages(self, loc: tuple[int, int], raw: bytes, into: dict[int, bytes]) -> None:
-        """Put into `into` the pages of chunk `loc` that are current."""
-        for page, data in decode_chunk(loc[0], raw).pages.items():
+        """Put into `into` the pages of chunk `loc` that are current: none if a later generation
+        wrote it (`_base_page` says why)."""
+        chunk = decode_chunk(loc[0], raw)
+        if chunk.generation > self.generation:
+            return
+        for page, data in chunk.pages.items():
             if self.index.deltas.get(page) == loc:
                 into[page] = data
 
@@ -333,11 +337,17 @@ class PageStore:
 
     def _base_page(self, page: int, raw: bytes) -> bytes | None:
         """Base page `page` if it is the current version: not superseded by a delta, not past a
-        shrink, and not written by a compaction pass whose head move has not happened."""
+        shrink, not written by a compaction pass whose head move has not happened, and not
+        written by a generation later than this store's.
+
+        Transaction numbers start again at 1 in a namespace that was dropped and written anew,
+        but generations never do (a drop keeps the namespace's generation, and the new writer
+        takes it over). So a page of a later generation is either a takeover's (this writer is
+        stale) or another incarnation's (this snapshot is): either way not this store's."""
         if page in self.index.deltas or page > self.index.base_limit:
             return None
-        txid, data = decode_base(page, raw)
-        return data if txid <= self.head.compacted else None
+        generation, txid, data = decode_base(page, raw)
+        return data if txid <= self.head.compacted and generation <= self.generation else None
 
     def _preload(self) -> None:
         """Page 1 and the hinted pages, in one `get` of their chunks and base pages; without
@@ -578,7 +588,11 @@ class PageStore:
         written = 0
         try:
             if in_place:
-                puts = {base_key(pgno): encode_base(txid, pgno, data) for pgno, data in dirty}
+                generation = self.generation
+                puts = {
+                    base_key(pgno): encode_base(generation, txid, pgno, data)
+                    for pgno, data in dirty
+                }
                 puts[HEAD_KEY] = head_raw
                 self.kv.write(put=puts, fence=self.generation)
             for number, batch in enumerate(batches):

@@ -457,6 +457,54 @@ def test_a_snapshot_never_reads_a_page_rewritten_in_place_after_it() -> None:
     assert fresh.read(PAGE_SIZE, 2 * PAGE_SIZE) == fill(2, PAGE_SIZE)
 
 
+@pytest.mark.parametrize("layout", ["compacted", "deltas"])
+def test_a_snapshot_or_stale_writer_never_reads_another_incarnation(layout: str) -> None:
+    """The namespace is dropped and a new database written under it, with the same transaction
+    numbers, page numbers and chunk keys as the old one. A snapshot of the old one (too big to
+    be read whole at its open) must refuse the new pages, and a stale writer must die: both
+    returned the new pages as if they were their own."""
+    kv = MemoryStore().namespace("t")
+    pages = 1100
+    options = Options(cache_pages=1, in_place_commits=False, auto_compact=False)
+
+    def build(seed: int) -> PageStore:
+        writer = PageStore(kv, options=options)
+        writer.write(fill(seed, pages * PAGE_SIZE), 0)
+        writer.sync()
+        if layout == "compacted":
+            writer.compact()
+        return writer
+
+    old = fill(1, pages * PAGE_SIZE)
+    stale = build(1)
+    snap = PageStore(kv, read_only=True, options=options)
+    assert snap.read(PAGE_SIZE, 0) == old[:PAGE_SIZE]
+    assert stale.read(PAGE_SIZE, 0) == old[:PAGE_SIZE]
+    kv.drop()
+    fresh = build(2)
+    assert (fresh.head.txid, fresh.head.compacted) == (stale.head.txid, stale.head.compacted)
+    where = 600 * PAGE_SIZE
+    with pytest.raises(SnapshotExpired):
+        snap.read(PAGE_SIZE, where)
+    with pytest.raises(DatabaseDead, match="FenceMismatch"):
+        stale.read(PAGE_SIZE, where)
+    assert fresh.read(PAGE_SIZE, where) == fill(2, pages * PAGE_SIZE)[where : where + PAGE_SIZE]
+
+
+def test_base_pages_of_format_2_are_read_as_generation_0() -> None:
+    """Databases written before base pages carried their generation stay readable."""
+    kv = MemoryStore().namespace("t")
+    writer = PageStore(kv)
+    writer.write(fill(1, 3 * PAGE_SIZE), 0)
+    writer.sync()
+    assert _in_place(writer) == 1
+    for key, raw in kv.list(start=base_key(1), end=BASE_END):
+        _, _, txid, crc = struct.unpack_from(">BQQI", raw)
+        kv.put({key: struct.pack(">BQI", 1, txid, crc) + raw[-PAGE_SIZE:]})
+    for read_only in (True, False):
+        assert read_all(PageStore(kv, read_only=read_only)) == fill(1, 3 * PAGE_SIZE)
+
+
 @pytest.mark.parametrize(
     ("base", "dirty", "in_place"),
     [

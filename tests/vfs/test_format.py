@@ -26,6 +26,7 @@ from pagekv.vfs.format import (
     Head,
     Shrink,
     decode_hints,
+    decode_base,
     encode_base,
     encode_hints,
     page_crc,
@@ -161,8 +162,20 @@ def test_the_page_crc_is_crc32c_of_txid_pgno_and_page(txid: int, pgno: int, data
 
 def test_a_base_page_value_is_its_header_and_the_page() -> None:
     page = bytes(range(256)) * 16
-    value = encode_base(7, 3, page)
-    assert value == struct.pack(">BQI", 1, 7, crc32c(struct.pack(">QI", 7, 3) + page)) + page
+    value = encode_base(9, 7, 3, page)
+    crc = crc32c(struct.pack(">QI", 7, 3) + page)
+    assert value == struct.pack(">BQQI", 2, 9, 7, crc) + page
+    assert decode_base(3, value) == (9, 7, page)
+    assert decode_base(3, struct.pack(">BQI", 1, 7, crc) + page) == (0, 7, page)  # format 2
+    for bad in (value[:-1], b"\x03" + value[1:], struct.pack(">BQI", 2, 7, crc) + page):
+        with pytest.raises(StorageCorrupt, match="malformed base page 3"):
+            decode_base(3, bad)
+
+
+def test_a_version_2_head_is_read() -> None:
+    """Format 3 changed only base pages; a head written by format 2 has the same layout."""
+    head = Head(txid=7, size=3 * 4096 + 5, compacted=3, base_pages=2)
+    assert Head.decode(b"\x02" + head.encode()[1:]) == head
 
 
 def test_head_record_round_trips() -> None:

@@ -23,7 +23,7 @@ import pytest
 
 import pagekv.vfs.vfs
 from pagekv.kv import ActorKv, CountingKv, open_kv
-from pagekv.vfs import Database, Options, open_database
+from pagekv.vfs import Database, Options, SnapshotExpired, open_database
 from pagekv.vfs.file import PageFile
 
 Rows = list[tuple[Any, ...]]
@@ -558,6 +558,37 @@ def test_read_only_snapshot(ns: ActorKv) -> None:
         writer.close()
     with open_database(ns, read_only=True) as snap:
         assert snap.execute("SELECT count(*) FROM t").fetchall() == [(201,)]
+
+
+def test_a_snapshot_reads_only_its_own_incarnation_of_a_dropped_database(ns: ActorKv) -> None:
+    """What `pagekv inspect` and the inspector meet beside a writer that destroys and re-creates
+    an actor: a snapshot (of a database too big to read whole at its open) that keeps scanning
+    after the drop returns the old rows or fails with `SnapshotExpired`, never the new rows."""
+
+    def build(tag: str) -> None:
+        with open_database(ns) as db:
+            db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, tag TEXT, pad BLOB)")
+            with db.connection:
+                db.connection.executemany(
+                    "INSERT INTO t(tag, pad) VALUES (?, randomblob(3000))", [(tag,)] * 1500
+                )
+            db.compact()
+
+    build("old")
+    snap = open_database(ns, read_only=True, cache_pages=16)
+    try:
+        rows = snap.execute("SELECT tag FROM t")
+        seen = [next(rows)[0] for _ in range(10)]
+        ns.drop()
+        build("new")
+        with pytest.raises(apsw.IOError, match="since this snapshot"):
+            seen += [tag for (tag,) in rows]
+        assert set(seen) == {"old"}
+        assert isinstance(snap.take_last_kv_error(), SnapshotExpired)
+    finally:
+        snap.close()
+    with open_database(ns, read_only=True) as again:
+        assert again.execute("SELECT DISTINCT tag FROM t").fetchall() == [("new",)]
 
 
 def test_read_only_snapshot_of_an_empty_namespace_never_writes(ns: ActorKv) -> None:
