@@ -40,6 +40,7 @@ import heapq
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -98,7 +99,7 @@ def _upsert(rows: int) -> str:
 _UPSERT_ONE: Final = _upsert(1)
 _UPSERT_MANY: Final = _upsert(_UPSERT_ROWS)
 _SIZE: Final = "length(key) + length(value)"
-_BUSY_TIMEOUT_MS: Final = 30_000
+DEFAULT_LOCK_TIMEOUT: Final = 30.0
 _BASE_PAGE_SIZE: Final = 32 * 1024
 _KEYS_PER_QUERY: Final = 500
 DEFAULT_LOG_BYTES: Final = 32 * 2**20
@@ -260,6 +261,8 @@ class FileStore:
 
     `log_bytes` is the log size at which it is folded into the base: a larger log folds less
     often and holds more in memory (about that many bytes of pending changes per open store).
+    `lock_timeout` bounds, in seconds, each wait for the locks other threads and processes hold
+    on the directory; past it the request fails with `KvUnavailable`, having done nothing.
     """
 
     def __init__(
@@ -268,9 +271,13 @@ class FileStore:
         *,
         limits: KvLimits | None = None,
         log_bytes: int = DEFAULT_LOG_BYTES,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         if log_bytes < 2 * DATA_START:
             raise ValueError(f"log_bytes must be at least {2 * DATA_START}, got {log_bytes}")
+        if not 0 < lock_timeout < float("inf"):
+            raise ValueError(f"lock_timeout must be a number of seconds > 0, got {lock_timeout}")
+        self.lock_timeout = float(lock_timeout)
         self.path = Path(path)
         self.limits = limits or KvLimits()
         if self.limits.max_key_bytes > MAX_KEY_BYTES:
@@ -308,7 +315,7 @@ class FileStore:
     def _open(self) -> None:
         """Check and upgrade the base, open the log and replay it, so damage shows at open."""
         try:
-            self._db.set_busy_timeout(_BUSY_TIMEOUT_MS)
+            self._db.set_busy_timeout(int(self.lock_timeout * 1000))
             # One statement per execute: APSW runs a multi-statement string lazily, so a second
             # pragma after one that returns a row (journal_mode does) would never run. A rollback
             # journal, not WAL: only folds write the base, always under the log's exclusive lock,
@@ -622,16 +629,28 @@ class _Section:
 
     def __enter__(self) -> FileStore:
         store = self._store
-        store._lock.acquire()
+        timeout = store.lock_timeout
+        if not store._lock.acquire(False):
+            started = time.monotonic()
+            if not store._lock.acquire(True, timeout):
+                raise KvUnavailable(
+                    f"waited {timeout:g} s for another thread of this process to finish with "
+                    f"the file store {store.path}; nothing was done"
+                )
+            timeout = max(0.0, timeout - (time.monotonic() - started))
         try:
             if store._broken is not None:
                 raise KvUnavailable(
                     f"the file store {store.path} is broken ({store._broken}); reopen it"
                 )
             try:
-                store._log.lock(self._exclusive)
+                store._log.lock(self._exclusive, timeout)
+            except TimeoutError as e:
+                raise KvUnavailable(
+                    f"the file store {store.path} is locked: {e.strerror}; nothing was done"
+                ) from e
             except OSError as e:
-                raise KvUnavailable(f"cannot lock {store._log.path}: {e}") from e
+                raise KvUnavailable(f"cannot lock {store._log.path}: {os_reason(e)}") from e
             try:
                 store._catch_up()
                 if self._exclusive:

@@ -30,6 +30,7 @@ import fcntl
 import mmap
 import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -52,6 +53,9 @@ _PADDING: Final = bytes(ALIGN)
 _LOCK_EX: Final = fcntl.LOCK_EX
 _LOCK_SH: Final = fcntl.LOCK_SH
 _LOCK_UN: Final = fcntl.LOCK_UN
+_LOCK_NB: Final = fcntl.LOCK_NB
+_FIRST_POLL: Final = 50e-6
+_MAX_POLL: Final = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +122,36 @@ class LogFile:
         _COUNTER.pack_into(self._shm, 0, value)
         return value
 
-    def lock(self, exclusive: bool) -> None:
-        fcntl.flock(self.fd, _LOCK_EX if exclusive else _LOCK_SH)
+    def lock(self, exclusive: bool, timeout: float) -> None:
+        """Take the log's `flock`, waiting at most `timeout` seconds; `TimeoutError` past it.
+
+        A blocking `flock` cannot be given a timeout, and a holder that is stopped (SIGSTOP, a
+        debugger, a frozen cgroup) would stall every other process for good. So a lock not free
+        at once is polled, with sleeps growing from 50 µs to 1 ms: a waiter behind a healthy
+        holder (one durable write) gets it within a millisecond of its release, and one behind
+        a stopped holder gives up on time, naming the holder where `/proc/locks` tells it.
+        """
+        kind = _LOCK_EX if exclusive else _LOCK_SH
+        try:
+            fcntl.flock(self.fd, kind | _LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        deadline = time.monotonic() + timeout
+        delay = _FIRST_POLL
+        while True:
+            time.sleep(delay)
+            try:
+                fcntl.flock(self.fd, kind | _LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        errno.ETIMEDOUT,
+                        f"waited {timeout:g} s for the lock on {self.path}, "
+                        f"held by {_lock_holders(self.fd)}",
+                    ) from None
+            delay = min(2 * delay, _MAX_POLL)
 
     def unlock(self) -> None:
         fcntl.flock(self.fd, _LOCK_UN)
@@ -285,6 +317,36 @@ def write_all(
             if written <= 0:
                 raise OSError(errno.EIO, f"wrote nothing of {stop - done} bytes")
             done += written
+
+
+def _lock_holders(fd: int) -> str:
+    """Who holds a `flock` on `fd`'s file, from `/proc/locks` (Linux): `pid 123 (stopped)`."""
+    st = os.fstat(fd)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            lines = locks.read().splitlines()
+    except OSError:
+        return "another process (no /proc/locks here to name it)"
+    holders = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode:
+            pid = fields[4]
+            mine = " (this process)" if pid == str(os.getpid()) else ""
+            holders.append(f"pid {pid}{mine}{_process_state(pid)}")
+    return ", ".join(holders) if holders else "a process that has let go since"
+
+
+def _process_state(pid: str) -> str:
+    """` (stopped)` and the like, from `/proc/PID/stat`; empty where it cannot be read."""
+    states = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O"}
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return f" ({states[state]})" if state in states else ""
 
 
 def _map_counter(path: Path) -> mmap.mmap:

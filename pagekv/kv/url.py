@@ -9,7 +9,7 @@ from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from pagekv.kv.api import KvStore
-from pagekv.kv.file import DEFAULT_LOG_BYTES, FileStore
+from pagekv.kv.file import DEFAULT_LOCK_TIMEOUT, DEFAULT_LOG_BYTES, FileStore
 from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
 
@@ -23,8 +23,10 @@ def open_kv(
     """Open a store by URL.
 
     - `memory://[?latency_ms=N]`: in-process, for tests and benchmarks;
-    - `file:///abs/dir` or `file:./rel/dir` `[?log_kib=N]`: the embedded durable store of one
-      machine; its log is folded into the base every `log_kib` KiB (default 32 MiB);
+    - `file:///abs/dir` or `file:./rel/dir` `[?log_kib=N&lock_timeout=S]`: the embedded durable
+      store of one machine; its log is folded into the base every `log_kib` KiB (default
+      32 MiB), and a request waits at most `lock_timeout` seconds (default 30) for the locks
+      other processes hold on the directory;
     - `postgresql://user@host:port/db[?schema=..&pool_max=..]` (or `postgres://`): a PostgreSQL
       server shared by many hosts; see `PostgresStore` for the options.
 
@@ -61,16 +63,23 @@ def _opener(url: str, limits: KvLimits | None, create: bool) -> Callable[[], KvS
             if not path:
                 raise ValueError(f"file URL {url!r} names no directory")
             query = parse_qs(parts.query)
-            unknown = set(query) - {"log_kib"}
+            unknown = set(query) - {"log_kib", "lock_timeout"}
             if unknown:
-                raise ValueError(f"unknown option(s) {sorted(unknown)} in {url!r}; known: log_kib")
+                raise ValueError(
+                    f"unknown option(s) {sorted(unknown)} in {url!r}; known: log_kib, lock_timeout"
+                )
             log_kib = _option(query, "log_kib", int, DEFAULT_LOG_BYTES // 1024, url)
+            lock_timeout = _option(query, "lock_timeout", float, DEFAULT_LOCK_TIMEOUT, url)
+            if not 0 < lock_timeout < float("inf"):
+                raise ValueError(f"lock_timeout must be a number of seconds > 0 in {url!r}")
             directory = Path(path)
 
             def open_file() -> KvStore:
                 if not create and not directory.is_dir():
                     raise FileNotFoundError(f"no file store at {directory}")
-                return FileStore(directory, limits=limits, log_bytes=log_kib * 1024)
+                return FileStore(
+                    directory, limits=limits, log_bytes=log_kib * 1024, lock_timeout=lock_timeout
+                )
 
             return open_file
         case "postgresql" | "postgres":

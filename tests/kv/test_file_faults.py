@@ -8,6 +8,10 @@ one JSON document of what it saw; the parent checks it and then reopens the stor
   (never be acknowledged), name the log and the errno, and the reopened store must hold every
   acknowledged batch and not the failed one. Each case also proves that the short write happened:
   the log's record, extension or header write is the one refused.
+- A stopped lock holder: a child stops itself (SIGSTOP) inside a write section, holding the
+  exclusive `flock` on `kv.log`. Every other process's open, read and write must give up after
+  the store's `lock_timeout` with `KvUnavailable` naming the directory and the holder's pid, and
+  work again once the holder is continued.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pagekv.kv import FileStore
+from pagekv.kv import FileStore, KvUnavailable, check_kv_url, open_kv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,6 +125,18 @@ def _child_short_header(directory: str) -> dict[str, Any]:
     return {"write": failed, "after": after}
 
 
+def _child_stopped_holder(directory: str) -> None:
+    """Write once, then stop inside the next write's section, holding the exclusive lock."""
+    store = FileStore(directory)
+    ns = store.namespace("a")
+    ns.put({b"before": b"1"})
+    with store._section(exclusive=True):
+        print(json.dumps({"pid": os.getpid()}), flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    ns.put({b"after-continue": b"1"})
+    print(json.dumps({"done": True}), flush=True)
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 
@@ -167,8 +185,98 @@ def test_a_short_header_write_fails_the_write_and_the_other_slot_survives(tmp_pa
     assert len(ns.list()) == 4
 
 
+def _wait_stopped(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} never stopped")
+
+
+def test_a_stopped_lock_holder_makes_others_fail_in_time_not_hang(tmp_path: Path) -> None:
+    directory = tmp_path / "s"
+    ready = FileStore(directory)  # opened before the holder stops: reads and writes must fail
+    ns = ready.namespace("a")
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    holder = subprocess.Popen(
+        [sys.executable, __file__, "stopped-holder", str(directory)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=REPO_ROOT,
+    )
+    try:
+        assert holder.stdout is not None
+        pid = json.loads(holder.stdout.readline())["pid"]
+        _wait_stopped(pid)
+        ready.lock_timeout = 0.5
+        calls = {
+            "open": lambda: open_kv(f"file:{directory}?lock_timeout=0.5"),
+            "get": lambda: ns.get([b"before"]),
+            "write": lambda: ns.put({b"lost": b"x"}),
+            "takeover": ns.takeover,
+        }
+        for what, call in calls.items():
+            started = time.monotonic()
+            with pytest.raises(KvUnavailable) as refused:
+                call()
+            waited = time.monotonic() - started
+            assert 0.5 <= waited < 10, f"{what} waited {waited:.2f} s"
+            message = str(refused.value)
+            assert str(directory) in message and f"pid {pid} (stopped)" in message, message
+            assert "nothing was done" in message, message
+        os.kill(pid, signal.SIGCONT)
+        assert json.loads(holder.stdout.readline()) == {"done": True}
+        assert holder.wait(timeout=30) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert dict(ns.list()) == {b"before": b"1", b"after-continue": b"1"}
+    assert ns.generation() == 0, "a refused takeover was applied"
+    ready.close()
+
+
+def test_a_thread_holding_the_store_delays_another_only_up_to_the_timeout(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path, lock_timeout=0.3)
+    ns = store.namespace("a")
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store._section(exclusive=True):
+            inside.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        started = time.monotonic()
+        with pytest.raises(KvUnavailable, match="another thread of this process"):
+            ns.put({b"k": b"v"})
+        assert 0.3 <= time.monotonic() - started < 10
+    finally:
+        release.set()
+        holder.join()
+    ns.put({b"k": b"v"})
+    assert ns.list() == [(b"k", b"v")]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "inf", "nan"])
+def test_a_bad_lock_timeout_is_refused_naming_it(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ValueError, match="lock_timeout"):
+        check_kv_url(f"file:{tmp_path}?lock_timeout={value}")
+    assert not any(tmp_path.iterdir())
+
+
 if __name__ == "__main__":
     role, *argv = sys.argv[1:]
+    if role == "stopped-holder":
+        _child_stopped_holder(argv[0])
+        raise SystemExit(0)
     if role == "short-record":
         result = _child_short_record(argv[0], int(argv[1]), argv[2] == "1")
     elif role == "short-extension":
