@@ -80,7 +80,7 @@ def main() -> None:
     for root, rates in results.items():
         median = statistics.median(rates)
         print(
-            f"{str(root):40} {median:8.0f} writes/s (range {min(rates):.0f}-{max(rates):.0f}), "
+            f"{root!s:40} {median:8.0f} writes/s (range {min(rates):.0f}-{max(rates):.0f}), "
             f"{median / first:.2f}x this checkout"
         )
     shutil.rmtree(BASE, ignore_errors=True)

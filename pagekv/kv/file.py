@@ -381,7 +381,9 @@ class FileStore:
             while (body := log.read_record(self._offset, salt, self._seq + 1)) is not None:
                 self._replay(body)
         raw = log.header_bytes()
-        if trusted and raw == self._header_bytes:
+        # A sealed epoch may have been folded since without a header write: look at the base.
+        sealed = self._live and self._header is not None and self._header.sealed
+        if trusted and raw == self._header_bytes and not sealed:
             return
         old, header = self._header, log.decode_header(raw)
         self._header_bytes, self._header = raw, header
@@ -478,6 +480,10 @@ class FileStore:
         if not header.sealed:
             self._write_header(replace(header, hseq=header.hseq + 1, sealed=True))
         try:
+            # Counted before the base changes: a process holding this epoch's pending state
+            # must drop it once the base holds the epoch (`_follow_log`), even if this one dies
+            # before the next epoch's header, the only other write that would tell it.
+            self._changes = self._log.bump()
             with self._transaction() as db:
                 if db.execute("SELECT epoch FROM log_state").get >= header.epoch:
                     return  # folded by a process that died before starting the next epoch

@@ -670,3 +670,39 @@ def test_a_full_disk_while_the_log_grows_rejects_the_write_and_changes_nothing(
     ns.put({b"b": b"2"})  # the store was not broken by it
     store.close()
     assert dict(FileStore(tmp_path).namespace("a").list()) == {b"a": b"1", b"b": b"2"}
+
+
+def test_usage_seen_by_another_store_stays_exact_after_two_crashes_around_a_fold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writer 1 overwrites a key (100 -> 1,000 bytes) and dies right after sealing the log; a
+    long-lived reader catches up; writer 2 folds the epoch into the base and dies before the next
+    epoch's header. The reader's pending state still owed the key's old size, and the base now
+    held the new one: its `used_bytes()` said 101 while its own `list()` summed to 2,503."""
+    reader = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    first = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    ns = first.namespace("a")
+    ns.put({b"k": b"x" * 100, b"other": b"o" * 1400})
+    with first._section(exclusive=True):  # into the base, as a full log would be
+        first._fold()
+        first._start_epoch()
+    ns.put({b"k": b"y" * 1000})
+    fired = _crash_at(monkeypatch, first, "after-seal")
+    with pytest.raises(Crash):
+        for i in range(3):
+            ns.put({b"fill-%d" % i: b"z" * 5000})
+    assert fired == ["after-seal"]
+    monkeypatch.undo()
+    entries = dict(reader.namespace("a").list())  # caught up with the sealed epoch
+    second = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    fired = _crash_at(monkeypatch, second, "before-seal")  # its first header: the next epoch's
+    with pytest.raises(Crash):
+        second.namespace("a").put({b"never": b"written"})
+    assert fired == ["before-seal"]
+    monkeypatch.undo()
+    sealed = first._header
+    assert sealed is not None and _folded(tmp_path) == sealed.epoch, "the second did not fold"
+    mine = reader.namespace("a")
+    assert dict(mine.list()) == entries
+    assert mine.used_bytes() == sum(len(k) + len(v) for k, v in entries.items())
+    assert FileStore(tmp_path, log_bytes=SMALL_LOG).namespace("a").used_bytes() == mine.used_bytes()
