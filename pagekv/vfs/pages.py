@@ -538,7 +538,10 @@ class PageStore:
                 pending.parts.append(entries)
                 pending.staged.update(entries)
         except BaseException as e:
-            raise self._die(e) from e
+            if pending.parts or not isinstance(e, KvUnavailable | LimitError):
+                raise self._die(e) from e
+            self._refuse(e)
+            raise
         pending.dirty.clear()
 
     def _encode(self, txid: int, batch: Batch) -> tuple[dict[bytes, bytes], list[tuple[int, int]]]:
@@ -607,9 +610,7 @@ class PageStore:
         except BaseException as e:
             if written or staged_before or not isinstance(e, KvUnavailable | LimitError):
                 raise self._die(e) from e
-            self.last_error = e
-            self._discard_pending()
-            self._refused = True
+            self._refuse(e)
             raise
         if in_place:
             self.index.base_limit = head.base_pages
@@ -708,6 +709,14 @@ class PageStore:
                 return
             self.hints.saved(pages)
             self.counters.hints_saved += 1
+
+    def _refuse(self, error: BaseException) -> None:
+        """A write of this transaction was refused before anything of it was stored (a limit,
+        the quota, a store that answered `KvUnavailable`): the transaction is rolled back here,
+        and SQLite, which gets the error, rolls back its side (`_drop_unchanged`)."""
+        self.last_error = error
+        self._discard_pending()
+        self._refused = True
 
     def _discard_pending(self) -> None:
         self._pending.reset()

@@ -441,3 +441,29 @@ def test_a_commit_refused_by_the_quota_rolls_back_and_the_connection_keeps_worki
     with open_database(ns) as again:
         assert content(again) == after
         check_integrity(again)
+
+
+def test_a_big_transaction_whose_first_stage_is_refused_rolls_back_alive(
+    new_ns: NewNamespace,
+) -> None:
+    """Staging writes a big transaction's pages early; if the first staged batch is refused by
+    the quota, nothing of the transaction is stored, so it rolls back like a refused commit
+    instead of killing the database. (A refusal after a batch was staged still kills it: the
+    staged chunks must be reaped by a reopen.)"""
+    ns = new_ns(KvLimits(max_storage_bytes=140_000))
+    with open_database(ns, stage_pages=16) as db:
+        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
+        for _ in range(20):
+            db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        before, used = content(db), ns.used_bytes()
+        with pytest.raises(apsw.FullError), db.connection:
+            for _ in range(200):
+                db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        assert db.metrics()["stage_batches"] == 0, "the refusal was not the first stage"
+        assert not db.is_dead and ns.used_bytes() == used
+        assert content(db) == before
+        check_integrity(db)
+        db.execute("INSERT INTO t(b) VALUES (x'01')")
+        after = content(db)
+    with open_database(ns) as again:
+        assert content(again) == after
