@@ -11,8 +11,8 @@ from pagekv.cli_args import kv_url, positive_int, positive_seconds
 from pagekv.fuzz.processes import fuzz_processes
 from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.session import FuzzConfig, Runner, fuzz, load_replay
-from pagekv.fuzz.steps import EVENTS, Step, to_json
-from pagekv.kv import open_kv
+from pagekv.fuzz.steps import EVENTS, PROCESS_EVENTS, Step, to_json
+from pagekv.kv import KvLimits, open_kv
 
 
 def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None:
@@ -30,8 +30,8 @@ def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None
     p.add_argument("--seed", type=int, help="session seed (default: random, printed)")
     p.add_argument(
         "--faults",
-        default=",".join(EVENTS),
-        help=f"comma-separated disruptions to inject (default all: {','.join(EVENTS)})",
+        help=f"comma-separated disruptions to inject (default all: {','.join(EVENTS)}; "
+        f"with --processes: {','.join(PROCESS_EVENTS)})",
     )
     p.add_argument("--steps", type=positive_int, default=40, help="steps per run (default 40)")
     p.add_argument(
@@ -55,18 +55,23 @@ def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None
 def _run(args: argparse.Namespace) -> int:
     if args.replay is not None:
         return _replay(args.replay)
-    events = frozenset(e for e in args.faults.split(",") if e)
-    unknown = events - set(EVENTS)
+    known = PROCESS_EVENTS if args.processes else EVENTS
+    faults = args.faults if args.faults is not None else ",".join(known)
+    events = frozenset(e for e in faults.split(",") if e)
+    unknown = events - set(known)
     if unknown:
+        mode = " with --processes" if args.processes else ""
         raise SystemExit(
-            f"pagekv fuzz: unknown --faults {sorted(unknown)}; known: {', '.join(EVENTS)}"
+            f"pagekv fuzz: unknown --faults {sorted(unknown)}{mode}; known: {', '.join(known)}"
         )
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     seconds = args.seconds if args.seconds is not None or args.runs is not None else 60.0
     print(f"pagekv fuzz: seed {seed}, store {args.kv}", flush=True)
     if args.processes:
         try:
-            coverage = fuzz_processes(args.kv, seed, seconds or 60.0, max_blob=args.max_blob)
+            coverage = fuzz_processes(
+                args.kv, seed, seconds or 60.0, max_blob=args.max_blob, events=events
+            )
         except FuzzFailure as failure:
             print(f"FAILED (seed {seed}): {failure}", file=sys.stderr)
             return 1
@@ -99,7 +104,8 @@ def _run(args: argparse.Namespace) -> int:
 def _replay(path: Path) -> int:
     steps, data = load_replay(path)
     url = data.get("kv", "memory://")
-    store = open_kv(url)
+    quota = data.get("max_storage_bytes")
+    store = open_kv(url, limits=None if quota is None else KvLimits(max_storage_bytes=quota))
     try:
         coverage = Runner(
             lambda: store.namespace(f"pagekv-fuzz-replay/{path.name}"), **data.get("db_options", {})
@@ -140,5 +146,7 @@ def _report(c: Coverage) -> None:
         f"    takeovers {c.takeovers}, crashes {c.crashes}, reopens {c.reopens}, "
         f"compactions {c.compactions}, latency changes {c.latency_steps}, "
         f"verifications {c.verifications}, "
-        f"{c.bytes_written / 2**20:.1f} MiB written to KV"
+        f"{c.bytes_written / 2**20:.1f} MiB written to KV\n"
+        f"    quota refusals {c.quota_refusals}, re-creations under a snapshot "
+        f"{c.recreations} ({c.snapshots_expired} snapshots expired)"
     )

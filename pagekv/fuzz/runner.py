@@ -7,7 +7,12 @@ Checks, each a `FuzzFailure` when broken:
 - a taken-over instance dies on its next write, and no instance writes once superseded or dead;
 - no KV request breaks a `KvLimits` bound;
 - no storage error happens unless a fault was injected, and pagekv never accepts or rejects a
-  statement differently from native SQLite.
+  statement differently from native SQLite;
+- a commit refused by the storage quota changed nothing, and the same connection goes on reading
+  (and, where it fits, writing) without a reopen; it may kill the instance only if part of the
+  transaction had already been written (staged);
+- a read-only snapshot whose namespace is dropped and written anew under it returns only rows
+  of its own database, or expires.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from pagekv.fuzz.steps import (
     Crash,
     InjectFault,
     Latency,
+    Recreate,
     Reopen,
     Sql,
     Step,
+    StepGenerator,
     Takeover,
     Txn,
 )
@@ -40,10 +47,11 @@ from pagekv.kv import (
     FaultyKv,
     KvUnavailable,
     LimitError,
+    StorageQuotaExceeded,
 )
 from pagekv.kv.limits import check_keys, check_write
 from pagekv.kv.wrappers import KvWrapper
-from pagekv.vfs import Database, open_database
+from pagekv.vfs import Database, SnapshotExpired, open_database
 from pagekv.vfs.format import HINTS_KEY
 
 T = TypeVar("T")
@@ -76,6 +84,9 @@ class Coverage:
     latency_steps: int = 0
     verifications: int = 0
     bytes_written: int = 0
+    quota_refusals: int = 0
+    recreations: int = 0
+    snapshots_expired: int = 0
 
     def add(self, other: Coverage) -> None:
         for name, value in vars(other).items():
@@ -237,16 +248,21 @@ class Runner:
                 self._takeover()
             case Compact():
                 self._compact()
+            case Recreate():
+                self._recreate(step)
             case _:
                 assert_never(step)
 
     def _txn(self, txn: Txn) -> None:
         instance = self.current
         fired = len(instance.faulty.fired)
+        writes = self.kv.stats.round_trips["write"]
         try:
             run_txn(instance.db.connection, txn)
         except _STORAGE_ERRORS as e:
             if len(instance.faulty.fired) == fired:
+                if self._refused(instance, writes):
+                    return
                 raise self.fail(f"storage error with no fault injected: {e!r}") from e
             self.coverage.failed_commits += 1
             self.oracle.pending = txn
@@ -261,6 +277,78 @@ class Runner:
         except apsw.Error as e:
             raise self.fail(f"pagekv accepted what native SQLite rejects: {e!r}") from e
         self.coverage.commits += 1
+
+    def _refused(self, instance: _Instance, writes: int) -> bool:
+        """Check a transaction the storage quota refused; False if the quota was not the cause.
+
+        Nothing of it may be visible, and the connection must go on working. Only if one of its
+        writes had gone through (a big transaction's staged pages) may the instance die."""
+        if not isinstance(instance.db.take_last_kv_error(), StorageQuotaExceeded):
+            return False
+        self.coverage.quota_refusals += 1
+        if instance.db.is_dead:
+            if self.kv.stats.round_trips["write"] - writes <= 1:
+                raise self.fail("a transaction refused by the quota, with nothing written, died")
+            self._reopen(crash=False)
+            return True
+        with instance.quiet():
+            try:
+                got = digest(instance.db.connection)
+            except apsw.Error as e:
+                raise self.fail(f"a read after a commit refused by the quota failed: {e!r}") from e
+        if got != self.oracle.states()[0]:
+            raise self.fail("a commit refused by the quota left changes on its connection")
+        return True
+
+    def _recreate(self, step: Recreate) -> None:
+        """Drop the namespace under a read-only snapshot in mid-scan and write a new database."""
+        old = self.current
+        head_txid = old.db.metrics()["head_txid"]
+        assert isinstance(head_txid, int)
+        old.guard.superseded = old.guard.closing = True
+        self._close(old)
+        query, rows = self._largest_table()
+        snap = open_database(self.kv, read_only=True, cache_pages=step.cache_pages)
+        try:
+            cursor = snap.execute(query)
+            seen = [next(cursor) for _ in range(min(2, len(rows)))]
+            self.kv.drop()
+            self.oracle = Oracle()
+            self.current = self._open()
+            for txn in StepGenerator.recreation(step, head_txid + step.extra):
+                run_txn(self.current.db.connection, txn)
+                self.oracle.apply(txn)
+            try:
+                for row in cursor:
+                    seen.append(row)
+            except apsw.IOError as e:
+                if not isinstance(snap.take_last_kv_error(), SnapshotExpired):
+                    raise
+                self.coverage.snapshots_expired += 1
+                if seen != rows[: len(seen)]:
+                    raise self.fail("a snapshot read rows of a newer database") from e
+            else:
+                if seen != rows:
+                    raise self.fail("a snapshot read rows of a newer database")
+        finally:
+            snap.close()
+        self.coverage.recreations += 1
+        self._verify(self.current)
+
+    def _largest_table(self) -> tuple[str, list[Any]]:
+        """A query over the oracle's table with the most rows (the schema if it has none) and
+        the oracle's answer to it."""
+        connection = self.oracle.connection
+        query = (
+            "SELECT type, name, sql FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' ORDER BY name"
+        )
+        best = (query, connection.execute(query).fetchall())
+        for (name,) in connection.execute("SELECT name FROM sqlite_schema WHERE type = 'table'"):
+            query = f'SELECT * FROM "{name}" ORDER BY rowid'
+            rows = connection.execute(query).fetchall()
+            if len(rows) > len(best[1]):
+                best = (query, rows)
+        return best
 
     def _oracle_rejects(self, txn: Txn) -> bool:
         connection = self.oracle.connection
@@ -281,6 +369,10 @@ class Runner:
         try:
             instance.db.compact()
             self.coverage.compactions += 1
+        except StorageQuotaExceeded:
+            if instance.db.is_dead:  # compaction adds base pages before it deletes chunks
+                raise self.fail("a compaction refused by the quota killed the database") from None
+            self.coverage.quota_refusals += 1
         except Exception as e:
             if len(instance.faulty.fired) == fired:
                 raise self.fail(f"compaction failed with no fault injected: {e!r}") from e

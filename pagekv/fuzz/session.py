@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pagekv.fuzz.runner import Coverage, FuzzFailure, Runner
 from pagekv.fuzz.steps import EVENTS, Step, StepGenerator, from_json, to_json
-from pagekv.kv import ActorKv, KvStore, MemoryStore, open_kv
+from pagekv.kv import ActorKv, KvLimits, KvStore, MemoryStore, open_kv
 
 KvFactory = Callable[[], ActorKv]
 
@@ -39,6 +39,8 @@ class Found:
     failure: FuzzFailure
     db_options: dict[str, Any]
     """The run's options (`run_options`), which a replay must use too."""
+    quota: int | None = None
+    """The run's storage quota (`run_quota`), which a replay must use too."""
 
     def save(self, path: Path, config: FuzzConfig) -> None:
         path.write_text(
@@ -47,6 +49,7 @@ class Found:
                     "seed": self.seed,
                     "kv": config.kv,
                     "db_options": self.db_options,
+                    "max_storage_bytes": self.quota,
                     "failure": str(self.failure),
                     "steps": [to_json(s) for s in self.steps],
                 },
@@ -67,20 +70,24 @@ def run_seed(seed: int, config: FuzzConfig) -> list[Step]:
 
 @dataclass
 class _Namespaces:
-    """Fresh namespaces for runs: a new in-memory store each time, or a new actor id in `url`."""
+    """Fresh namespaces for runs: a new in-memory store each time, or a new actor id in `url`;
+    under a storage quota of `quota` bytes where it is set (one store per quota)."""
 
     url: str
-    store: KvStore | None = None
+    quota: int | None = None
+    stores: dict[int | None, KvStore] = field(default_factory=dict)
     count: int = 0
     used: list[ActorKv] = field(default_factory=list)
 
     def __call__(self) -> ActorKv:
         self.count += 1
+        limits = None if self.quota is None else KvLimits(max_storage_bytes=self.quota)
         if self.url.startswith("memory:"):
-            return MemoryStore().namespace("fuzz")
-        if self.store is None:
-            self.store = open_kv(self.url)
-        ns = self.store.namespace(f"pagekv-fuzz/{time.time_ns()}/{self.count}")
+            return MemoryStore(limits=limits).namespace("fuzz")
+        store = self.stores.get(self.quota)
+        if store is None:
+            store = self.stores[self.quota] = open_kv(self.url, limits=limits)
+        ns = store.namespace(f"pagekv-fuzz/{time.time_ns()}/{self.count}")
         self.used.append(ns)
         return ns
 
@@ -88,9 +95,20 @@ class _Namespaces:
         for ns in self.used:
             ns.drop()
         self.used.clear()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        for store in self.stores.values():
+            store.close()
+        self.stores.clear()
+
+
+QUOTAS: Final = (256 * 1024, 2**20, 4 * 2**20)
+"""Storage quotas of the runs that have one: small enough that commits meet them."""
+
+
+def run_quota(seed: int, config: FuzzConfig) -> int | None:
+    """The storage quota of run `seed`: one run in three has one when `quota` is an event."""
+    if "quota" not in config.events or seed % 3 != 1:
+        return None
+    return random.Random(seed).choice(QUOTAS)
 
 
 def run_options(seed: int, config: FuzzConfig) -> dict[str, Any]:
@@ -131,7 +149,8 @@ def fuzz(
     """Run seeded runs until `runs` or `seconds` is reached or a run fails.
 
     Each run gets a fresh namespace from `namespaces` (any `ActorKv`: this is how a user fuzzes
-    their own backend), by default from `config.kv`.
+    their own backend), by default from `config.kv`. Runs under a storage quota (`run_quota`)
+    need the default: a factory of the user's gives namespaces of its own limits.
     """
     stores = _Namespaces(config.kv)
     factory = namespaces or stores
@@ -140,10 +159,13 @@ def fuzz(
     try:
         for seed in _seeds(config, started):
             steps = run_seed(seed, config)
+            stores.quota = run_quota(seed, config) if namespaces is None else None
             try:
                 total.add(execute(steps, factory, run_options(seed, config)))
             except FuzzFailure as failure:
-                return total, _minimized(seed, steps, failure, factory, config)
+                found = _minimized(seed, steps, failure, factory, config)
+                found.quota = stores.quota
+                return total, found
             finally:
                 stores.cleanup()
             if progress is not None:

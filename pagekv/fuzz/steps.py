@@ -77,10 +77,25 @@ class Reopen:
     """Close cleanly and reopen."""
 
 
-Step = Txn | InjectFault | Latency | Crash | Takeover | Compact | Reopen
+@dataclass(frozen=True, slots=True)
+class Recreate:
+    """Drop the namespace and write a new database in it while a read-only snapshot (of
+    `cache_pages` pages) is in the middle of scanning the old one; the new one gets as many
+    commits as the old head's txid plus `extra`, so its transaction numbers cover the old ones."""
 
-EVENTS = ("fail", "indeterminate", "latency", "crash", "takeover", "compact")
-"""Names for `--faults`: which kinds of disruption a run may include."""
+    cache_pages: int
+    extra: int
+    seed: int
+
+
+Step = Txn | InjectFault | Latency | Crash | Takeover | Compact | Reopen | Recreate
+
+EVENTS = ("fail", "indeterminate", "latency", "crash", "takeover", "compact", "quota", "recreate")
+"""Names for `--faults`: which kinds of disruption a run may include. `quota` runs some runs
+under a small storage quota (a run property, not a step: `session.run_quota`)."""
+PROCESS_EVENTS = ("crash", "disk")
+"""Names for `--faults` with `--processes`: SIGKILL of a committing child, and the disk filling
+up under it (`RLIMIT_FSIZE`: short writes, then `EFBIG`, in the log and in folds)."""
 
 
 def to_json(step: Step) -> dict[str, Any]:
@@ -103,6 +118,8 @@ def to_json(step: Step) -> dict[str, Any]:
             return {"type": "compact"}
         case Reopen():
             return {"type": "reopen"}
+        case Recreate(cache_pages, extra, seed):
+            return {"type": "recreate", "cache_pages": cache_pages, "extra": extra, "seed": seed}
         case _:
             assert_never(step)
 
@@ -119,6 +136,8 @@ def from_json(data: dict[str, Any]) -> Step:
         return InjectFault(FaultKind(data["kind"]), data["after"])
     if kind == "latency":
         return Latency(data["ms"])
+    if kind == "recreate":
+        return Recreate(data["cache_pages"], data["extra"], data["seed"])
     simple: dict[str, Step] = {
         "crash": Crash(),
         "takeover": Takeover(),
@@ -181,11 +200,27 @@ class StepGenerator:
             return Compact()
         if r < 0.25:
             return Reopen()
+        if r < 0.26 and "recreate" in events:
+            rng = self.rng
+            return Recreate(rng.choice((1, 4, 16)), rng.randrange(8), rng.randrange(2**31))
         if r < 0.28:
             return Txn((Sql("VACUUM"),), explicit=False)
         return self._txn()
 
-    def _create(self, table: int) -> Txn:
+    @classmethod
+    def recreation(cls, step: Recreate, commits: int) -> list[Txn]:
+        """The new database of a `Recreate`: the same tables, then `commits` one-row commits
+        whose rows (`k` from a million up) cannot be mistaken for a generated row."""
+        rng = random.Random(step.seed)
+        txns = [cls._create(t) for t in range(cls.TABLES)]
+        for i in range(commits):
+            blob = Blob(rng.randrange(0, 4096), rng.randrange(2**31))
+            insert = f"INSERT INTO t{i % cls.TABLES}(k, v) VALUES (?, ?)"
+            txns.append(Txn((Sql(insert, (1_000_000 + i, blob)),), explicit=False))
+        return txns
+
+    @staticmethod
+    def _create(table: int) -> Txn:
         columns = "id INTEGER PRIMARY KEY, k INTEGER, v BLOB"
         return Txn((Sql(f"CREATE TABLE IF NOT EXISTS t{table}({columns})"),))
 

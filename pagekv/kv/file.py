@@ -351,6 +351,12 @@ class FileStore:
         with self._section(exclusive=False):
             pass
 
+    @property
+    def log_used(self) -> int:
+        """Bytes of `kv.log` in use as of this process's last look: where the next record goes.
+        The log is folded into the base when a record would take it past `log_bytes`."""
+        return self._offset
+
     def _section(self, *, exclusive: bool) -> _Section:
         return self._sections[exclusive]
 

@@ -641,13 +641,16 @@ class PageStore:
         pending.reset()
 
     def _drop_unchanged(self) -> None:
-        """Forget dirty pages that hold what the head already has.
+        """Forget dirty pages whose writes change nothing SQLite can see.
 
-        SQLite answers a refused commit (a quota or limit error, `_sync`) by writing the rolled
-        back pages' old contents again from its journal and syncing. Those writes change nothing,
-        but as a commit they would add a delta of every page, which meets the same quota: SQLite's
-        pager would stay in its error state and fail every statement. Called only at the sync
-        after a refusal, so commits never pay for the comparison."""
+        SQLite answers a refused commit (a quota or limit error, `_refuse`) by writing the
+        rolled-back pages again from its journal and syncing. Those writes restore what the head
+        has, except on freelist leaf pages, whose content SQLite never reads and does not
+        journal faithfully. As a commit they would add a delta of every page, which meets the
+        same quota: SQLite's pager would stay in its error state and fail every statement. So
+        pages equal to the head's are dropped, and so are changed freelist leaves when nothing
+        else changed (a leaf put to use always changes its parent and the freelist too). Called
+        only at the sync after a refusal, so commits never pay for the comparison."""
         pending = self._pending
         if pending.parts or pending.shrinks:
             return
@@ -655,6 +658,28 @@ class PageStore:
         for pgno, data in list(pending.dirty.items()):
             if pgno <= pages and pgno != LOCK_BYTE_PAGE and data == self._committed_page(pgno):
                 del pending.dirty[pgno]
+        if (
+            pending.dirty
+            and self.size == self.head.size
+            and pending.dirty.keys() <= (self._free_leaves())
+        ):
+            pending.dirty.clear()
+
+    def _free_leaves(self) -> set[int]:
+        """The freelist leaf pages of the head's database, read from page 1 and the trunks."""
+        page1 = self._committed_page(1)
+        if not page1.startswith(_MAGIC):
+            return set()
+        leaves: set[int] = set()
+        trunk = int.from_bytes(page1[32:36], "big")
+        for _ in range(self.head.pages):  # a trunk chain is never longer (and never a cycle)
+            if not 1 < trunk <= self.head.pages:
+                break
+            data = self._committed_page(trunk)
+            count = min(int.from_bytes(data[4:8], "big"), PAGE_SIZE // 4 - 2)
+            leaves.update(int.from_bytes(data[8 + 4 * i : 12 + 4 * i], "big") for i in range(count))
+            trunk = int.from_bytes(data[:4], "big")
+        return leaves
 
     def _in_place(self, dirty: list[tuple[int, bytes]]) -> bool:
         """Whether this commit can write its pages over their base pages, in one batch with a

@@ -11,7 +11,7 @@ import pytest
 
 from pagekv.cli import main
 from pagekv.fuzz import FuzzConfig, fuzz
-from pagekv.kv import ActorKv, MemoryStore
+from pagekv.kv import ActorKv, MemoryStore, StorageQuotaExceeded
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs.format import HEAD_KEY
 
@@ -145,3 +145,88 @@ def test_real_crashes_with_sigkill(tmp_path: Path, capfd: pytest.CaptureFixture[
     crashes = int(out.split("crashes ")[1].split(",")[0])
     assert crashes >= 3, out
     assert "Warning" not in err, err
+
+
+class _QuotaAfterApplying(KvWrapper):
+    """Applies a write, then says the storage quota refused it (every `every`-th big write)."""
+
+    def __init__(self, inner: ActorKv, every: int) -> None:
+        super().__init__(inner)
+        self.every = every
+        self.writes = 0
+        self.lied = 0
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        result = fn(*args, **kwargs)
+        if op == "write" and HEAD_KEY in kwargs["put"]:
+            self.writes += 1
+            if self.writes % self.every == 0:
+                self.lied += 1
+                raise StorageQuotaExceeded("storage after write", 2, 1)
+        return result
+
+
+class _ResetsGenerationOnDrop(KvWrapper):
+    """Starts generations again at 0 after `drop`, as a careless backend might: a new database
+    written after a drop then carries the generations of the old one."""
+
+    def __init__(self, inner: ActorKv) -> None:
+        super().__init__(inner)
+        self.offset = 0
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if kwargs.get("fence") is not None:
+            kwargs["fence"] += self.offset
+        result = fn(*args, **kwargs)
+        if op == "drop":
+            self.offset = self.inner.generation()
+        elif op in ("generation", "takeover"):
+            return result - self.offset  # type: ignore[operator, no-any-return]
+        return result
+
+
+def test_catches_a_store_that_applies_what_it_refused_for_the_quota() -> None:
+    wrappers: list[_QuotaAfterApplying] = []
+
+    def factory() -> ActorKv:
+        w = _QuotaAfterApplying(MemoryStore().namespace("a"), every=7)
+        wrappers.append(w)
+        return w
+
+    message = _fuzz_broken(factory, events=frozenset({"compact"}))
+    assert any(w.lied for w in wrappers)
+    assert any(s in message for s in ("content differs", "refused by the quota")), message
+
+
+def test_catches_a_store_whose_generations_start_again_after_a_drop() -> None:
+    message = _fuzz_broken(
+        lambda: _ResetsGenerationOnDrop(MemoryStore().namespace("a")),
+        events=frozenset({"recreate"}),
+        steps_per_run=60,
+    )
+    assert "a snapshot read rows of a newer database" in message, message
+
+
+def test_quota_and_recreation_runs_happen_and_pass() -> None:
+    config = FuzzConfig(seed=3, runs=30, seconds=None, events=frozenset({"quota", "recreate"}))
+    coverage, found = fuzz(config)
+    assert found is None, found and found.failure
+    assert coverage.quota_refusals > 0 and coverage.recreations > 0, coverage
+
+
+@pytest.mark.parametrize("replay", sorted((Path(__file__).parent / "replays").glob("*.json")))
+def test_past_findings_replay_clean(replay: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each file is a minimised failure the fuzzer once found in pagekv itself."""
+    assert main(["fuzz", "--replay", str(replay)]) == 0, capsys.readouterr().err
+
+
+def test_a_full_disk_under_real_children(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`--faults disk`: every child life fills the disk (RLIMIT_FSIZE) in the log or a fold and
+    ends at its first failed commit; the parent checks the store each time."""
+    args = ["fuzz", "--processes", "--faults", "disk", "--kv", f"file://{tmp_path}/kv"]
+    code = main([*args, "--seconds", "8", "--seed", "5"])
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    fired = {w: int(out.split(f"disk-{w} ")[1].split(",")[0].split()[0]) for w in ("log", "fold")}
+    assert fired["log"] >= 3 and fired["fold"] >= 1, out
+    assert "Traceback" not in err, err
