@@ -181,7 +181,10 @@ def _run(
         elif got == old:
             oracle.resolve(committed=False)
         else:
-            raise FuzzFailure(done, "content after SIGKILL is neither acknowledged nor next")
+            raise FuzzFailure(
+                done,
+                "content after the child ended (killed, disk full) is not acknowledged nor next",
+            )
         coverage.verifications += 1
         coverage.commits = coverage.steps = committed_before + done
     store.namespace(actor).drop()
