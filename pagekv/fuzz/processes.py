@@ -183,7 +183,7 @@ def _run(
         else:
             raise FuzzFailure(
                 done,
-                "content after the child ended (killed, disk full) is not acknowledged nor next",
+                "after the child ended (killed, disk full): content neither acknowledged nor next",
             )
         coverage.verifications += 1
         coverage.commits = coverage.steps = committed_before + done
