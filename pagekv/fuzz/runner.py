@@ -316,8 +316,7 @@ class Runner:
             self.oracle = Oracle()
             self.current = self._open()
             for txn in StepGenerator.recreation(step, head_txid + step.extra):
-                run_txn(self.current.db.connection, txn)
-                self.oracle.apply(txn)
+                self._txn(txn)  # under a quota, some may be refused
             try:
                 for row in cursor:
                     seen.append(row)

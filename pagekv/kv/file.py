@@ -29,8 +29,10 @@ Invariants:
 - A fold seals the log header before it touches the base, and records the epoch it folded in the
   same transaction as the data. A writer that finds a sealed epoch (its folder crashed) finishes
   the fold and starts the next epoch before it appends.
-- After a failed `fsync` the store refuses every further request until it is reopened: the kernel
-  may have dropped the unwritten pages, and later records must never follow a hole.
+- After a failed or short write of a record, or a failed `fsync`, the store refuses every further
+  request until it is reopened: the kernel may have dropped the unwritten pages, and later
+  records must never follow a hole. (A short write is one: `file_log.write_all`.)
+- Every wait for the log's `flock` or the base's lock ends within `lock_timeout`.
 """
 
 from __future__ import annotations

@@ -658,12 +658,10 @@ class PageStore:
         for pgno, data in list(pending.dirty.items()):
             if pgno <= pages and pgno != LOCK_BYTE_PAGE and data == self._committed_page(pgno):
                 del pending.dirty[pgno]
-        if (
-            pending.dirty
-            and self.size == self.head.size
-            and pending.dirty.keys() <= (self._free_leaves())
-        ):
-            pending.dirty.clear()
+        if pending.dirty and self.size == self.head.size:
+            leaves = self._free_leaves()
+            if all(pgno in leaves for pgno in pending.dirty):
+                pending.dirty.clear()
 
     def _free_leaves(self) -> set[int]:
         """The freelist leaf pages of the head's database, read from page 1 and the trunks."""
