@@ -73,6 +73,8 @@ class ActorInstance:
         self._requested: Stop | None = None
         self._run_scope: anyio.CancelScope | None = None
         self._run_active = False
+        self._run_done = False
+        """The run handler returned (the workflow settled) since this instance started it."""
         self._run_ended = anyio.Event()
         self.waits = 0
         """Tasks waiting for a message or a workflow deadline; a run handler waiting there does
@@ -171,11 +173,19 @@ class ActorInstance:
 
     def start_run(self) -> None:
         """Start the run handler (a `run` hook or the workflow) unless it is running already."""
-        has_run = "run" in self.definition.hooks or self.workflow is not None
-        if has_run and not self._run_active and self.serving() and self._requested is None:
-            self._run_active = True
+        if self._has_run() and not self._run_active and self.serving() and self._requested is None:
+            self._run_active, self._run_done = True, False
             self._run_ended = anyio.Event()
             self.registry.spawn(self._run_handler)
+
+    def _has_run(self) -> bool:
+        return "run" in self.definition.hooks or self.definition.workflow_fn is not None
+
+    def _run_pending(self) -> bool:
+        """The run handler has work to do now: it is about to start, or it runs and does not
+        wait for a message or a deadline. Such a run handler, cut off by a stop or a crash,
+        must go on elsewhere without anyone calling the actor (`_next_run`)."""
+        return self._has_run() and not self._run_done and not self.waits
 
     async def stop_run(self) -> None:
         """Cancel the run handler and wait until it has ended."""
@@ -197,12 +207,20 @@ class ActorInstance:
                 else:
                     await self.definition.hooks["run"](self.ctx)
                 await self.ctx.db.save_state()
+                self._run_done = True
         except ActorTakenOver as e:
             log.info("actor %s: run handler ended by a takeover: %s", self.actor_id, e)
+            self._requested = "crash"
+        except (*STORAGE_ERRORS, ActorStopped):
+            # The store failed under it: its lease runs out, and it resumes elsewhere then.
+            log.exception("actor %s: run handler cut off by its store", self.actor_id)
             self._requested = "crash"
         except Exception:
             log.exception("actor %s: run handler failed; tearing the instance down", self.actor_id)
             self._requested = "crash"
+            self._run_done = True  # failed by itself: not resumed until something wakes it
+            with anyio.CancelScope(shield=True):  # a crash stop publishes nothing
+                await self._publish_logged(self._next_run(time.time()))
         finally:
             self._run_scope = None
             self._run_active = False
@@ -339,12 +357,23 @@ class ActorInstance:
                 await self.registry.write_wake(self, target)
                 self._wake_written = target
 
+    def _next_run(self, now: float, run_pending: bool | None = None) -> float | None:
+        """When the actor must run next: its next schedule, or `now` while its run handler has
+        work (`_run_pending`, or `run_pending` as it was before a stop), so that a workflow or
+        a busy run handler cut off by a graceful stop resumes on the next registry at once, and
+        after a crash within one lease (`_wake_time`)."""
+        pending = self._run_pending() if run_pending is None else run_pending
+        if pending:
+            return now if self.next_due is None else min(self.next_due, now)
+        return self.next_due
+
     async def announce_wake(self, due: float) -> None:
         """Before committing a schedule row due at `due`: make sure the wake index covers it
         should this instance die (see `_wake_time`). Written ahead of the commit, so a crash in
         between can only cause an early (harmless) wake, never a missed one; `refresh_wake` sets
         the time after the commit."""
-        await self._publish(due if self.next_due is None else min(due, self.next_due))
+        next_run = self._next_run(time.time())
+        await self._publish(due if next_run is None else min(due, next_run))
 
     async def refresh_wake(self) -> None:
         """Record the next due schedule here and in the registry's durable wake index."""
@@ -355,9 +384,9 @@ class ActorInstance:
         await self.publish_wake()
 
     async def publish_wake(self) -> None:
-        """Write the wake time for `next_due` to the wake index unless it is there already; the
+        """Write the wake time for `_next_run` to the wake index unless it is there already; the
         registry's housekeeping calls it to renew the lease."""
-        await self._publish(self.next_due)
+        await self._publish(self._next_run(time.time()))
 
     def wake_lapsing(self, now: float) -> bool:
         """The published wake time must move on (its lease runs short) and no write of it is
@@ -368,16 +397,21 @@ class ActorInstance:
             self._stopping in (None, "sleep")
             and self.stop_reason() != "crash"
             and not self._publishing.locked()
-            and self._wake_time(self.next_due, now) != self._wake_written
+            and self._wake_time(self._next_run(now), now) != self._wake_written
         )
 
-    async def _release_wake(self) -> None:
-        """Going to sleep: give the lease up, publishing exactly the next schedule's time, so
-        the actor is woken on time rather than a lease late. A store error is logged, not
-        raised: the lease left behind still wakes the actor, at most one lease late."""
+    async def _release_wake(self, run_pending: bool) -> None:
+        """Going to sleep: give the lease up, publishing exactly the time the actor must run
+        next (`_next_run`, with the run handler as it was before the stop), so the actor is
+        woken on time rather than a lease late."""
         self._lease = 0.0
+        await self._publish_logged(self._next_run(time.time(), run_pending))
+
+    async def _publish_logged(self, next_run: float | None) -> None:
+        """`_publish`, with a store error logged, not raised: the lease left behind still wakes
+        the actor, at most one lease late."""
         try:
-            await self.publish_wake()
+            await self._publish(next_run)
         except KvError:
             log.exception("actor %s: wake time not written; woken a lease late", self.actor_id)
 
@@ -433,6 +467,7 @@ class ActorInstance:
         self._stopping = how
         with anyio.CancelScope(shield=True):
             destroyed = False
+            run_pending = self._run_pending()  # before `stop_run` cancels its waits
             try:
                 with anyio.move_on_after(self.definition.stop_grace):
                     await self.stop_run()
@@ -440,7 +475,7 @@ class ActorInstance:
                         await self._idle.wait()
                 await self._stop_hooks(how)
                 if how == "sleep":
-                    await self._release_wake()
+                    await self._release_wake(run_pending)
             finally:
                 try:
                     await self._close()

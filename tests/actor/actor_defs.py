@@ -6,6 +6,7 @@ transaction, so a test can compare the two and count acknowledged writes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,8 @@ async def read(ctx: ActorContext) -> dict[str, Any]:
 
 stepper = actor("stepper", state={"count": 0})
 STEPS = 40
+STEP_PAUSE_S = float(os.environ.get("STEPPER_PAUSE_S", "0.01"))
+"""How long each step takes; a child that must be stopped mid-workflow sets more."""
 
 
 @stepper.on_migrate
@@ -70,7 +73,7 @@ async def _steps(wf: Any) -> int:
         async def step(s: Any, i: int = i) -> int:
             await s.db.execute("INSERT INTO done VALUES (?)", (i,))
             s.state["count"] += 1
-            await anyio.sleep(0.01)
+            await anyio.sleep(STEP_PAUSE_S)
             return s.state["count"]
 
         await wf.step(f"step-{i}", step)

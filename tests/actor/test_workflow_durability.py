@@ -4,14 +4,18 @@ format (fixtures of released versions open and continue; a newer format is refus
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import apsw
+import cbor2
 import pytest
 from actor_defs import STEPS, stepper
 from fixture_store import load_fixture
@@ -26,10 +30,12 @@ from pagekv.actor.workflow import (
     WorkflowState,
     WorkflowStatus,
 )
-from pagekv.kv import FaultKind, FaultyStore, KvStore, MemoryStore, open_kv
+from pagekv.kv import ActorKv, FaultKind, FaultyStore, KvStore, MemoryStore, open_kv
+from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs import open_database
 
 pytestmark = pytest.mark.anyio
+T = TypeVar("T")
 
 
 def ledger_flow(steps: int, *, pause: float = 0.0):
@@ -157,6 +163,64 @@ async def test_sigkill_mid_workflow_then_restart_applies_every_step_once(tmp_pat
     assert view == {"count": STEPS, "rows": list(range(STEPS))}
 
 
+_SERVE_STEPPER = """
+import anyio, signal, sys
+from actor_defs import stepper
+from pagekv.actor import Registry
+async def main():
+    registry = Registry([stepper], kv=sys.argv[1], wake_lease=float(sys.argv[2]))
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with registry.run() as client:
+            await client.get_or_create("stepper", "k").progress()
+            async for _ in signals:
+                break
+anyio.run(main)
+"""
+"""A registry that wakes the `stepper` (its workflow starts), and stops gracefully on SIGTERM."""
+
+
+@pytest.mark.parametrize(
+    ("stop", "lease", "within"),
+    [(signal.SIGTERM, 60.0, 20.0), (signal.SIGKILL, 2.0, 30.0)],
+    ids=["graceful-stop", "sigkill"],
+)
+async def test_a_workflow_cut_off_by_its_process_resumes_with_no_request(
+    tmp_path: Path, stop: signal.Signals, lease: float, within: float
+) -> None:
+    """The process running a workflow stops (gracefully, or by SIGKILL) mid-workflow; the next
+    registry of the store is sent nothing. It must resume the workflow by itself: at once after
+    a graceful stop (the lease is longer than the test waits), within one lease after a crash.
+    Every step's row and state change lands exactly once."""
+    url = f"file://{tmp_path}/store"
+    store = open_kv(url)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _SERVE_STEPPER, url, str(lease)],
+            cwd=Path(__file__).parent,
+            env={**os.environ, "STEPPER_PAUSE_S": "0.05"},  # 1.75 s left after step 5
+        )
+        try:
+            with anyio.fail_after(30):
+                while await anyio.to_thread.run_sync(_committed, store) < 5:
+                    await anyio.sleep(0.02)
+        finally:
+            child.send_signal(stop)
+            code = await anyio.to_thread.run_sync(child.wait)
+        assert code == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
+        cut_at = await anyio.to_thread.run_sync(_committed, store)
+        assert cut_at < STEPS, "the workflow finished before the stop"
+        async with Registry([stepper], kv=url, wake_lease=lease).run():
+            with anyio.fail_after(within):
+                while await anyio.to_thread.run_sync(_committed, store) < STEPS:
+                    await anyio.sleep(0.05)
+        with open_database(store.namespace("stepper/k"), read_only=True) as db:
+            rows = [i for (i,) in db.execute("SELECT i FROM done ORDER BY rowid")]
+            state = cbor2.loads(db.execute("SELECT data FROM _pagekv_state").fetchall()[0][0])
+    finally:
+        store.close()
+    assert rows == list(range(STEPS)) and state["count"] == STEPS, (cut_at, rows)
+
+
 def _committed(store: KvStore) -> int:
     """Steps committed so far, read from a snapshot (no takeover, never a write)."""
     try:
@@ -244,3 +308,53 @@ async def test_a_newer_workflow_format_is_refused_clearly() -> None:
             WorkflowFormatError, match="format version 99; this pagekv reads up to 1"
         ):
             await handle.workflow.status()
+
+
+class _HoldsAWrite(KvWrapper):
+    """Holds the first write after `armed` is set until `release` is set."""
+
+    def __init__(self, inner: ActorKv) -> None:
+        super().__init__(inner)
+        self.armed, self.holding, self.release = False, threading.Event(), threading.Event()
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if op == "write" and self.armed:
+            self.armed = False
+            self.holding.set()
+            assert self.release.wait(30)
+        return fn(*args, **kwargs)
+
+
+async def test_a_completed_workflow_is_reported_only_once_its_outcome_is_committed() -> None:
+    """While the commit of the outcome is under way, `status()` said `completed` from memory: a
+    crash then would run the workflow again, after a client had been told it was done."""
+    store = MemoryStore()
+    held = _HoldsAWrite(store.namespace("short/k"))
+    flow = actor("short")
+
+    @flow.workflow
+    async def run(wf: WorkflowContext) -> str:
+        await wf.step("one", _one)
+        held.armed = True  # the next write of the actor's database: the outcome's commit
+        return "out"
+
+    class _Store:
+        def namespace(self, actor_id: str) -> ActorKv:
+            return held if actor_id == "short/k" else store.namespace(actor_id)
+
+        def close(self) -> None:
+            store.close()
+
+    async with Registry([flow], kv=_Store()).run() as client:  # type: ignore[arg-type]
+        handle = client.get_or_create("short", "k")
+        await handle.workflow.wake()
+        assert await anyio.to_thread.run_sync(held.holding.wait, 30)
+        during = await handle.workflow.status()
+        held.release.set()
+        after = await settle(handle, WorkflowState.COMPLETED)
+    assert during.state is WorkflowState.RUNNING and during.output is None, during
+    assert after.output == "out"
+
+
+async def _one(step: StepContext) -> int:
+    return 1

@@ -65,6 +65,10 @@ class WorkflowState(enum.Enum):
     ROLLING_BACK = "rolling_back"
 
 
+FINAL_STATES = frozenset({WorkflowState.COMPLETED, WorkflowState.FAILED, WorkflowState.CANCELLED})
+"""States that end the workflow: later wakes do not run it (a failure of its code aside)."""
+
+
 @dataclass
 class Entry:
     """One durable operation of the workflow and its metadata."""
@@ -128,6 +132,8 @@ class History:
         self._pending_deletes: list[tuple[str, str]] = []
         self._pending_names: list[tuple[int, str]] = []
         self._meta_dirty = False
+        self._committed: tuple[WorkflowState, Any, dict[str, Any] | None] = (self.state, None, None)
+        """State, output and error as the database holds them."""
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -147,6 +153,7 @@ class History:
             history.state = WorkflowState(meta["state"])
             history.output = cbor2.loads(meta["output"]) if meta.get("output") else None
             history.error = cbor2.loads(meta["error"]) if meta.get("error") else None
+        history._committed = (history.state, history.output, history.error)
         return history
 
     @classmethod
@@ -217,6 +224,14 @@ class History:
             self.state = state
             self._meta_dirty = True
 
+    def visible_outcome(self) -> tuple[WorkflowState, Any, dict[str, Any] | None]:
+        """State, output and error to show outside the run handler: the ones in memory (ahead of
+        the database while the workflow runs), except that an outcome that ends the workflow is
+        shown only once it is committed: a crash before then runs the workflow again."""
+        if self._meta_dirty and self.state in FINAL_STATES:
+            return self._committed
+        return self.state, self.output, self.error
+
     def dirty(self) -> bool:
         return bool(
             self._pending_puts or self._pending_deletes or self._pending_names or self._meta_dirty
@@ -266,6 +281,7 @@ class History:
         self._pending_deletes.clear()
         self._pending_names.clear()
         self._meta_dirty = False
+        self._committed = (self.state, self.output, self.error)
 
 
 def _row(entry: Entry) -> tuple[Any, ...]:

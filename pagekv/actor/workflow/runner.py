@@ -360,12 +360,13 @@ class Runner:
     # -- handle operations ------------------------------------------------------------------
 
     async def status(self) -> WorkflowStatus:
-        """From memory once the run handler loaded the history (it is ahead of the database),
-        else from the database; never replaces the history the run handler works on."""
+        """From memory once the run handler loaded the history (it is ahead of the database,
+        but an outcome counts only once committed: `History.visible_outcome`), else from the
+        database; never replaces the history the run handler works on."""
         history = self.history
         if not self.loaded:
             history = await self.db.locked(History.load_outcome, internal=True)
-        return WorkflowStatus(history.state, history.output, history.error)
+        return WorkflowStatus(*history.visible_outcome())
 
     async def cancel(self) -> None:
         """Stop the workflow for good: later wakes do not run it."""
