@@ -52,7 +52,7 @@ import apsw
 
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
-from pagekv.kv.file_log import DATA_START, LogFile, LogHeader, os_reason
+from pagekv.kv.file_log import DATA_START, LogFile, LogHeader, lock_holders, os_reason
 from pagekv.kv.file_records import (
     MAX_KEY_BYTES,
     Range,
@@ -317,7 +317,7 @@ class FileStore:
     def _open(self) -> None:
         """Check and upgrade the base, open the log and replay it, so damage shows at open."""
         try:
-            self._db.set_busy_timeout(int(self.lock_timeout * 1000))
+            self._db.set_busy_timeout(min(int(self.lock_timeout * 1000), 2**31 - 1))
             # One statement per execute: APSW runs a multi-statement string lazily, so a second
             # pragma after one that returns a row (journal_mode does) would never run. A rollback
             # journal, not WAL: only folds write the base, always under the log's exclusive lock,
@@ -338,18 +338,22 @@ class FileStore:
                 raise apsw.Error(
                     f"journal_mode={mode}, synchronous={synchronous}; need truncate, 2"
                 )
-            with self._transaction() as db:
-                version = db.execute("PRAGMA user_version").get
-                if version > _SCHEMA_VERSION:
-                    raise RuntimeError(
-                        f"{self.path} holds KV schema version {version}; this pagekv reads "
-                        f"up to {_SCHEMA_VERSION}"
-                    )
-                for statement in _SCHEMA:
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+            # Written only when the schema is older, so a store on a full disk still opens.
+            if self._db.execute("PRAGMA user_version").get != _SCHEMA_VERSION:
+                with self._transaction() as db:
+                    version = db.execute("PRAGMA user_version").get
+                    if version > _SCHEMA_VERSION:
+                        raise RuntimeError(
+                            f"{self.path} holds KV schema version {version}; this pagekv reads "
+                            f"up to {_SCHEMA_VERSION}"
+                        )
+                    for statement in _SCHEMA:
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         except apsw.Error as e:
-            raise KvUnavailable(f"cannot open the file store at {self.path}: {e}") from e
+            raise KvUnavailable(
+                f"cannot open the file store at {self.path}: {_describe(e, self.path)}"
+            ) from e
         with self._section(exclusive=False):
             pass
 
@@ -470,6 +474,12 @@ class FileStore:
 
     def _write_header(self, header: LogHeader) -> None:
         try:
+            self._log.ensure_size(DATA_START)
+        except OSError as e:  # nothing written: the store stays usable
+            raise KvUnavailable(
+                f"cannot grow {self._log.path}: {os_reason(e)}; nothing was written"
+            ) from e
+        try:
             self._changes = self._log.bump()
             self._log.write_header(header)
         except OSError as e:
@@ -517,8 +527,13 @@ class FileStore:
                         (pending.generation, pending.used, ns),
                     )
                 db.execute("UPDATE log_state SET epoch = ?", (header.epoch,))
-        except BaseException:
+        except KvIndeterminate as e:
             self._changes = self._header_bytes = None  # the base may hold the epoch: re-read
+            # Whether it committed or not, the next look finds out and goes on from there; the
+            # request that needed the fold has not been written.
+            raise KvUnavailable(f"{e}; the fold is retried, and the request was not applied") from e
+        except BaseException:
+            self._changes = self._header_bytes = None
             raise
 
     def _start_epoch(self) -> None:
@@ -614,6 +629,14 @@ class FileStore:
             self._log.close()
 
 
+def _describe(error: apsw.Error, directory: Path) -> str:
+    """SQLite's error, and who holds the base's lock when it waited for it in vain."""
+    if isinstance(error, apsw.BusyError):
+        holders = lock_holders(directory / "kv.sqlite3")
+        return f"{error}; waited for the lock on kv.sqlite3, held by {holders}"
+    return str(error)
+
+
 def _upsert_all(db: apsw.Connection, rows: list[tuple[int, bytes, bytes]]) -> None:
     """Write `rows` (`ns, key, value`; keys distinct) into the base, `_UPSERT_ROWS` a statement."""
     whole = len(rows) - len(rows) % _UPSERT_ROWS
@@ -705,7 +728,9 @@ class _Transaction:
         try:
             self._db.execute("BEGIN IMMEDIATE")
         except apsw.Error as e:
-            raise KvUnavailable(f"file store {self._path} is busy or unreadable: {e}") from e
+            raise KvUnavailable(
+                f"file store {self._path} is busy or unreadable: {_describe(e, self._path)}"
+            ) from e
         return self._db
 
     def __exit__(

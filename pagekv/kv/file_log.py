@@ -149,7 +149,7 @@ class LogFile:
                     raise TimeoutError(
                         errno.ETIMEDOUT,
                         f"waited {timeout:g} s for the lock on {self.path}, "
-                        f"held by {_lock_holders(self.fd)}",
+                        f"held by {lock_holders(self.path)}",
                     ) from None
             delay = min(2 * delay, _MAX_POLL)
 
@@ -183,7 +183,7 @@ class LogFile:
         return max(valid, key=lambda h: h.hseq) if valid else None
 
     def write_header(self, header: LogHeader) -> None:
-        self.ensure_size(DATA_START)
+        """Write `header` to its slot, durably; the caller has grown the file to `DATA_START`."""
         write_all(self.fd, header.encode(), (header.hseq % 2) * _SLOT_SIZE)
         os.fdatasync(self.fd)
 
@@ -319,9 +319,10 @@ def write_all(
             done += written
 
 
-def _lock_holders(fd: int) -> str:
-    """Who holds a `flock` on `fd`'s file, from `/proc/locks` (Linux): `pid 123 (stopped)`."""
-    st = os.fstat(fd)
+def lock_holders(path: Path) -> str:
+    """Who holds a lock (`flock`, or SQLite's POSIX locks) on the file at `path`, from
+    `/proc/locks` (Linux): `pid 123 (stopped)`."""
+    st = os.stat(path)
     inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
         with open("/proc/locks") as locks:
@@ -331,7 +332,7 @@ def _lock_holders(fd: int) -> str:
     holders = []
     for line in lines:
         fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode:
+        if len(fields) >= 6 and fields[1] in ("FLOCK", "POSIX") and fields[5] == inode:
             pid = fields[4]
             mine = " (this process)" if pid == str(os.getpid()) else ""
             holders.append(f"pid {pid}{mine}{_process_state(pid)}")

@@ -446,7 +446,11 @@ class PageStore:
             if len(data) == PAGE_SIZE and not offset % PAGE_SIZE:
                 # SQLite's page writes: no slice, and APSW's bytes kept (compiled, `bytes(data)`
                 # is a generic call that costs 0.8k instructions even when it returns `data`)
-                pending.dirty[end // PAGE_SIZE] = data if type(data) is bytes else bytes(data)
+                page = data if type(data) is bytes else bytes(data)
+                if self._refused and self._unchanged(end // PAGE_SIZE, page):
+                    pending.dirty.pop(end // PAGE_SIZE, None)  # see `_drop_unchanged`
+                else:
+                    pending.dirty[end // PAGE_SIZE] = page
                 pos = end
             while pos < end:
                 pgno, start = divmod(pos, PAGE_SIZE)
@@ -460,7 +464,9 @@ class PageStore:
                 pending.dirty[pgno + 1] = page
                 pos += take
             self.size = max(self.size, end)
-            if len(pending.dirty) >= self.options.stage_pages:
+            # Not while SQLite rolls a refused transaction back: those pages would meet the
+            # refusal again (SQLite holds them all in its in-memory journal anyway).
+            if len(pending.dirty) >= self.options.stage_pages and not self._refused:
                 self._stage()
 
     def _page_for_update(self, pgno: int) -> bytes:
@@ -650,18 +656,26 @@ class PageStore:
         same quota: SQLite's pager would stay in its error state and fail every statement. So
         pages equal to the head's are dropped, and so are changed freelist leaves when nothing
         else changed (a leaf put to use always changes its parent and the freelist too). Called
-        only at the sync after a refusal, so commits never pay for the comparison."""
+        at the sync after a refusal, and `write` drops unchanged pages as they come until then:
+        commits that follow no refusal never pay for the comparison."""
         pending = self._pending
         if pending.parts or pending.shrinks:
             return
-        pages = self.head.pages
         for pgno, data in list(pending.dirty.items()):
-            if pgno <= pages and pgno != LOCK_BYTE_PAGE and data == self._committed_page(pgno):
+            if self._unchanged(pgno, data):
                 del pending.dirty[pgno]
         if pending.dirty and self.size == self.head.size:
             leaves = self._free_leaves()
             if all(pgno in leaves for pgno in pending.dirty):
                 pending.dirty.clear()
+
+    def _unchanged(self, pgno: int, data: bytes) -> bool:
+        """Whether page `pgno` holds `data` in the head's database."""
+        return (
+            pgno <= self.head.pages
+            and pgno != LOCK_BYTE_PAGE
+            and (data == self._committed_page(pgno))
+        )
 
     def _free_leaves(self) -> set[int]:
         """The freelist leaf pages of the head's database, read from page 1 and the trunks."""

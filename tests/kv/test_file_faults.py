@@ -265,6 +265,14 @@ def test_a_thread_holding_the_store_delays_another_only_up_to_the_timeout(
     assert ns.list() == [(b"k", b"v")]
 
 
+@pytest.mark.parametrize("value", ["1e10", "1e300", "1e-9"])
+def test_any_positive_lock_timeout_opens(tmp_path: Path, value: str) -> None:
+    """SQLite's busy timeout is an int of milliseconds: a longer wait is capped, not an error."""
+    store = open_kv(f"file:{tmp_path}?lock_timeout={value}")
+    store.namespace("a").put({b"k": b"v"})
+    store.close()
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "inf", "nan"])
 def test_a_bad_lock_timeout_is_refused_naming_it(tmp_path: Path, value: str) -> None:
     with pytest.raises(ValueError, match="lock_timeout"):

@@ -467,3 +467,24 @@ def test_a_big_transaction_whose_first_stage_is_refused_rolls_back_alive(
         after = content(db)
     with open_database(ns) as again:
         assert content(again) == after
+
+
+def test_a_refused_stage_of_rewritten_pages_rolls_back_alive(new_ns: NewNamespace) -> None:
+    """The transaction rewrites more pages than a stage holds, and its first stage is refused:
+    SQLite's rollback writes those pages back, more than a stage again, and staging them met
+    the same refusal, so every later statement failed (reads too) on a live database."""
+    ns = new_ns(KvLimits(max_storage_bytes=200_000))
+    with open_database(ns, stage_pages=16) as db:
+        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
+        for _ in range(40):
+            db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        before, used = content(db), ns.used_bytes()
+        assert used + 16 * 4096 > 200_000, "the first stage would fit"
+        with pytest.raises(apsw.FullError):
+            db.execute("UPDATE t SET b = randomblob(3000)")
+        assert db.metrics()["stage_batches"] == 0 and not db.is_dead
+        assert content(db) == before and ns.used_bytes() == used
+        db.execute("UPDATE t SET b = x'01' WHERE id = 1")
+        after = content(db)
+    with open_database(ns) as again:
+        assert content(again) == after
