@@ -21,14 +21,16 @@ from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 import apsw
 import cbor2
 
+from pagekv.actor import index as index_records
 from pagekv.actor.errors import ActorError, ActorNotFound
+from pagekv.actor.index import ActorRecord as ActorRecord
+from pagekv.actor.index import list_actors as list_actors
 from pagekv.actor.internal import PREFIX
-from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id, index_key
-from pagekv.kv import ActorKv, KvStore, prefix_end
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.kv import ActorKv, KvStore
 from pagekv.vfs import Database, SnapshotExpired, open_database
 
 T = TypeVar("T")
-_ACTOR = b"actor/"
 _READ_OPS = {apsw.SQLITE_SELECT, apsw.SQLITE_READ, apsw.SQLITE_FUNCTION, apsw.SQLITE_RECURSIVE}
 _READ_PRAGMAS = {
     "table_info",
@@ -66,19 +68,6 @@ class TableNotFound(InspectError, LookupError):
 
 
 @dataclass(frozen=True)
-class ActorRecord:
-    """One entry of the registry's index: an actor that exists."""
-
-    name: str
-    key: str
-    created: float
-
-    @property
-    def actor_id(self) -> str:
-        return actor_id(self.name, self.key)
-
-
-@dataclass(frozen=True)
 class TableInfo:
     name: str
     internal: bool
@@ -102,27 +91,11 @@ def open_index(store: KvStore) -> ActorKv | None:
     return store.namespace(REGISTRY_NAMESPACE)
 
 
-def _record(value: bytes) -> ActorRecord:
-    entry = cbor2.loads(value)
-    return ActorRecord(entry["name"], entry["key"], entry["created"])
-
-
-def list_actors(
-    index: ActorKv, *, limit: int, name: str | None = None, after: str | None = None
-) -> list[ActorRecord]:
-    """Up to `limit` actors (of type `name`, if given) in actor-id order, after the actor id
-    `after`."""
-    prefix = _ACTOR + (actor_id(name, "").encode() if name is not None else b"")
-    start = prefix if after is None else max(prefix, _ACTOR + after.encode() + b"\x00")
-    rows = index.list(start=start, end=prefix_end(prefix), limit=limit)
-    return [_record(value) for _, value in rows]
-
-
 def find_actor(index: ActorKv, name: str, key: str) -> ActorRecord:
-    value = index.get([index_key(name, key)])[0]
-    if value is None:
+    record = index_records.find_actor(index, name, key)
+    if record is None:
         raise ActorNotFound(f"no actor {name!r} with key {key!r}")
-    return _record(value)
+    return record
 
 
 @contextmanager

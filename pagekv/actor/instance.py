@@ -22,9 +22,9 @@ import cbor2
 from pagekv.actor.context import ActorContext
 from pagekv.actor.database import ActorDb
 from pagekv.actor.definition import ActorDefinition, Hook
-from pagekv.actor.errors import STORAGE_ERRORS, ActorStopped, ActorTakenOver
+from pagekv.actor.errors import STORAGE_ERRORS, ActorNotFound, ActorStopped, ActorTakenOver
 from pagekv.actor.gate import Gate
-from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
+from pagekv.actor.internal import encode_state, is_initialized, load, mark_initialized, migrate
 from pagekv.actor.queue import Queue
 from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
@@ -80,6 +80,8 @@ class ActorInstance:
         """Tasks waiting for a message or a workflow deadline; a run handler waiting there does
         not block sleep."""
         self.workflow: Runner | None = None
+        self.created = False
+        """This instance created the actor (its database held none)."""
         self._checked_at = time.monotonic()
         """When this instance last knew it was current (its takeover at start, then checks)."""
         self.next_due: float | None = None
@@ -106,8 +108,16 @@ class ActorInstance:
         log.debug("perf %s: %s duration_ms=%.2f", "user" if user else "internal", phase, ms)
         return result
 
-    async def start(self, input: Any) -> None:
-        """Open (take over) the database and run the start hooks; tear down on any failure."""
+    @property
+    def generation(self) -> int:
+        """The generation this instance took the actor over with (its database's)."""
+        return self.ctx.db.database.generation
+
+    async def start(self, input: Any, *, create: bool = True) -> None:
+        """Open (take over) the database and run the start hooks; tear down on any failure.
+
+        An actor whose database holds none (never created, or destroyed meanwhile) is created,
+        unless `create` is false: then `ActorNotFound`, before anything is written."""
         definition = self.definition
         database = await self._timed(
             "open_database", anyio.to_thread.run_sync(lambda: open_database(self.kv))
@@ -128,9 +138,12 @@ class ActorInstance:
             input=input,
         )
         try:
+            if not create and not await db.run(is_initialized, internal=True):
+                raise ActorNotFound(f"no actor {definition.name!r} with key {self.key!r}")
             initialized, stored, self.next_due = await self._timed(
                 "migrate_and_load", db.run(lambda c: (migrate(c), load(c))[1], internal=True)
             )
+            self.created = not initialized
             cell.restore((stored, encode_state(stored) if initialized else None))
             await self.publish_wake()  # the lease, before any hook runs (see `_wake_time`)
             hooks = definition.hooks
@@ -148,7 +161,10 @@ class ActorInstance:
                 await db.save_state()
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._close()
+                try:
+                    await self._close()
+                finally:
+                    self.stopped.set()
             raise
         self.phase = Phase.RUNNING
         self.last_active = time.monotonic()
@@ -458,13 +474,23 @@ class ActorInstance:
 
     # -- stop -------------------------------------------------------------------------------
 
-    async def stop(self, how: Stop) -> None:
-        """Sleep, destroy or tear down after a crash; idempotent."""
+    async def stop(self, how: Stop) -> Stop:
+        """Sleep, destroy or tear down after a crash; idempotent. Returns how the instance
+        stopped: another way than `how` if it was stopping already (this call waited for it).
+        `stopped` is set only once all of it is done, the drop and the index of a destroy too,
+        so a wake that waited for it never meets a destroy half done."""
         if self.phase in (Phase.STOPPING, Phase.STOPPED):
             await self.stopped.wait()
-            return
+            return self._stopping or "crash"
         self.phase = Phase.STOPPING
         self._stopping = how
+        try:
+            await self._stop(how)
+        finally:
+            self.stopped.set()
+        return how
+
+    async def _stop(self, how: Stop) -> None:
         with anyio.CancelScope(shield=True):
             destroyed = False
             run_pending = self._run_pending()  # before `stop_run` cancels its waits
@@ -509,14 +535,11 @@ class ActorInstance:
             log.exception("actor %s: stopping (%s) despite a failed hook", self.actor_id, how)
 
     async def _close(self) -> None:
-        """Close the database; `stopped` is set whatever happens, so no waiter hangs."""
+        """Close the database."""
         self.phase = Phase.STOPPED
-        try:
-            ctx = getattr(self, "ctx", None)
-            if ctx is not None:
-                await ctx.db.close()
-        finally:
-            self.stopped.set()
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None:
+            await ctx.db.close()
 
 
 def _settle(connection: Any, event_id: str, due: float, every: float | None) -> None:

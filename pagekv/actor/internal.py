@@ -103,6 +103,14 @@ def migrate(connection: apsw.Connection) -> int:
     return version
 
 
+def is_initialized(connection: apsw.Connection) -> bool:
+    """Whether the database holds a created actor (read only: nothing is migrated)."""
+    if not connection.execute("SELECT 1 FROM sqlite_schema WHERE name = '_pagekv_meta'").fetchall():
+        return False
+    rows = connection.execute("SELECT value FROM _pagekv_meta WHERE key = 'initialized'")
+    return bool(rows.fetchall())
+
+
 def load(connection: apsw.Connection) -> tuple[bool, Any, float | None]:
     """(initialised?, stored state, next schedule due): every read a wake needs, in one go."""
     rows = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())

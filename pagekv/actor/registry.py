@@ -14,14 +14,27 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import quote
 
 import anyio
 import cbor2
 from anyio.abc import TaskGroup
 
 from pagekv.actor.definition import ActorDefinition
-from pagekv.actor.errors import ActorExists, ActorNotFound, ActorTakenOver, UnknownActor
+from pagekv.actor.errors import (
+    ActorExists,
+    ActorNotFound,
+    ActorStopped,
+    ActorTakenOver,
+    UnknownActor,
+)
+from pagekv.actor.index import (
+    ActorRecord,
+    actor_id,
+    delete_records_up_to,
+    encode_record,
+    record_key,
+    records_of,
+)
 from pagekv.actor.instance import ActorInstance, NotServing
 from pagekv.actor.queue import prepare_message
 from pagekv.actor.workflow.handle import WorkflowHandle
@@ -41,10 +54,6 @@ handler crashed right after the wake)."""
 _WAKE = b"wake/"
 _DUE = b"due/"
 log = logging.getLogger("pagekv.actor")
-
-
-def actor_id(name: str, key: str) -> str:
-    return f"{name}/{quote(key, safe='')}"
 
 
 class Registry:
@@ -257,8 +266,19 @@ class Registry:
             raise UnknownActor(f"no actor named {name!r} (known: {known})") from None
 
     async def exists(self, name: str, key: str) -> bool:
-        raw = await anyio.to_thread.run_sync(self._index.get, [index_key(name, key)])
-        return raw[0] is not None
+        """Whether the index records the actor (see `index.py`: the data decides at a wake)."""
+        aid = actor_id(name, key)
+        return bool(await anyio.to_thread.run_sync(records_of, self._index, aid))
+
+    @asynccontextmanager
+    async def _exclusive(self, aid: str) -> AsyncIterator[None]:
+        """The actor's lock in this registry: wakes, creates and destroys of one actor run one
+        at a time, so in one process they are linearizable (across processes, `index.py`)."""
+        try:
+            async with self._locks.setdefault(aid, anyio.Lock()):
+                yield
+        finally:
+            self._drop_unused_lock(aid)
 
     async def instance(
         self, name: str, key: str, *, create: bool, must_be_new: bool = False, input: Any = None
@@ -267,33 +287,49 @@ class Registry:
         definition = self.definition(name)
         aid = actor_id(name, key)
         self._check_fits(aid)
-        try:
-            async with self._locks.setdefault(aid, anyio.Lock()):
-                live = self._instances.get(aid)
-                if live is not None:
-                    if live.serving() and not must_be_new:
-                        return live
-                    await live.stop(live.stop_reason())
-                exists = await self.exists(name, key)
-                if exists and must_be_new:
+        async with self._exclusive(aid):
+            return await self._instance(definition, key, create, must_be_new, input)
+
+    async def _instance(
+        self, definition: ActorDefinition, key: str, create: bool, must_be_new: bool, input: Any
+    ) -> ActorInstance:
+        """`instance`, the actor's lock held."""
+        name, aid = definition.name, actor_id(definition.name, key)
+        live = self._instances.get(aid)
+        if live is not None:
+            if live.serving():
+                if must_be_new:  # refused without touching the live instance
                     raise ActorExists(f"actor {name!r} with key {key!r} already exists")
-                if not exists and not create:
-                    raise ActorNotFound(f"no actor {name!r} with key {key!r}")
-                namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
-                instance = ActorInstance(self, definition, aid, key, namespace)
-                await instance.start(input)
-                self.counters["wakes"] += 1
-                for phase, ms in instance.metrics.items():
-                    self.counters[f"{phase}_total"] += ms
-                if not exists:
-                    record = cbor2.dumps({"name": name, "key": key, "created": time.time()})
-                    await anyio.to_thread.run_sync(
-                        lambda: self._index.put({index_key(name, key): record})
-                    )
-                self._instances[aid] = instance
-                return instance
-        finally:
-            self._drop_unused_lock(aid)
+                return live
+            await live.stop(live.stop_reason())
+        recorded = await anyio.to_thread.run_sync(records_of, self._index, aid)
+        if recorded and must_be_new:
+            raise ActorExists(f"actor {name!r} with key {key!r} already exists")
+        if not recorded and not create:
+            raise ActorNotFound(f"no actor {name!r} with key {key!r}")
+        namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
+        instance = ActorInstance(self, definition, aid, key, namespace)
+        try:
+            await instance.start(input, create=create)
+        except ActorNotFound:  # recorded, but destroyed: its destroyer died before the index
+            generation = instance.generation
+            await anyio.to_thread.run_sync(delete_records_up_to, self._index, aid, generation)
+            raise
+        self.counters["wakes"] += 1
+        for phase, ms in instance.metrics.items():
+            self.counters[f"{phase}_total"] += ms
+        if instance.created or not recorded:
+            await anyio.to_thread.run_sync(self._record, instance, recorded)
+        self._instances[aid] = instance
+        return instance
+
+    def _record(self, instance: ActorInstance, recorded: list[ActorRecord]) -> None:
+        """Record an actor this instance created (or found without a record), before it serves
+        anything; records of older generations describe data that is gone if it created it."""
+        aid, generation = instance.actor_id, instance.generation
+        value = encode_record(instance.definition.name, instance.key, generation)
+        stale = [record_key(aid, r.generation) for r in recorded if instance.created]
+        self._index.write(put={record_key(aid, generation): value}, delete=stale)
 
     def _check_fits(self, aid: str) -> None:
         """Refuse an actor whose registry entries would not fit the store's keys before anything
@@ -323,13 +359,14 @@ class Registry:
             self._drop_unused_lock(instance.actor_id)
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         if destroyed:
-            prefix = _wake_prefix(instance.actor_id)
-            record = index_key(instance.definition.name, instance.key)
+            aid, generation = instance.actor_id, instance.generation
+            prefix = _wake_prefix(aid)
 
             def remove() -> None:
                 dues = _due_keys(self._index.list(prefix=prefix))
                 self._index.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
-                self._index.delete([record, *dues])
+                self._index.delete(dues)
+                delete_records_up_to(self._index, aid, generation)
 
             await anyio.to_thread.run_sync(remove)
 
@@ -364,13 +401,22 @@ class Registry:
         return await instance.call(fn, args, kwargs)
 
     async def destroy(self, name: str, key: str) -> None:
-        """Destroy an actor; a stale local instance is replaced by a fresh one first."""
-        instance = await self.instance(name, key, create=False)
-        try:
-            await instance.stop("destroy")
-        except ActorTakenOver:
-            instance = await self.instance(name, key, create=False)
-            await instance.stop("destroy")
+        """Destroy an actor, under its lock: a wake or create of it in this registry waits, and
+        finds it destroyed. An instance that was already stopping another way (going to sleep)
+        is woken again to be destroyed, and one taken over elsewhere meanwhile is taken back,
+        up to `_CALL_ATTEMPTS` times."""
+        definition = self.definition(name)
+        aid = actor_id(name, key)
+        async with self._exclusive(aid):
+            for attempt in range(_CALL_ATTEMPTS):
+                instance = await self._instance(definition, key, False, False, None)
+                try:
+                    if await instance.stop("destroy") == "destroy":
+                        return
+                except ActorTakenOver:
+                    if attempt == _CALL_ATTEMPTS - 1:
+                        raise
+        raise ActorStopped(f"actor {aid} kept stopping another way; not destroyed")
 
     async def send(
         self, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any = None
@@ -380,10 +426,6 @@ class Registry:
         message = prepare_message(queue, body)
         instance = await self.instance(name, key, create=create, input=input)
         return await instance.ctx.queue.append(message)
-
-
-def index_key(name: str, key: str) -> bytes:
-    return b"actor/" + actor_id(name, key).encode()
 
 
 def _wake_prefix(aid: str) -> bytes:

@@ -296,6 +296,28 @@ async def test_a_commit_over_the_storage_quota_is_413_and_the_actor_stays_health
     assert "max_storage_bytes = 1000000" in refused.value.message
 
 
+async def test_a_refused_create_changes_nothing(served: Served) -> None:
+    """A create of an actor that is awake answered 409 after putting it to sleep and waking
+    it again (its run handler restarted each time)."""
+
+    def counter(metrics: str, name: str) -> float:
+        match = re.search(rf"^pagekv_{name}_total (\S+)$", metrics, re.MULTILINE)
+        assert match is not None, metrics
+        return float(match.group(1))
+
+    async with served.http() as http:
+        assert (await http.post(ADD, params={"key": "k"}, json={"args": [1]})).status_code == 200
+        before = (await http.get("/metrics")).text
+        for _ in range(10):
+            refused = await http.post("/actors/ledger", params={"key": "k"}, json={})
+            assert refused.status_code == 409 and error_of(refused)["code"] == "actor_exists"
+        after = (await http.get("/metrics")).text
+        rows = (await http.post(ADD, params={"key": "k"}, json={"args": [2]})).json()
+    for name in ("wakes", "sleeps", "crashes"):
+        assert counter(after, name) == counter(before, name), name
+    assert rows["result"]["rows"] == [1, 2]
+
+
 async def test_kv_and_queue_limits_are_4xx_naming_the_limit(served: Served) -> None:
     async with served.client() as client:
         handle = client.get_or_create("ledger", "k")
