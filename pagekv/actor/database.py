@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextvars
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -31,6 +32,39 @@ _in_transaction: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 )
 
 
+@dataclass
+class Writes:
+    """What the database work of one request committed, whichever actor and task did it.
+
+    `state()` is True once a commit landed, None once a commit's outcome is unknown (and none is
+    known to have landed), False while nothing was committed: what an error answer needs to say
+    whether a retry is safe."""
+
+    committed: bool = False
+    unknown: bool = False
+
+    def state(self) -> bool | None:
+        if self.committed:
+            return True
+        return None if self.unknown else False
+
+
+_writes: contextvars.ContextVar[Writes | None] = contextvars.ContextVar(
+    "pagekv_request_writes", default=None
+)
+
+
+@contextmanager
+def tracking_writes() -> Iterator[Writes]:
+    """Count the commits of the database work done in this task (and the tasks it starts)."""
+    writes = Writes()
+    token = _writes.set(writes)
+    try:
+        yield writes
+    finally:
+        _writes.reset(token)
+
+
 class ActorDb:
     def __init__(self, database: Database, state: StateCell, gate: Gate) -> None:
         self.database = database
@@ -47,9 +81,12 @@ class ActorDb:
     async def run(self, fn: Callable[[apsw.Connection], T], *, internal: bool = False) -> T:
         """Run `fn(connection)` on the worker, translating storage death into actor errors."""
 
+        committed = [0]
+
         def work() -> T:
             self.reserved.internal = internal
             self.reserved.violation = None
+            before = self.database.commits
             try:
                 if self._begin_pending:
                     self.database.connection.execute("BEGIN IMMEDIATE")
@@ -68,8 +105,15 @@ class ActorDb:
                 raise
             finally:
                 self.reserved.internal = False
+                committed[0] = self.database.commits - before
 
-        return await anyio.to_thread.run_sync(work, limiter=self._limiter)
+        try:
+            return await anyio.to_thread.run_sync(work, limiter=self._limiter)
+        finally:
+            writes = _writes.get()
+            if writes is not None:
+                writes.committed |= committed[0] > 0
+                writes.unknown |= self.database.outcome_unknown
 
     async def close(self) -> None:
         """Close the database once the worker is free (never under a running statement)."""

@@ -15,6 +15,7 @@ import cbor2
 from starlette.requests import Request
 from starlette.responses import Response
 
+from pagekv.actor.database import Writes
 from pagekv.server.errors import HttpError
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 
@@ -76,13 +77,20 @@ def read_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
     return body
 
 
-def answer(request: Request, value: Any, status: int = 200) -> Response:
-    """`value` encoded as the client asked (`Accept: application/cbor`, else JSON)."""
+def answer(
+    request: Request, value: Any, status: int = 200, writes: Writes | None = None
+) -> Response:
+    """`value` encoded as the client asked (`Accept: application/cbor`, else JSON).
+
+    A value the media type cannot hold is a 422, not a 5xx: the call ran, and what it wrote
+    (`writes`, reported as `written`) stands, so a client must not retry it as a failure."""
     media_type = CBOR if CBOR in request.headers.get("accept", "") else JSON
     try:
         content = encode(value, media_type)
-    except (TypeError, ValueError, cbor2.CBOREncodeError) as e:
-        error = HttpError(500, ErrorCode.UNENCODABLE_RESULT, f"cannot encode the result: {e}")
+    except (TypeError, ValueError, RecursionError, cbor2.CBOREncodeError) as e:
+        done = "ran, and its writes are committed" if writes and writes.state() else "ran"
+        message = f"the call {done}, but its result cannot be sent as {media_type}: {e}"
+        error = HttpError(422, ErrorCode.UNENCODABLE_RESULT, message, writes=writes)
         return error_answer(request, error)
     return Response(content, status_code=status, media_type=media_type)
 

@@ -11,7 +11,7 @@ its type and message but no traceback.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pagekv.actor import (
@@ -23,6 +23,7 @@ from pagekv.actor import (
     InvalidArguments,
     UnknownActor,
 )
+from pagekv.actor.database import Writes
 from pagekv.actor.errors import STORAGE_ERRORS
 from pagekv.actor.inspect import InspectError, QueryRefused, TableNotFound
 from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
@@ -40,6 +41,8 @@ class HttpError(Exception):
     message: str
     limit: str | None = None
     """The name of the limit that was hit, when one was."""
+    writes: Writes | None = None
+    """What the failed call committed, on routes that call actors: the answer's `written`."""
 
     def __str__(self) -> str:
         return f"{self.status} {self.code}: {self.message}"
@@ -48,6 +51,8 @@ class HttpError(Exception):
         error: dict[str, Any] = {"code": self.code.value, "message": self.message}
         if self.limit is not None:
             error["limit"] = self.limit
+        if self.writes is not None:
+            error["written"] = self.writes.state()
         return {"error": error}
 
 
@@ -85,12 +90,18 @@ def _message(error: BaseException) -> str:
     return str(error)
 
 
-def classify(error: Exception, *, in_action: bool) -> HttpError:
+def classify(error: Exception, *, in_action: bool, writes: Writes | None = None) -> HttpError:
     """The HTTP answer for an exception raised while serving a request.
 
     `in_action`: the request ran actor code, so an unknown exception is the action's own error
     (reported with its type and message); otherwise it is a server bug (logged, not described).
+    `writes`: what the request committed before it failed, reported as `written`.
     """
+    answer = _classify(error, in_action)
+    return answer if writes is None else replace(answer, writes=writes)
+
+
+def _classify(error: Exception, in_action: bool) -> HttpError:
     if isinstance(error, HttpError):
         return error
     for cause in _causes(error):

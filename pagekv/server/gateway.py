@@ -12,7 +12,9 @@ path. `key` and `mode` are the only routing parameters; anything else is refused
 body's `args`/`kwargs` reach the action. Unknown actor types and actions, arguments that do not
 bind to the action, and messages the queue refuses are refused (by the registry) before anything
 is created or woken. Every answer is `{"result": ...}` (or `{"id": ...}` for a queued message),
-every failure an `{"error": {code, message}}` from `errors.py`.
+every failure an `{"error": {code, message, written}}` from `errors.py`: `written` says whether
+the call committed anything (true), nothing (false: a retry is safe), or a commit's outcome is
+unknown (null).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from pagekv.actor.database import tracking_writes
 from pagekv.server.codec import answer, query_params, read_body, read_fields
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.protocol import ErrorCode
@@ -75,27 +78,29 @@ async def call_action(request: Request) -> Response:
     name, action = request.path_params["name"], request.path_params["action"]
     create = _create_flag(params, body)
     args, kwargs = _arguments(body)
-    try:
-        started = time.perf_counter()
-        result = await rt.registry.call(
-            name, key, action, args, kwargs, create=create, input=body.get("input")
-        )
-        rt.latency.observe((name, action), time.perf_counter() - started)
-    except Exception as e:
-        raise classify(e, in_action=True) from e
-    return answer(request, {"result": result})
+    with tracking_writes() as writes:
+        try:
+            started = time.perf_counter()
+            result = await rt.registry.call(
+                name, key, action, args, kwargs, create=create, input=body.get("input")
+            )
+            rt.latency.observe((name, action), time.perf_counter() - started)
+        except Exception as e:
+            raise classify(e, in_action=True, writes=writes) from e
+    return answer(request, {"result": result}, writes=writes)
 
 
 async def send_message(request: Request) -> Response:
     rt, key, params, body = await _request(request, _SEND_FIELDS)
     name, queue = request.path_params["name"], request.path_params["queue"]
     create = _create_flag(params, body)
-    try:
-        message_id = await rt.registry.send(
-            name, key, queue, body.get("body"), create=create, input=body.get("input")
-        )
-    except Exception as e:
-        raise classify(e, in_action=True) from e
+    with tracking_writes() as writes:
+        try:
+            message_id = await rt.registry.send(
+                name, key, queue, body.get("body"), create=create, input=body.get("input")
+            )
+        except Exception as e:
+            raise classify(e, in_action=True, writes=writes) from e
     return answer(request, {"id": message_id})
 
 
@@ -104,12 +109,13 @@ async def create_actor(request: Request) -> Response:
     key = query_params(request, {"key": True})["key"]
     body = read_fields(await read_body(request, rt.config.max_body_bytes), _CREATE_FIELDS)
     name = request.path_params["name"]
-    try:
-        await rt.registry.instance(
-            name, key, create=True, must_be_new=True, input=body.get("input")
-        )
-    except Exception as e:
-        raise classify(e, in_action=True) from e
+    with tracking_writes() as writes:
+        try:
+            await rt.registry.instance(
+                name, key, create=True, must_be_new=True, input=body.get("input")
+            )
+        except Exception as e:
+            raise classify(e, in_action=True, writes=writes) from e
     return answer(request, {"result": {"name": name, "key": key}}, status=201)
 
 
@@ -117,10 +123,11 @@ async def destroy_actor(request: Request) -> Response:
     rt = runtime(request)
     key = query_params(request, {"key": True})["key"]
     name = request.path_params["name"]
-    try:
-        await rt.registry.destroy(name, key)
-    except Exception as e:
-        raise classify(e, in_action=True) from e
+    with tracking_writes() as writes:
+        try:
+            await rt.registry.destroy(name, key)
+        except Exception as e:
+            raise classify(e, in_action=True, writes=writes) from e
     return answer(request, {"result": None})
 
 

@@ -3,7 +3,8 @@ and how bodies are encoded.
 
 Bodies are JSON by default and CBOR when the request says `Content-Type: application/cbor`
 (answers are CBOR when `Accept` asks for it). CBOR carries every value an actor can store; JSON
-answers render `bytes` as `{"$bytes": "<base64>"}` and refuse anything else JSON cannot hold.
+answers render `bytes` as `{"$bytes": "<base64>"}` and a float JSON has no number for as
+`{"$float": "NaN"}` (or `"Infinity"`, `"-Infinity"`), and refuse anything else JSON cannot hold.
 An error answer is always `{"error": {"code": ..., "message": ...}}` (plus `limit` when a limit
 was hit), with a stable `code` from `ErrorCode`.
 """
@@ -53,6 +54,7 @@ class ErrorCode(enum.StrEnum):
     NO_WORKFLOW = "no_workflow"
     ACTION_ERROR = "action_error"
     UNENCODABLE_RESULT = "unencodable_result"
+    """The call ran and its writes (`written`) stand; only its result cannot be sent."""
     INTERNAL = "internal_error"
 
 
@@ -83,7 +85,26 @@ def encode(value: Any, media_type: str) -> bytes:
     """Raises TypeError (or `cbor2.CBOREncodeError`) for a value the media type cannot hold."""
     if media_type == CBOR:
         return cbor2.dumps(value)
+    try:
+        return _dumps(value)
+    except ValueError:  # a NaN or an infinity somewhere: tag them (a rare, slower pass)
+        return _dumps(_tag_floats(value))
+
+
+def _dumps(value: Any) -> bytes:
     return json.dumps(value, default=_json_default, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _tag_floats(value: Any) -> Any:
+    """`value` with every float JSON cannot hold as `{"$float": ...}`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        name = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return {"$float": name}
+    if isinstance(value, dict):
+        return {k: _tag_floats(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_tag_floats(v) for v in value]
+    return value
 
 
 def decode(data: bytes, media_type: str) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 import apsw
 
-from pagekv.kv import ACTOR_KV_METHODS, ActorKv
+from pagekv.kv import ACTOR_KV_METHODS, ActorKv, KvIndeterminate
 from pagekv.vfs.file import MAIN_FILE, PINNED_PRAGMAS
 from pagekv.vfs.pages import Options, PageStore, check_options
 from pagekv.vfs.vfs import PageVfs
@@ -33,6 +33,17 @@ class Database:
     @property
     def read_only(self) -> bool:
         return self._store.read_only
+
+    @property
+    def commits(self) -> int:
+        """Commits made durable since the open: a caller that sees it grow knows it wrote."""
+        return self._store.counters.commits
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """Dead after a write whose outcome is unknown (`KvIndeterminate`): it may or may not
+        have been applied, which only a reopen tells."""
+        return isinstance(self._store.dead, KvIndeterminate)
 
     def execute(self, sql: str, bindings: Any = None) -> apsw.Cursor:
         """Run SQL; on a dead database fail like the VFS does, without reaching SQLite."""

@@ -119,3 +119,42 @@ async def loads(ctx: ActorContext) -> int:
 
 
 registry = Registry([ledger, napper, flow])
+
+
+gauge = actor("gauge", state={"value": 0.0})
+"""Writes whose answers are hard: a NaN, a result JSON cannot hold, a failure after a commit."""
+
+
+@gauge.on_migrate
+async def _gauge_schema(ctx: ActorContext) -> None:
+    await ctx.db.execute("CREATE TABLE IF NOT EXISTS log(what TEXT)")
+
+
+@gauge.action
+async def assign(ctx: ActorContext, value: float) -> float:
+    async with ctx.db.transaction():
+        await ctx.db.execute("INSERT INTO log VALUES ('nan')")
+        ctx.state["value"] = value
+    return ctx.state["value"]
+
+
+@gauge.action
+async def value(ctx: ActorContext) -> float:
+    return ctx.state["value"]
+
+
+@gauge.action
+async def odd(ctx: ActorContext) -> object:
+    await ctx.db.execute("INSERT INTO log VALUES ('odd')")
+    return object()
+
+
+@gauge.action
+async def half(ctx: ActorContext) -> None:
+    await ctx.db.execute("INSERT INTO log VALUES ('half')")
+    raise RuntimeError("failed after its commit")
+
+
+@gauge.action
+async def log(ctx: ActorContext) -> list[str]:
+    return [what for (what,) in await ctx.db.execute("SELECT what FROM log ORDER BY rowid")]

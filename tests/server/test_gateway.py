@@ -4,6 +4,7 @@ schedules, and every kind of bad input answered with a status and a machine-read
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -11,6 +12,7 @@ import anyio
 import cbor2
 import httpx
 import pytest
+from server_defs import gauge
 from server_helpers import Served, serving
 
 from pagekv.actor import (
@@ -167,12 +169,46 @@ async def test_unknown_actor_type_and_action_are_404_and_create_nothing(served: 
 
 async def test_action_errors_are_structured_without_tracebacks(served: Served) -> None:
     async with served.http() as http:
-        response = await http.post(
+        first = await http.post(
             "/actors/ledger/actions/fail", params={"key": "k"}, json={"args": ["boom 42"]}
         )
-    assert response.status_code == 500
-    assert error_of(response) == {"code": "action_error", "message": "ValueError: boom 42"}
-    assert "Traceback" not in response.text and ".py" not in response.text
+        again = await http.post(
+            "/actors/ledger/actions/fail", params={"key": "k"}, json={"args": ["boom 42"]}
+        )
+    for response, written in ((first, True), (again, False)):  # the first one created it
+        assert response.status_code == 500
+        assert error_of(response) == {
+            "code": "action_error",
+            "message": "ValueError: boom 42",
+            "written": written,
+        }
+        assert "Traceback" not in response.text and ".py" not in response.text
+
+
+async def test_an_error_answer_says_exactly_whether_the_call_wrote() -> None:
+    """A CBOR NaN reached an action that committed it, then the answer was a 500 (and so was
+    every later JSON call of that actor): a client retrying the 500 applied the write twice.
+    Now JSON carries the NaN tagged, a result no media type can hold is a 422 that says the
+    write stands, and an action that fails after a commit says it wrote."""
+    async with serving(actors=[gauge]) as served, served.http() as http:
+        cbor = {"content-type": "application/cbor"}
+        nan = await http.post(
+            "/actors/gauge/actions/assign",
+            params={"key": "k"},
+            headers=cbor,
+            content=cbor2.dumps({"args": [math.nan]}),
+        )
+        read = await http.post("/actors/gauge/actions/value", params={"key": "k"}, json={})
+        odd = await http.post("/actors/gauge/actions/odd", params={"key": "k"}, json={})
+        half = await http.post("/actors/gauge/actions/half", params={"key": "k"}, json={})
+        rows = await http.post("/actors/gauge/actions/log", params={"key": "k"}, json={})
+    assert nan.status_code == 200 and nan.json() == {"result": {"$float": "NaN"}}
+    assert read.status_code == 200 and read.json() == {"result": {"$float": "NaN"}}
+    assert odd.status_code == 422, odd.text
+    assert error_of(odd)["code"] == "unencodable_result" and error_of(odd)["written"] is True
+    assert "writes are committed" in error_of(odd)["message"]
+    assert half.status_code == 500 and error_of(half)["written"] is True
+    assert rows.json() == {"result": ["nan", "odd", "half"]}, "each write exactly once"
 
 
 async def test_arguments_that_do_not_bind_are_a_400_and_create_no_actor(
@@ -192,6 +228,7 @@ async def test_arguments_that_do_not_bind_are_a_400_and_create_no_actor(
         assert error_of(response) == {
             "code": "invalid_arguments",
             "message": f"action 'add' of actor 'ledger' takes (n): {what}",
+            "written": False,
         }
     assert stored_actors(served.store) == ([], [])
 
