@@ -13,7 +13,7 @@ first, so inspecting a store (or a mistyped actor) leaves it untouched.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar, runtime_checkable
@@ -67,6 +67,19 @@ class TableNotFound(InspectError, LookupError):
     """No table of that name in the actor's database."""
 
 
+class AnswerTooLarge(InspectError):
+    """The rows asked for hold more bytes than the answer may (`limit` names the cap)."""
+
+    limit = "inspect_max_bytes"
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed = allowed
+        super().__init__(
+            f"the answer would hold more than {allowed} bytes of values ({self.limit}); "
+            "ask for fewer rows or columns"
+        )
+
+
 @dataclass(frozen=True)
 class TableInfo:
     name: str
@@ -99,10 +112,16 @@ def find_actor(index: ActorKv, name: str, key: str) -> ActorRecord:
 
 
 @contextmanager
-def snapshot(store: KvStore, record: ActorRecord) -> Iterator[Database]:
-    """A read-only, consistent snapshot of an existing actor's database."""
+def snapshot(
+    store: KvStore, record: ActorRecord, max_bytes: int | None = None
+) -> Iterator[Database]:
+    """A read-only, consistent snapshot of an existing actor's database. With `max_bytes`,
+    SQLite makes no string or blob longer than that (`SQLITE_LIMIT_LENGTH`): a query cannot
+    build a value bigger than the answer may hold (`zeroblob(300000000)`), nor read one."""
     database = open_database(store.namespace(record.actor_id), read_only=True)
     try:
+        if max_bytes is not None:
+            database.connection.limit(apsw.SQLITE_LIMIT_LENGTH, max_bytes)
         yield database
     finally:
         database.close()
@@ -114,23 +133,35 @@ A database of up to 4 MiB is read whole at the open and never needs a second one
 can be overtaken by in-place commits while a query reads it (`benchmarks/RESULTS.md`)."""
 
 
-def read_snapshot(store: KvStore, record: ActorRecord, fn: Callable[[Database], T]) -> T:
+def read_snapshot(
+    store: KvStore,
+    record: ActorRecord,
+    fn: Callable[[Database], T],
+    *,
+    max_bytes: int | None = None,
+) -> T:
     """`fn(database)` on a fresh snapshot, reopened while the writer rewrites (in place) or
-    compacts away a page the snapshot had not read yet: `SNAPSHOT_ATTEMPTS` opens in all."""
+    compacts away a page the snapshot had not read yet: `SNAPSHOT_ATTEMPTS` opens in all.
+    `max_bytes` caps any one value (see `snapshot`): one over it is `AnswerTooLarge`."""
     for _ in range(SNAPSHOT_ATTEMPTS - 1):
         try:
-            return _read_once(store, record, fn)
+            return _read_once(store, record, fn, max_bytes)
         except SnapshotExpired:
             continue
-    return _read_once(store, record, fn)
+    return _read_once(store, record, fn, max_bytes)
 
 
-def _read_once(store: KvStore, record: ActorRecord, fn: Callable[[Database], T]) -> T:
+def _read_once(
+    store: KvStore, record: ActorRecord, fn: Callable[[Database], T], max_bytes: int | None
+) -> T:
     """SQLite reports a page the snapshot cannot have as an I/O error; the `SnapshotExpired`
     behind it, which the database keeps, tells it from any other failure."""
-    with snapshot(store, record) as database:
+    with snapshot(store, record, max_bytes) as database:
         try:
             return fn(database)
+        except apsw.TooBigError as e:
+            assert max_bytes is not None, "SQLite's own length limit is 1 GB"
+            raise AnswerTooLarge(max_bytes) from e
         except apsw.IOError as e:
             cause = database.take_last_kv_error()
             if isinstance(cause, SnapshotExpired):
@@ -173,7 +204,35 @@ def list_tables(connection: apsw.Connection) -> list[TableInfo]:
     return tables
 
 
-def read_rows(connection: apsw.Connection, table: str, *, limit: int, offset: int) -> Rows:
+def _size(value: Any) -> int:
+    """Bytes a value adds to an answer, about: its length for text and blobs, 8 otherwise."""
+    return len(value) if isinstance(value, str | bytes) else 8
+
+
+def _collect(rows: Iterable[Sequence[Any]], limit: int, max_bytes: int | None) -> list[list[Any]]:
+    """Up to `limit + 1` rows (one more tells that there were more), stopping with
+    `AnswerTooLarge` as soon as their values pass `max_bytes`: never more in memory."""
+    out: list[list[Any]] = []
+    total = 0
+    for row in rows:
+        if len(out) > limit:
+            break
+        if max_bytes is not None:
+            total += sum(_size(v) for v in row)
+            if total > max_bytes:
+                raise AnswerTooLarge(max_bytes)
+        out.append(list(row))
+    return out
+
+
+def read_rows(
+    connection: apsw.Connection,
+    table: str,
+    *,
+    limit: int,
+    offset: int,
+    max_bytes: int | None = None,
+) -> Rows:
     """One page of a table's rows in storage order (rowid, or primary key WITHOUT ROWID)."""
     if not _has_table(connection, table):
         raise TableNotFound(f"no table {table!r} in this actor's database")
@@ -181,20 +240,21 @@ def read_rows(connection: apsw.Connection, table: str, *, limit: int, offset: in
         f"SELECT * FROM {_quote(table)} LIMIT ? OFFSET ?", (limit + 1, offset)
     )
     columns = _description(cursor)
-    rows = [list(row) for row in cursor]
+    rows = _collect(cursor, limit, max_bytes)
     if not columns:
         columns = [row[1] for row in connection.execute(f"PRAGMA table_info({_quote(table)})")]
     return Rows(columns, rows[:limit], truncated=len(rows) > limit)
 
 
-def read_queue(connection: apsw.Connection, *, limit: int) -> Rows:
+def read_queue(connection: apsw.Connection, *, limit: int, max_bytes: int | None = None) -> Rows:
     """Messages waiting in the actor's queue, oldest first, bodies decoded."""
     columns = ["id", "name", "body", "created"]
     if not _has_table(connection, "_pagekv_queue"):
         return Rows(columns, [])
-    rows = connection.execute(
+    cursor = connection.execute(
         "SELECT id, name, body, created FROM _pagekv_queue ORDER BY id LIMIT ?", (limit + 1,)
-    ).fetchall()
+    )
+    rows = _collect(cursor, limit, max_bytes)
     decoded = [[i, name, cbor2.loads(body), created] for i, name, body, created in rows]
     return Rows(columns, decoded[:limit], truncated=len(decoded) > limit)
 
@@ -238,6 +298,7 @@ def query(
     *,
     max_rows: int,
     timeout_s: float,
+    max_bytes: int | None = None,
 ) -> Rows:
     """Run one read-only statement on a snapshot connection.
 
@@ -264,12 +325,8 @@ def query(
         except (TypeError, KeyError) as e:  # APSW's answers to a value or name it cannot bind
             raise InspectError(f"invalid query parameters: {e}") from e
         columns = _description(cursor)
-        rows: list[list[Any]] = []
-        for row in cursor:
-            if len(rows) == max_rows:
-                return Rows(columns, rows, truncated=True)
-            rows.append(list(row))
-        return Rows(columns, rows)
+        rows = _collect(cursor, max_rows, max_bytes)
+        return Rows(columns, rows[:max_rows], truncated=len(rows) > max_rows)
     except apsw.AuthError as e:
         raise QueryRefused(f"read-only query refused: {guard.refused or e}") from e
     except apsw.ExecTraceAbort as e:

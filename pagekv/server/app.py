@@ -84,7 +84,8 @@ def create_app(
             )
             async with registry.run():
                 index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)
-                yield {"runtime": Runtime(config, registry, store, index, meter)}
+                inspector = anyio.CapacityLimiter(config.inspect_concurrency)
+                yield {"runtime": Runtime(config, registry, store, index, meter, inspector)}
         finally:
             if isinstance(kv, str):
                 store.close()

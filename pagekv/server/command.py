@@ -12,7 +12,12 @@ import anyio
 
 from pagekv.cli_args import kv_url, port, positive_int
 from pagekv.kv import DEFAULT_URL
-from pagekv.server.config import ConfigError, ServerConfig
+from pagekv.server.config import (
+    DEFAULT_INSPECT_CONCURRENCY,
+    DEFAULT_INSPECT_MAX_BYTES,
+    ConfigError,
+    ServerConfig,
+)
 from pagekv.server.loader import AppNotFound, load_registry
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.run import serve
@@ -26,6 +31,8 @@ def _serve(args: argparse.Namespace) -> int:
             unauthenticated=args.unauthenticated,
             max_body_bytes=args.max_body_bytes,
             cors_origins=tuple(args.cors_origin),
+            inspect_max_bytes=args.inspect_max_bytes,
+            inspect_concurrency=args.inspect_concurrency,
         )
         registry = load_registry(args.app)
         config = replace(config, wake_lease_s=registry.wake_lease)
@@ -86,6 +93,20 @@ def add_serve_command(commands: Any, summary: str) -> None:
         type=positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
         help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    serve_cmd.add_argument(
+        "--inspect-max-bytes",
+        type=positive_int,
+        default=DEFAULT_INSPECT_MAX_BYTES,
+        help="most bytes of values in one inspector answer, and in any value a query reads "
+        f"or makes (default {DEFAULT_INSPECT_MAX_BYTES}; 413 past it)",
+    )
+    serve_cmd.add_argument(
+        "--inspect-concurrency",
+        type=positive_int,
+        default=DEFAULT_INSPECT_CONCURRENCY,
+        help="inspector reads run at once on threads of their own; actors never wait behind "
+        f"them (default {DEFAULT_INSPECT_CONCURRENCY})",
     )
     serve_cmd.add_argument(
         "--cors-origin",

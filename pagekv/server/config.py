@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pagekv.actor.registry import WAKE_LEASE_S
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 
+DEFAULT_INSPECT_MAX_BYTES = 16 * 2**20
+DEFAULT_INSPECT_CONCURRENCY = 4
+
 
 class ConfigError(ValueError):
     """A server configuration that must not start (the message says what to change)."""
@@ -26,6 +29,13 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()
     query_timeout_s: float = 5.0
     """How long a read-only inspector query may run."""
+    inspect_max_bytes: int = DEFAULT_INSPECT_MAX_BYTES
+    """The most bytes of values one inspector answer may hold (413 `answer_too_large` past
+    it); no value read or built by a query may be longer either."""
+    inspect_concurrency: int = DEFAULT_INSPECT_CONCURRENCY
+    """Inspector reads that run at once on worker threads: more wait for a turn (up to
+    `query_timeout_s`, then 503 `inspector_busy`), so the actors' work never waits behind
+    them."""
     wake_lease_s: float = WAKE_LEASE_S
     """The registry's `wake_lease` (`pagekv serve` takes the app's registry's)."""
 
@@ -49,6 +59,10 @@ class ServerConfig:
                     f"CORS origin {origin!r} must be an exact origin like https://app.example "
                     "(no wildcard, no trailing slash)"
                 )
+        if self.inspect_max_bytes < 1:
+            raise ConfigError(f"inspect_max_bytes must be >= 1, got {self.inspect_max_bytes}")
+        if self.inspect_concurrency < 1:
+            raise ConfigError(f"inspect_concurrency must be >= 1, got {self.inspect_concurrency}")
         if self.query_timeout_s <= 0:
             raise ConfigError(f"query_timeout_s must be > 0, got {self.query_timeout_s}")
         if self.wake_lease_s <= 0:

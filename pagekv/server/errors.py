@@ -25,7 +25,7 @@ from pagekv.actor import (
 )
 from pagekv.actor.database import Writes
 from pagekv.actor.errors import STORAGE_ERRORS
-from pagekv.actor.inspect import InspectError, QueryRefused, TableNotFound
+from pagekv.actor.inspect import AnswerTooLarge, InspectError, QueryRefused, TableNotFound
 from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
 from pagekv.actor.schedule import TooManySchedules
 from pagekv.kv import LimitError
@@ -68,6 +68,7 @@ _KNOWN: tuple[tuple[type[BaseException], int, ErrorCode, str | None], ...] = (
     (TooManySchedules, 429, ErrorCode.TOO_MANY_SCHEDULES, "MAX_SCHEDULES"),
     (MessageTooLarge, 413, ErrorCode.MESSAGE_TOO_LARGE, "MAX_MESSAGE_BYTES"),
     (InvalidQueueName, 400, ErrorCode.INVALID_QUEUE_NAME, "MAX_QUEUE_NAME_BYTES"),
+    (AnswerTooLarge, 413, ErrorCode.ANSWER_TOO_LARGE, AnswerTooLarge.limit),
     (TableNotFound, 404, ErrorCode.TABLE_NOT_FOUND, None),
     (QueryRefused, 403, ErrorCode.QUERY_REFUSED, None),
     (InspectError, 400, ErrorCode.INVALID_QUERY, None),

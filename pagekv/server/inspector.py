@@ -47,13 +47,37 @@ def _address(request: Request, **extra: bool) -> tuple[Runtime, str, str, dict[s
     return runtime(request), request.path_params["name"], params["key"], params
 
 
+async def _in_inspector(rt: Runtime, fn: Callable[[], T]) -> T:
+    """`fn()` on a worker thread, in one of the inspector's `inspect_concurrency` turns: the
+    inspector never holds more threads than that, so actors' work never queues behind it. A
+    request that gets no turn within `query_timeout_s` is a retryable 503."""
+    with anyio.move_on_after(rt.config.query_timeout_s) as waited:
+        await rt.inspector.acquire()
+    if waited.cancelled_caught:
+        raise HttpError(
+            503,
+            ErrorCode.INSPECTOR_BUSY,
+            f"the inspector is busy ({rt.config.inspect_concurrency} reads at once, "
+            "inspect_concurrency); retry",
+        )
+    try:
+        return await anyio.to_thread.run_sync(fn)
+    finally:
+        rt.inspector.release()
+
+
 async def _snapshot_read(
     rt: Runtime, name: str, key: str, fn: Callable[[Database], T]
 ) -> tuple[inspect.ActorRecord, T]:
     """Find the actor in the registry's index and run `fn` on a snapshot of its database."""
+    limit = rt.config.inspect_max_bytes
     try:
-        record = await anyio.to_thread.run_sync(inspect.find_actor, rt.index, name, key)
-        value = await anyio.to_thread.run_sync(inspect.read_snapshot, rt.store, record, fn)
+        record = await _in_inspector(rt, lambda: inspect.find_actor(rt.index, name, key))
+        value = await _in_inspector(
+            rt, lambda: inspect.read_snapshot(rt.store, record, fn, max_bytes=limit)
+        )
+    except HttpError:
+        raise
     except Exception as e:
         raise classify(e, in_action=False) from e
     return record, value
@@ -63,10 +87,11 @@ async def list_actors(request: Request) -> Response:
     rt = runtime(request)
     params = query_params(request, {"name": False, "after": False, "limit": False})
     limit = int_param(params, "limit", default=100, low=1, high=MAX_PAGE)
-    records = await anyio.to_thread.run_sync(
+    records = await _in_inspector(
+        rt,
         lambda: inspect.list_actors(
             rt.index, limit=limit + 1, name=params.get("name"), after=params.get("after")
-        )
+        ),
     )
     live = {i.actor_id for i in rt.registry.live()}
     actors = [
@@ -117,7 +142,9 @@ async def table_rows(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: inspect.read_rows(db.connection, table, limit=limit, offset=offset),
+        lambda db: inspect.read_rows(
+            db.connection, table, limit=limit, offset=offset, max_bytes=rt.config.inspect_max_bytes
+        ),
     )
     return answer(request, {"table": table, "offset": offset, **asdict(rows)})
 
@@ -139,7 +166,12 @@ async def run_query(request: Request) -> Response:
         name,
         key,
         lambda db: inspect.query(
-            db.connection, sql, bindings, max_rows=max_rows, timeout_s=timeout
+            db.connection,
+            sql,
+            bindings,
+            max_rows=max_rows,
+            timeout_s=timeout,
+            max_bytes=rt.config.inspect_max_bytes,
         ),
     )
     return answer(request, asdict(rows))
@@ -149,7 +181,12 @@ async def actor_queue(request: Request) -> Response:
     rt, name, key, params = _address(request, limit=False)
     limit = int_param(params, "limit", default=100, low=1, high=MAX_PAGE)
     _, rows = await _snapshot_read(
-        rt, name, key, lambda db: inspect.read_queue(db.connection, limit=limit)
+        rt,
+        name,
+        key,
+        lambda db: inspect.read_queue(
+            db.connection, limit=limit, max_bytes=rt.config.inspect_max_bytes
+        ),
     )
     return answer(request, asdict(rows))
 
@@ -176,7 +213,7 @@ async def actor_metrics(request: Request) -> Response:
     live = rt.live(record.actor_id)
     if live is None:
         return answer(request, {"live": False, "storage": snapshot})
-    storage = await anyio.to_thread.run_sync(live.ctx.db.database.metrics)
+    storage = await _in_inspector(rt, live.ctx.db.database.metrics)
     return answer(request, {"live": True, "storage": storage, "wake_ms": live.metrics})
 
 

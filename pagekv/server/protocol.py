@@ -50,6 +50,8 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_SCHEDULES = "too_many_schedules"
     TABLE_NOT_FOUND = "table_not_found"
     QUERY_REFUSED = "query_refused"
+    ANSWER_TOO_LARGE = "answer_too_large"
+    INSPECTOR_BUSY = "inspector_busy"
     INVALID_QUERY = "invalid_query"
     NO_WORKFLOW = "no_workflow"
     ACTION_ERROR = "action_error"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import anyio
 from starlette.requests import Request
 
 from pagekv.actor import Registry
@@ -24,6 +25,8 @@ class Runtime:
     index: ActorKv
     """The registry's index of existing actors."""
     meter: KvMeter
+    inspector: anyio.CapacityLimiter
+    """The inspector's own worker threads (`ServerConfig.inspect_concurrency`)."""
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
 
     def live(self, actor_id: str) -> ActorInstance | None:

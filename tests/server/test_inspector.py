@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from server_helpers import Served, serving
 
@@ -244,3 +245,53 @@ async def test_workflow_history(served: Served, eventually) -> None:
     async with served.http() as http:
         none = await http.get("/inspect/actors/ledger/workflow", params={"key": "plain"})
     assert (none.status_code, none.json()["error"]["code"]) == (404, "no_workflow")
+
+
+_SERIES = "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {})"
+
+
+async def test_answers_are_capped_in_bytes_naming_the_cap() -> None:
+    """`SELECT zeroblob(300000000)` answered 200 with 400 MB and grew the server by 1.4 GB:
+    no value may now be longer than the cap (SQLite refuses to make one), and rows stop
+    being gathered as soon as their values pass it."""
+    async with serving(inspect_max_bytes=100_000) as served:
+        await populate(served)
+        for statement in (
+            "SELECT zeroblob(300000000)",
+            f"{_SERIES.format(500)} SELECT randomblob(1000) FROM s",
+            f"{_SERIES.format(500)} SELECT group_concat(hex(randomblob(1000))) FROM s",
+        ):
+            status, body = await sql(served, statement)
+            assert status == 413, (statement, body)
+            assert body["error"]["code"] == "answer_too_large"
+            assert body["error"]["limit"] == "inspect_max_bytes"
+            assert "100000 bytes" in body["error"]["message"]
+        status, body = await sql(served, f"{_SERIES.format(50)} SELECT randomblob(1000) FROM s")
+        assert status == 200 and len(body["rows"]) == 50
+
+
+async def test_inspector_reads_never_hold_up_the_actors() -> None:
+    """60 queries that run until their timeout, all at once: the inspector runs
+    `inspect_concurrency` of them and answers the rest 503 when no turn comes in time, while
+    calls to the awake actor go on being answered."""
+    spin = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    async with serving(query_timeout_s=2.0, inspect_concurrency=2) as served:
+        await populate(served)
+        answers: list[tuple[int, str]] = []
+
+        async def query() -> None:
+            status, body = await sql(served, spin)
+            answers.append((status, body["error"]["code"]))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(60):
+                tg.start_soon(query)
+            await anyio.sleep(0.3)  # they are all in
+            async with served.client() as client:
+                handle = client.get("ledger", "k")
+                for n in range(10):
+                    with anyio.fail_after(1.5):  # well before any query gives up
+                        assert len((await handle.add(n))["rows"]) == 6 + n
+            assert not answers, "the calls were answered while every query was in flight"
+    assert sorted(set(answers)) == [(403, "query_refused"), (503, "inspector_busy")], answers
+    assert answers.count((403, "query_refused")) >= 2
