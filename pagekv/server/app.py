@@ -7,6 +7,7 @@ the last request, so there is no lazy initialisation for concurrent first reques
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,7 +16,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -30,6 +31,8 @@ from pagekv.server.errors import HttpError, classify
 from pagekv.server.metrics import KvMeter, MeteredStore, render
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
+
+log = logging.getLogger("pagekv.server")
 
 
 async def health(request: Request) -> Response:
@@ -64,6 +67,13 @@ async def _routing_error(request: Request, error: Exception) -> Response:
     return error_answer(request, HttpError(error.status_code, code, message))
 
 
+async def _client_gone(request: Request, error: Exception) -> Response:
+    """The client hung up before its request was read whole: one line at debug level (this
+    answer reaches nobody)."""
+    log.debug("client disconnected during %s %s", request.method, request.url.path)
+    return Response(status_code=499)
+
+
 async def _internal_error(request: Request, error: Exception) -> Response:
     return error_answer(request, classify(error, in_action=False))
 
@@ -95,7 +105,7 @@ def create_app(
         middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
     if config.token is not None:
         middleware.append(Middleware(BearerAuth, token=config.token))
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
@@ -106,7 +116,10 @@ def create_app(
         exception_handlers={
             HttpError: _http_error,
             HTTPException: _routing_error,
+            ClientDisconnect: _client_gone,
             Exception: _internal_error,
         },
         lifespan=lifespan,
     )
+    app.router.redirect_slashes = False  # a redirect would be built from the client's Host
+    return app

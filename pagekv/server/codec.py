@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qsl
 
+import anyio
 import cbor2
 from starlette.requests import Request
 from starlette.responses import Response
 
 from pagekv.actor.database import Writes
+from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 
@@ -28,8 +31,10 @@ def _media_type(request: Request) -> str:
     return request.headers.get("content-type", JSON).split(";")[0].strip().lower()
 
 
-async def read_body(request: Request, max_bytes: int) -> Any:
-    """The decoded body; None when it is empty. Raises `HttpError` for every bad body."""
+async def read_body(request: Request, config: ServerConfig) -> Any:
+    """The decoded body; `{}` when it is empty. Raises `HttpError` for every bad body, and
+    408 for one that does not arrive whole within `body_timeout_s`."""
+    max_bytes = config.max_body_bytes
     too_large = HttpError(
         413,
         ErrorCode.BODY_TOO_LARGE,
@@ -40,12 +45,19 @@ async def read_body(request: Request, max_bytes: int) -> Any:
     if declared is not None and _is_count(declared) and int(declared) > max_bytes:
         raise too_large
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > max_bytes:
-            raise too_large
+    with anyio.move_on_after(config.body_timeout_s) as reading:
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > max_bytes:
+                raise too_large
+    if reading.cancelled_caught:
+        raise HttpError(
+            408,
+            ErrorCode.REQUEST_TIMEOUT,
+            f"the request body did not arrive within {config.body_timeout_s:g} s (body_timeout_s)",
+        )
     if not data:
-        return None
+        return {}
     media_type = _media_type(request)
     if media_type not in (JSON, CBOR):
         raise HttpError(
@@ -61,12 +73,9 @@ async def read_body(request: Request, max_bytes: int) -> Any:
 
 def read_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
     """A body that must be a map whose keys are all in `allowed` (an empty body is `{}`)."""
-    if body is None:
-        return {}
     if not isinstance(body, dict):
-        raise HttpError(
-            400, ErrorCode.INVALID_BODY, f"the body must be an object, not {type(body).__name__}"
-        )
+        kind = "null" if body is None else type(body).__name__
+        raise HttpError(400, ErrorCode.INVALID_BODY, f"the body must be an object, not {kind}")
     unknown = sorted(str(k) for k in body if k not in allowed)
     if unknown:
         raise HttpError(
@@ -108,7 +117,7 @@ def error_answer(request: Request, error: HttpError) -> Response:
 
 def query_params(request: Request, allowed: Mapping[str, bool]) -> dict[str, str]:
     """The query parameters, each at most once and all known; `allowed` maps name -> required."""
-    items = request.query_params.multi_items()
+    items = _query_items(request)
     counts = Counter(name for name, _ in items)
     known = ", ".join(allowed) or "none"
     unknown = sorted(name for name in counts if name not in allowed)
@@ -129,6 +138,18 @@ def query_params(request: Request, allowed: Mapping[str, bool]) -> dict[str, str
             400, ErrorCode.INVALID_PARAMETER, f"missing required query parameter(s) {missing}"
         )
     return dict(items)
+
+
+def _query_items(request: Request) -> list[tuple[str, str]]:
+    """The query string's pairs, decoded as UTF-8 strictly: Starlette's parse makes invalid
+    UTF-8 (`key=%FF`) into U+FFFD, which would address another actor than the one asked."""
+    raw: bytes = request.scope.get("query_string", b"")
+    try:
+        return parse_qsl(raw.decode("ascii"), keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError as e:
+        raise HttpError(
+            400, ErrorCode.INVALID_PARAMETER, f"the query string is not valid UTF-8: {e}"
+        ) from None
 
 
 def int_param(params: Mapping[str, str], name: str, *, default: int, low: int, high: int) -> int:

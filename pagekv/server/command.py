@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from pagekv.cli_args import kv_url, port, positive_int
+from pagekv.cli_args import kv_url, port, positive_int, positive_seconds
 from pagekv.kv import DEFAULT_URL
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
@@ -33,6 +33,9 @@ def _serve(args: argparse.Namespace) -> int:
             cors_origins=tuple(args.cors_origin),
             inspect_max_bytes=args.inspect_max_bytes,
             inspect_concurrency=args.inspect_concurrency,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            max_connections=args.max_connections,
         )
         registry = load_registry(args.app)
         config = replace(config, wake_lease_s=registry.wake_lease)
@@ -93,6 +96,26 @@ def add_serve_command(commands: Any, summary: str) -> None:
         type=positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
         help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    serve_cmd.add_argument(
+        "--header-timeout",
+        type=positive_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="time a client has to send a request's headers (default 10; 408 past it)",
+    )
+    serve_cmd.add_argument(
+        "--body-timeout",
+        type=positive_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="time a request's body has to arrive whole (default 30; 408 past it)",
+    )
+    serve_cmd.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=1024,
+        help="connections and requests served at once; more are answered 503 (default 1024)",
     )
     serve_cmd.add_argument(
         "--inspect-max-bytes",

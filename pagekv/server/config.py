@@ -36,6 +36,13 @@ class ServerConfig:
     """Inspector reads that run at once on worker threads: more wait for a turn (up to
     `query_timeout_s`, then 503 `inspector_busy`), so the actors' work never waits behind
     them."""
+    header_timeout_s: float = 10.0
+    """How long a client may take to send a request's headers (from its first byte, or from
+    the connection's opening): past it, 408 and the connection is closed."""
+    body_timeout_s: float = 30.0
+    """How long a request's body may take to arrive whole (408 past it)."""
+    max_connections: int = 1024
+    """Connections (and requests in flight) served at once; more are answered 503."""
     wake_lease_s: float = WAKE_LEASE_S
     """The registry's `wake_lease` (`pagekv serve` takes the app's registry's)."""
 
@@ -63,6 +70,11 @@ class ServerConfig:
             raise ConfigError(f"inspect_max_bytes must be >= 1, got {self.inspect_max_bytes}")
         if self.inspect_concurrency < 1:
             raise ConfigError(f"inspect_concurrency must be >= 1, got {self.inspect_concurrency}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.query_timeout_s <= 0:
             raise ConfigError(f"query_timeout_s must be > 0, got {self.query_timeout_s}")
         if self.wake_lease_s <= 0:

@@ -69,7 +69,7 @@ async def _request(
 ) -> tuple[Runtime, str, dict[str, str], dict[str, Any]]:
     rt = runtime(request)
     params = query_params(request, _ROUTING)
-    body = read_fields(await read_body(request, rt.config.max_body_bytes), fields)
+    body = read_fields(await read_body(request, rt.config), fields)
     return rt, params["key"], params, body
 
 
@@ -107,7 +107,7 @@ async def send_message(request: Request) -> Response:
 async def create_actor(request: Request) -> Response:
     rt = runtime(request)
     key = query_params(request, {"key": True})["key"]
-    body = read_fields(await read_body(request, rt.config.max_body_bytes), _CREATE_FIELDS)
+    body = read_fields(await read_body(request, rt.config), _CREATE_FIELDS)
     name = request.path_params["name"]
     with tracking_writes() as writes:
         try:

@@ -151,7 +151,7 @@ async def table_rows(request: Request) -> Response:
 
 async def run_query(request: Request) -> Response:
     rt, name, key, _ = _address(request)
-    body = read_fields(await read_body(request, rt.config.max_body_bytes), _QUERY_FIELDS)
+    body = read_fields(await read_body(request, rt.config), _QUERY_FIELDS)
     sql, bindings = body.get("sql"), body.get("params", [])
     if not isinstance(sql, str) or not sql.strip():
         raise HttpError(400, ErrorCode.INVALID_BODY, "sql must be a non-empty string")

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import enum
+import io
 import json
 import math
+import re
 from typing import Any
 
 import cbor2
@@ -52,6 +54,7 @@ class ErrorCode(enum.StrEnum):
     QUERY_REFUSED = "query_refused"
     ANSWER_TOO_LARGE = "answer_too_large"
     INSPECTOR_BUSY = "inspector_busy"
+    REQUEST_TIMEOUT = "request_timeout"
     INVALID_QUERY = "invalid_query"
     NO_WORKFLOW = "no_workflow"
     ACTION_ERROR = "action_error"
@@ -110,13 +113,45 @@ def _tag_floats(value: Any) -> Any:
 
 
 def decode(data: bytes, media_type: str) -> Any:
-    """Decode a body; raises `BodyError` naming what is wrong."""
+    """Decode a body; raises `BodyError` naming what is wrong: also for bytes after the CBOR
+    value (as JSON refuses trailing data) and for a JSON string with a lone surrogate, which
+    is no text (`"\\ud800"`: it could be neither stored nor sent back)."""
     try:
         if media_type == CBOR:
-            return cbor2.loads(data)
-        return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
+            stream = io.BytesIO(data)
+            value = cbor2.CBORDecoder(stream).decode()
+            if stream.tell() != len(data):
+                raise BodyError(
+                    f"malformed CBOR body: {len(data) - stream.tell()} bytes after the value"
+                )
+            return value
+        value = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
+        if _SURROGATE_ESCAPE.search(data):  # a pair is fine: only then look at every string
+            _refuse_lone_surrogates(value)
+        return value
     except BodyError:
         raise
     except (ValueError, RecursionError, cbor2.CBORDecodeError) as e:
         kind = "CBOR" if media_type == CBOR else "JSON"
         raise BodyError(f"malformed {kind} body: {e}") from e
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise BodyError(
+                "malformed JSON body: a string holds a lone surrogate (\\ud800-\\udfff), "
+                "which is not text"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_lone_surrogates(key)
+            _refuse_lone_surrogates(item)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_lone_surrogates(item)

@@ -15,6 +15,7 @@ from pagekv.actor import ActorDefinition
 from pagekv.kv import KvStore
 from pagekv.server.app import create_app
 from pagekv.server.config import ServerConfig
+from pagekv.server.http_protocol import http_protocol
 
 GRACEFUL_S = 10
 
@@ -39,6 +40,8 @@ def uvicorn_server(
             access_log=False,
             timeout_graceful_shutdown=GRACEFUL_S,
             server_header=False,
+            http=http_protocol(config.header_timeout_s),
+            limit_concurrency=config.max_connections,
         )
     )
 
