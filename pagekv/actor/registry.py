@@ -209,6 +209,8 @@ class Registry:
         try:
             if await anyio.to_thread.run_sync(self._still_due, actor_id(name, key), time.time()):
                 await self.instance(name, key, create=False)
+        except ActorNotFound:
+            log.info("actor %s/%s was destroyed; its wake entries are removed", name, key)
         except Exception:
             log.exception("could not wake actor %s/%s for its schedule", name, key)
 
@@ -312,8 +314,7 @@ class Registry:
         try:
             await instance.start(input, create=create)
         except ActorNotFound:  # recorded, but destroyed: its destroyer died before the index
-            generation = instance.generation
-            await anyio.to_thread.run_sync(delete_records_up_to, self._index, aid, generation)
+            await anyio.to_thread.run_sync(self._erase, aid, instance.generation)
             raise
         self.counters["wakes"] += 1
         for phase, ms in instance.metrics.items():
@@ -359,16 +360,19 @@ class Registry:
             self._drop_unused_lock(instance.actor_id)
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         if destroyed:
-            aid, generation = instance.actor_id, instance.generation
-            prefix = _wake_prefix(aid)
+            await anyio.to_thread.run_sync(self._erase, instance.actor_id, instance.generation)
 
-            def remove() -> None:
-                dues = _due_keys(self._index.list(prefix=prefix))
-                self._index.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
-                self._index.delete(dues)
-                delete_records_up_to(self._index, aid, generation)
-
-            await anyio.to_thread.run_sync(remove)
+    def _erase(self, aid: str, generation: int) -> None:
+        """Remove what the index holds of an actor whose data is gone, as of `generation`: its
+        records and wake entries of that generation and older ones. Newer ones belong to an
+        actor created again since (see `index.py`), and stay."""
+        prefix = _wake_prefix(aid)
+        end = prefix + b"%020d" % (generation + 1)
+        dues = _due_keys(self._index.list(start=prefix, end=end))
+        self._index.delete_range(prefix, end)
+        if dues:
+            self._index.delete(dues)
+        delete_records_up_to(self._index, aid, generation)
 
     def live(self) -> list[ActorInstance]:
         return list(self._instances.values())

@@ -84,3 +84,30 @@ async def _steps(wf: Any) -> int:
 async def progress(ctx: ActorContext) -> dict[str, Any]:
     rows = await ctx.db.execute("SELECT i FROM done ORDER BY rowid")
     return {"count": ctx.state["count"], "rows": [i for (i,) in rows]}
+
+
+phoenix = actor("phoenix", state={"armed": 0})
+"""Writes a line to `$PHOENIX_LOG` from `on_create` and from its scheduled `tick`, so a test can
+count them across processes: a destroyed actor must never be created or woken again by itself."""
+
+
+def _phoenix_log(line: str) -> None:
+    with open(os.environ["PHOENIX_LOG"], "a") as log:
+        log.write(line + "\n")
+
+
+@phoenix.on_create
+async def _phoenix_created(ctx: ActorContext, input: Any) -> None:
+    _phoenix_log(f"create {input}")
+
+
+@phoenix.action
+async def arm(ctx: ActorContext) -> int:
+    await ctx.schedule.after(0.5, "tick")
+    ctx.state["armed"] += 1
+    return ctx.state["armed"]
+
+
+@phoenix.action
+async def tick(ctx: ActorContext) -> None:
+    _phoenix_log("tick")
