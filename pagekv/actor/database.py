@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextvars
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -23,6 +22,7 @@ from pagekv.actor.errors import ActorStopped, ActorTakenOver, ReservedName
 from pagekv.actor.gate import Gate
 from pagekv.actor.internal import Reserved
 from pagekv.actor.state import StateCell
+from pagekv.actor.writes import note_writes
 from pagekv.kv import FenceMismatch
 from pagekv.vfs import Database
 
@@ -30,39 +30,6 @@ T = TypeVar("T")
 _in_transaction: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "pagekv_actor_transaction", default=None
 )
-
-
-@dataclass
-class Writes:
-    """What the database work of one request committed, whichever actor and task did it.
-
-    `state()` is True once a commit landed, None once a commit's outcome is unknown (and none is
-    known to have landed), False while nothing was committed: what an error answer needs to say
-    whether a retry is safe."""
-
-    committed: bool = False
-    unknown: bool = False
-
-    def state(self) -> bool | None:
-        if self.committed:
-            return True
-        return None if self.unknown else False
-
-
-_writes: contextvars.ContextVar[Writes | None] = contextvars.ContextVar(
-    "pagekv_request_writes", default=None
-)
-
-
-@contextmanager
-def tracking_writes() -> Iterator[Writes]:
-    """Count the commits of the database work done in this task (and the tasks it starts)."""
-    writes = Writes()
-    token = _writes.set(writes)
-    try:
-        yield writes
-    finally:
-        _writes.reset(token)
 
 
 class ActorDb:
@@ -110,10 +77,7 @@ class ActorDb:
         try:
             return await anyio.to_thread.run_sync(work, limiter=self._limiter)
         finally:
-            writes = _writes.get()
-            if writes is not None:
-                writes.committed |= committed[0] > 0
-                writes.unknown |= self.database.outcome_unknown
+            note_writes(committed=committed[0] > 0, unknown=self.database.outcome_unknown)
 
     async def close(self) -> None:
         """Close the database once the worker is free (never under a running statement)."""

@@ -27,6 +27,7 @@ from pagekv.actor.index import ActorRecord as ActorRecord
 from pagekv.actor.index import list_actors as list_actors
 from pagekv.actor.internal import PREFIX
 from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.schedule import MAX_SCHEDULES
 from pagekv.kv import ActorKv, KvStore
 from pagekv.vfs import Database, SnapshotExpired, open_database
 
@@ -259,22 +260,30 @@ def read_queue(connection: apsw.Connection, *, limit: int, max_bytes: int | None
     return Rows(columns, decoded[:limit], truncated=len(decoded) > limit)
 
 
-def read_schedules(connection: apsw.Connection) -> Rows:
-    """Pending schedules, soonest first, arguments decoded."""
+def read_schedules(connection: apsw.Connection, *, max_bytes: int | None = None) -> Rows:
+    """Pending schedules, soonest first, arguments decoded (their number is bounded by the
+    schedule limit, their bytes by `max_bytes`)."""
     columns = ["id", "due", "action", "args", "every", "created"]
     if not _has_table(connection, "_pagekv_schedule"):
         return Rows(columns, [])
-    rows = connection.execute(
+    cursor = connection.execute(
         "SELECT id, due, action, args, every, created FROM _pagekv_schedule ORDER BY due, id"
-    ).fetchall()
+    )
+    rows = _collect(cursor, MAX_SCHEDULES, max_bytes)
     return Rows(columns, [[i, d, a, cbor2.loads(b), e, c] for i, d, a, b, e, c in rows])
 
 
-def read_workflow(connection: apsw.Connection) -> dict[str, Any] | None:
-    """The actor's workflow state and history, or None if it has none."""
+def read_workflow(
+    connection: apsw.Connection, *, max_bytes: int | None = None
+) -> dict[str, Any] | None:
+    """The actor's workflow state and history, or None if it has none; `AnswerTooLarge` if it
+    holds more than `max_bytes` (a history is bounded by its pruning, not by a page size)."""
     from pagekv.actor.workflow import describe
 
-    return describe(connection)
+    workflow = describe(connection)
+    if max_bytes is not None and workflow is not None and len(cbor2.dumps(workflow)) > max_bytes:
+        raise AnswerTooLarge(max_bytes)
+    return workflow
 
 
 class _ReadOnly:

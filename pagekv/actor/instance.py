@@ -199,9 +199,10 @@ class ActorInstance:
 
     def _run_pending(self) -> bool:
         """The run handler has work to do now: it is about to start, or it runs and does not
-        wait for a message or a deadline. Such a run handler, cut off by a stop or a crash,
-        must go on elsewhere without anyone calling the actor (`_next_run`)."""
-        return self._has_run() and not self._run_done and not self.waits
+        wait for a message or a deadline, and the instance was not asked to stop (`ctx.sleep()`
+        from its own code means it is done for now). Such a run handler, cut off by a stop or a
+        crash, must go on elsewhere without anyone calling the actor (`_next_run`)."""
+        return self._has_run() and not self._run_done and not self.waits and self._requested is None
 
     async def stop_run(self) -> None:
         """Cancel the run handler and wait until it has ended."""
@@ -260,7 +261,11 @@ class ActorInstance:
         try:
             async with self.gate.shared():
                 with self.ctx.queue.redeliver_on_failure():
-                    result = await fn(self.ctx, *args, **kwargs)
+                    try:
+                        result = await fn(self.ctx, *args, **kwargs)
+                    except Exception:
+                        await self._keep_state()
+                        raise
                     await self.ctx.db.save_state()
             return result
         except (ActorTakenOver, ActorStopped) as e:
@@ -276,6 +281,18 @@ class ActorInstance:
                 self._idle = anyio.Event()
             if self._requested is not None and self.active == 0 and not self._run_active:
                 self.registry.spawn(self.stop, self._requested)
+
+    async def _keep_state(self) -> None:
+        """After an action raised: commit the state it changed outside a transaction now, as
+        SQL it ran outside one is committed, so the failed call's answer can say it wrote. (Left
+        in memory, the change was committed later by whichever call saved next.) A failure here
+        is logged: the action's own error is the answer."""
+        if self.ctx.db.database.is_dead:
+            return
+        try:
+            await self.ctx.db.save_state()
+        except Exception:
+            log.exception("actor %s: state of a failed action not saved", self.actor_id)
 
     async def _check_current(self) -> None:
         """Refuse the call (`NotServing`: the registry wakes a fresh instance, which takes the

@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 
 from pagekv.actor.errors import ActorTakenOver
-from pagekv.kv import ActorKv, FenceMismatch, InvalidKey, prefix_end
+from pagekv.actor.writes import note_writes
+from pagekv.kv import ActorKv, FenceMismatch, InvalidKey, KvIndeterminate, prefix_end
 
 USER_PREFIX = b"\x02"
 
@@ -49,6 +50,10 @@ class UserKv:
             await anyio.to_thread.run_sync(lambda: self._kv.write(**batch, fence=self._fence))
         except FenceMismatch as e:
             raise ActorTakenOver(f"another instance took this actor over: {e}") from e
+        except KvIndeterminate:
+            note_writes(committed=False, unknown=True)
+            raise
+        note_writes(committed=True)
 
     async def list(
         self, *, prefix: bytes = b"", limit: int | None = None, reverse: bool = False

@@ -17,7 +17,7 @@ import cbor2
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pagekv.actor.database import Writes
+from pagekv.actor.writes import Writes
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
@@ -106,7 +106,9 @@ def answer(
 
 def error_answer(request: Request, error: HttpError) -> Response:
     media_type = CBOR if CBOR in request.headers.get("accept", "") else JSON
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
+    if error.status == 408:  # the rest of the body may still trickle in: drop the connection
+        headers["connection"] = "close"
     return Response(
         encode(error.body(), media_type),
         status_code=error.status,

@@ -36,6 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,
             max_connections=args.max_connections,
+            max_header_bytes=args.max_header_bytes,
         )
         registry = load_registry(args.app)
         config = replace(config, wake_lease_s=registry.wake_lease)
@@ -110,6 +111,12 @@ def add_serve_command(commands: Any, summary: str) -> None:
         default=30.0,
         metavar="SECONDS",
         help="time a request's body has to arrive whole (default 30; 408 past it)",
+    )
+    serve_cmd.add_argument(
+        "--max-header-bytes",
+        type=positive_int,
+        default=64 * 1024,
+        help="most bytes a request's headers may hold (default 65536; 431 beyond)",
     )
     serve_cmd.add_argument(
         "--max-connections",

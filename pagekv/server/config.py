@@ -41,6 +41,8 @@ class ServerConfig:
     the connection's opening): past it, 408 and the connection is closed."""
     body_timeout_s: float = 30.0
     """How long a request's body may take to arrive whole (408 past it)."""
+    max_header_bytes: int = 64 * 1024
+    """The most bytes a request's headers may hold (431 beyond)."""
     max_connections: int = 1024
     """Connections (and requests in flight) served at once; more are answered 503."""
     wake_lease_s: float = WAKE_LEASE_S
@@ -73,6 +75,8 @@ class ServerConfig:
         for name in ("header_timeout_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_header_bytes < 1024:
+            raise ConfigError(f"max_header_bytes must be >= 1024, got {self.max_header_bytes}")
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.query_timeout_s <= 0:

@@ -23,11 +23,11 @@ from pagekv.actor import (
     InvalidArguments,
     UnknownActor,
 )
-from pagekv.actor.database import Writes
 from pagekv.actor.errors import STORAGE_ERRORS
 from pagekv.actor.inspect import AnswerTooLarge, InspectError, QueryRefused, TableNotFound
 from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
 from pagekv.actor.schedule import TooManySchedules
+from pagekv.actor.writes import Writes
 from pagekv.kv import LimitError
 from pagekv.server.protocol import ErrorCode
 
@@ -48,7 +48,9 @@ class HttpError(Exception):
         return f"{self.status} {self.code}: {self.message}"
 
     def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code.value, "message": self.message}
+        # An exception's text may hold what no encoding can (a lone surrogate): escaped.
+        message = self.message.encode("utf-8", "backslashreplace").decode()
+        error: dict[str, Any] = {"code": self.code.value, "message": message}
         if self.limit is not None:
             error["limit"] = self.limit
         if self.writes is not None:

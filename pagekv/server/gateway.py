@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pagekv.actor.database import tracking_writes
+from pagekv.actor.writes import tracking_writes
 from pagekv.server.codec import answer, query_params, read_body, read_fields
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.protocol import ErrorCode

@@ -193,14 +193,20 @@ async def actor_queue(request: Request) -> Response:
 
 async def actor_schedules(request: Request) -> Response:
     rt, name, key, _ = _address(request)
-    _, rows = await _snapshot_read(rt, name, key, lambda db: inspect.read_schedules(db.connection))
+    limit = rt.config.inspect_max_bytes
+    _, rows = await _snapshot_read(
+        rt, name, key, lambda db: inspect.read_schedules(db.connection, max_bytes=limit)
+    )
     return answer(request, asdict(rows))
 
 
 async def actor_workflow(request: Request) -> Response:
     rt, name, key, _ = _address(request)
     record, workflow = await _snapshot_read(
-        rt, name, key, lambda db: inspect.read_workflow(db.connection)
+        rt,
+        name,
+        key,
+        lambda db: inspect.read_workflow(db.connection, max_bytes=rt.config.inspect_max_bytes),
     )
     if workflow is None:
         raise HttpError(404, ErrorCode.NO_WORKFLOW, f"actor {record.actor_id} has no workflow")

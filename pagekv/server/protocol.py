@@ -55,6 +55,7 @@ class ErrorCode(enum.StrEnum):
     ANSWER_TOO_LARGE = "answer_too_large"
     INSPECTOR_BUSY = "inspector_busy"
     REQUEST_TIMEOUT = "request_timeout"
+    HEADERS_TOO_LARGE = "headers_too_large"
     INVALID_QUERY = "invalid_query"
     NO_WORKFLOW = "no_workflow"
     ACTION_ERROR = "action_error"

@@ -40,7 +40,7 @@ def uvicorn_server(
             access_log=False,
             timeout_graceful_shutdown=GRACEFUL_S,
             server_header=False,
-            http=http_protocol(config.header_timeout_s),
+            http=http_protocol(config.header_timeout_s, config.max_header_bytes),
             limit_concurrency=config.max_connections,
         )
     )

@@ -753,3 +753,30 @@ async def test_an_action_in_flight_during_destroy_fails_with_actor_stopped(attem
             release.set()
     (outcome,) = outcomes
     assert outcome == "done" or isinstance(outcome, ActorStopped)
+
+
+async def test_a_run_handler_that_puts_its_actor_to_sleep_is_not_woken_again() -> None:
+    """A busy run handler's claim to resume made `ctx.sleep()` from the handler itself wake the
+    actor again at the next poll, twice a second for ever."""
+    runs = []
+    sleeper = actor("sleeper", state={"n": 0})
+
+    @sleeper.run
+    async def run(ctx: ActorContext) -> None:
+        runs.append(1)
+        ctx.sleep()
+        await anyio.sleep(60)
+
+    @sleeper.action
+    async def hello(ctx: ActorContext) -> str:
+        return "hi"
+
+    registry = Registry([sleeper], kv=MemoryStore())
+    async with registry.run() as client:
+        # (the call may meet the instance its run handler put to sleep, and wake it again)
+        assert await client.get_or_create("sleeper", "k").hello() == "hi"
+        await anyio.sleep(0.2)
+        wakes, started = registry.counters["wakes"], len(runs)
+        assert registry.counters["sleeps"] == wakes, "it went to sleep"
+        await anyio.sleep(2.0)  # four polls of the wake index
+        assert registry.counters["wakes"] == wakes and len(runs) == started

@@ -158,3 +158,33 @@ async def half(ctx: ActorContext) -> None:
 @gauge.action
 async def log(ctx: ActorContext) -> list[str]:
     return [what for (what,) in await ctx.db.execute("SELECT what FROM log ORDER BY rowid")]
+
+
+@gauge.action
+async def bump_then_fail(ctx: ActorContext) -> None:
+    """A state change outside any transaction, then a failure."""
+    ctx.state["value"] = ctx.state["value"] + 1
+    raise RuntimeError("failed after changing the state")
+
+
+@gauge.action
+async def stash_then_fail(ctx: ActorContext) -> None:
+    await ctx.kv.put({b"k": b"v"})
+    raise RuntimeError("failed after a ctx.kv write")
+
+
+@gauge.action
+async def odd_failure(ctx: ActorContext) -> None:
+    raise ValueError("bad \ud800 text")
+
+
+@gauge.action
+async def plan(ctx: ActorContext, count: int, size: int) -> None:
+    """`count` far-off schedules whose arguments are `size` bytes each."""
+    for _ in range(count):
+        await ctx.schedule.after(3600, "noop", "x" * size)
+
+
+@gauge.action
+async def noop(ctx: ActorContext, payload: str) -> None:
+    pass

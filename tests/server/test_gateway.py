@@ -211,6 +211,31 @@ async def test_an_error_answer_says_exactly_whether_the_call_wrote() -> None:
     assert rows.json() == {"result": ["nan", "odd", "half"]}, "each write exactly once"
 
 
+async def test_a_failed_call_that_changed_state_or_kv_says_it_wrote() -> None:
+    """A state change left in memory by a failed action was committed later, by whichever call
+    saved next, while the failed one answered `written: false`; `ctx.kv` writes were not
+    counted at all. A retry then applied the change twice."""
+    async with serving(actors=[gauge]) as served, served.http() as http:
+        await http.post("/actors/gauge/actions/value", params={"key": "k"}, json={})
+        answers = [
+            await http.post(f"/actors/gauge/actions/{action}", params={"key": "k"}, json={})
+            for action in ("bump_then_fail", "stash_then_fail")
+        ]
+        value = await http.post("/actors/gauge/actions/value", params={"key": "k"}, json={})
+        odd = await http.post(
+            "/actors/gauge/actions/odd_failure",
+            params={"key": "k"},
+            json={},
+            headers={"accept": "application/cbor"},
+        )
+    for answer in answers:
+        assert answer.status_code == 500 and error_of(answer)["written"] is True, answer.text
+    assert value.json() == {"result": 1.0}
+    assert odd.status_code == 500, odd.text  # its message, escaped; not an internal error
+    error = cbor2.loads(odd.content)["error"]
+    assert error["code"] == "action_error" and "\\ud800" in error["message"]
+
+
 async def test_arguments_that_do_not_bind_are_a_400_and_create_no_actor(
     served: Served, stored_actors
 ) -> None:

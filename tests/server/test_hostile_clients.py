@@ -138,3 +138,31 @@ async def test_a_trailing_slash_is_a_404_never_a_redirect() -> None:
         request = _request(GET + b"/?key=k").replace(b"host: t", b"host: evil.example")
         status, head, _ = await _exchange(served, request)
     assert status == 404 and b"location" not in head.lower() and b"evil" not in head
+
+
+async def test_headers_over_the_cap_are_a_431_and_a_408_closes_the_connection() -> None:
+    async with serving(max_header_bytes=8192, body_timeout_s=0.5, token=None) as served:
+
+        def huge_header() -> bytes:
+            with _connect(served) as sock:
+                sock.sendall(b"POST /actors/ledger/actions/read?key=k HTTP/1.1\r\nx-big: ")
+                try:
+                    for _ in range(100):  # 100 KiB, never finished
+                        sock.sendall(b"a" * 1024)
+                except OSError:  # the server closed the connection: expected
+                    pass
+                return _read_all(sock)
+
+        def slow_body_kept_alive() -> bytes:
+            with _connect(served) as sock:
+                request = _request(GET + b"?key=k", b'{"args": []}').replace(
+                    b"connection: close", b"connection: keep-alive"
+                )
+                sock.sendall(request[:-3])
+                return _read_all(sock)  # returns once the server closes the connection
+
+        with anyio.fail_after(5):
+            refused = await anyio.to_thread.run_sync(huge_header)
+            timed_out = await anyio.to_thread.run_sync(slow_body_kept_alive)
+    assert refused.startswith(b"HTTP/1.1 431") and b"8192 bytes" in refused, refused[:300]
+    assert timed_out.startswith(b"HTTP/1.1 408") and b"connection: close" in timed_out

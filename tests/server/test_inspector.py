@@ -295,3 +295,19 @@ async def test_inspector_reads_never_hold_up_the_actors() -> None:
             assert not answers, "the calls were answered while every query was in flight"
     assert sorted(set(answers)) == [(403, "query_refused"), (503, "inspector_busy")], answers
     assert answers.count((403, "query_refused")) >= 2
+
+
+async def test_schedules_and_workflows_are_capped_too() -> None:
+    from server_defs import gauge
+
+    async with (
+        serving(actors=[gauge], inspect_max_bytes=100_000) as served,
+        served.http() as http,
+    ):
+        plan = await http.post(
+            "/actors/gauge/actions/plan", params={"key": "k"}, json={"args": [200, 1000]}
+        )
+        assert plan.status_code == 200, plan.text
+        listed = await http.get("/inspect/actors/gauge/schedules", params={"key": "k"})
+    assert listed.status_code == 413, listed.text[:300]
+    assert listed.json()["error"]["limit"] == "inspect_max_bytes"
