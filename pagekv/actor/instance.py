@@ -25,7 +25,7 @@ from pagekv.actor.definition import ActorDefinition, Hook
 from pagekv.actor.errors import STORAGE_ERRORS, ActorNotFound, ActorStopped, ActorTakenOver
 from pagekv.actor.gate import Gate
 from pagekv.actor.internal import encode_state, is_initialized, load, mark_initialized, migrate
-from pagekv.actor.queue import Queue
+from pagekv.actor.queue import Outgoing, Queue
 from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
@@ -281,6 +281,19 @@ class ActorInstance:
                 self._idle = anyio.Event()
             if self._requested is not None and self.active == 0 and not self._run_active:
                 self.registry.spawn(self.stop, self._requested)
+
+    async def send(self, message: Outgoing) -> int:
+        """Append `message` to this instance's queue, as a call would: refused (`NotServing`)
+        if the instance stopped or was taken over elsewhere since its last check."""
+        if not self.serving():
+            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
+        await self._check_current()
+        try:
+            return await self.ctx.queue.append(message)
+        except ActorTakenOver:
+            self._requested = "crash"
+            self.registry.counters["takeovers"] += 1
+            raise
 
     async def _keep_state(self) -> None:
         """After an action raised: commit the state it changed outside a transaction now, as

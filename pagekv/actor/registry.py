@@ -426,10 +426,19 @@ class Registry:
         self, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any = None
     ) -> int:
         """Enqueue a message for an actor, waking it if it sleeps; a message the queue refuses
-        is refused before the actor is woken or created."""
+        is refused before the actor is woken or created. An instance found taken over by
+        another process hands the message to a fresh one, as a call does."""
         message = prepare_message(queue, body)
-        instance = await self.instance(name, key, create=create, input=input)
-        return await instance.ctx.queue.append(message)
+        for attempt in range(_CALL_ATTEMPTS):
+            instance = await self.instance(name, key, create=create, input=input)
+            try:
+                return await instance.send(message)
+            except NotServing:
+                continue
+            except ActorTakenOver:  # the append is one commit, refused by the fence: retry
+                if attempt == _CALL_ATTEMPTS - 1:
+                    raise
+        raise ActorStopped(f"actor {actor_id(name, key)} kept stopping; message not sent")
 
 
 def _wake_prefix(aid: str) -> bytes:

@@ -44,6 +44,15 @@ async def add_then_hang(ctx: ActorContext, n: int, marker: str) -> None:
 
 
 @ledger.action
+async def queued(ctx: ActorContext, queue: str) -> list[Any]:
+    """Receive every message waiting in `queue` (oldest first) and return their bodies."""
+    bodies = []
+    while (message := await ctx.queue.next([queue], timeout=0)) is not None:
+        bodies.append(message.body)
+    return bodies
+
+
+@ledger.action
 async def read(ctx: ActorContext) -> dict[str, Any]:
     rows = await ctx.db.execute("SELECT n FROM entries ORDER BY id")
     return {

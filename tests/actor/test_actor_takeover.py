@@ -257,3 +257,21 @@ async def test_a_stale_instance_does_not_serve_reads_after_a_takeover() -> None:
             takeovers = first.registry.metrics()["takeovers"]
     assert view == {"count": 2, "total": 3, "rows": [1, 2]}
     assert takeovers == 1
+
+
+async def test_sends_through_two_registries_used_in_turn_all_arrive() -> None:
+    """A send that met its registry's stale instance failed with `ActorTakenOver` (38 of 40)
+    where a call hands over to a fresh instance; now a send does the same."""
+    store = MemoryStore()
+    async with (
+        Registry([ledger], kv=store).run() as first,
+        Registry([ledger], kv=store).run() as second,
+    ):
+        sent = []
+        for n in range(40):
+            client = (first, second)[n % 2]
+            sent.append(await client.get_or_create("ledger", "k").send("inbox", n))
+        takeovers = first.registry.metrics()["takeovers"] + second.registry.metrics()["takeovers"]
+        queued = await client.get("ledger", "k").queued("inbox")  # the last one to send
+    assert len(sent) == 40 and takeovers >= 20, takeovers
+    assert queued == list(range(40))

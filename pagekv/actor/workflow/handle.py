@@ -45,9 +45,11 @@ class WorkflowHandle:
 
     async def send(self, queue: str, body: Any) -> int:
         """A message for `wf.queue.next`; returns its id. Checked before the actor is woken."""
-        message = prepare_message(queue, body)
-        runner = await self._runner()
-        return await runner.instance.ctx.queue.append(message)
+        prepare_message(queue, body)
+        await self._runner()  # an actor without a workflow is refused first
+        return await self._registry.send(
+            *self._address, queue, body, create=self._create, input=self._input
+        )
 
     async def wake(self) -> None:
         """Make sure the actor is awake and its workflow running (no-op if it is)."""
