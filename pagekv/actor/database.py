@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -44,6 +44,7 @@ class ActorDb:
         self._begin_pending = False
         """A transaction began but no statement ran yet: its first worker hop starts with BEGIN
         (one hop fewer per transaction). Only the task holding `_lock` runs statements then."""
+        self._after_transaction: list[Callable[[], Awaitable[None]]] = []
 
     async def run(self, fn: Callable[[apsw.Connection], T], *, internal: bool = False) -> T:
         """Run `fn(connection)` on the worker, translating storage death into actor errors."""
@@ -135,6 +136,19 @@ class ActorDb:
             finally:
                 self._begin_pending = False
                 _in_transaction.reset(token)
+                after, self._after_transaction = self._after_transaction, []
+        with anyio.CancelScope(shield=True):
+            for fn in after:
+                await fn()
+
+    async def after_transaction(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run `fn` once the transaction this task is in ends (committed or rolled back), or at
+        once outside one: what it computes from the database must not see a change that may
+        still be rolled back (the wake time of a schedule cancelled inside a transaction)."""
+        if _in_transaction.get() is self:
+            self._after_transaction.append(fn)
+        else:
+            await fn()
 
     def _commit(
         self,

@@ -477,6 +477,10 @@ class ActorInstance:
                 internal=True,
             )
             for event_id, when, action, args, every in due:
+                if not await self.ctx.db.locked(
+                    lambda c, i=event_id, w=when: _still_scheduled(c, i, w), internal=True
+                ):
+                    continue  # cancelled (or moved) by an event of this same round
                 try:
                     if action == WORKFLOW_WAKE:
                         self.start_run()
@@ -570,6 +574,13 @@ class ActorInstance:
         ctx = getattr(self, "ctx", None)
         if ctx is not None:
             await ctx.db.close()
+
+
+def _still_scheduled(connection: Any, event_id: str, due: float) -> bool:
+    rows = connection.execute(
+        "SELECT 1 FROM _pagekv_schedule WHERE id = ? AND due = ?", (event_id, due)
+    ).fetchall()
+    return bool(rows)
 
 
 def _settle(connection: Any, event_id: str, due: float, every: float | None) -> None:

@@ -91,7 +91,7 @@ class Schedule:
 
         await instance.announce_wake(due)
         await instance.ctx.db.locked(add, internal=True)
-        await instance.refresh_wake()
+        await instance.ctx.db.after_transaction(instance.refresh_wake)
         return event_id
 
     async def list(self) -> list[ScheduledEvent]:
@@ -109,5 +109,5 @@ class Schedule:
             return c.changes() > 0
 
         removed = await self._instance.ctx.db.locked(cancel, internal=True)
-        await self._instance.refresh_wake()
+        await self._instance.ctx.db.after_transaction(self._instance.refresh_wake)
         return removed

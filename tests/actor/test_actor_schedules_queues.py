@@ -642,3 +642,61 @@ async def test_a_schedule_cut_short_by_a_killed_owner_runs_again_elsewhere(
         await wait_for(lambda: bool(held.finished), what="the schedule to run again")
         pending = await client.get("held", "k").pending()
     assert runs.read_text() == "started\n" and held.finished == [2] and pending == 0
+
+
+def _canceller(sleep_timeout: float) -> Any:
+    fired: list[str] = []
+    a = actor("canceller", state={}, sleep_timeout=sleep_timeout)
+
+    @a.action
+    async def plan(ctx: ActorContext, first: float, second: float) -> list[str]:
+        return [
+            await ctx.schedule.after(first, "ring", "first"),
+            await ctx.schedule.after(second, "ring", "second"),
+        ]
+
+    @a.action
+    async def ring(ctx: ActorContext, what: str) -> None:
+        fired.append(what)
+        if what == "first" and ctx.state.get("victim"):
+            assert await ctx.schedule.cancel(ctx.state["victim"])
+
+    @a.action
+    async def cancel_then_fail(ctx: ActorContext, event_id: str) -> None:
+        async with ctx.db.transaction():
+            assert await ctx.schedule.cancel(event_id)
+            raise RuntimeError("rolled back")
+
+    @a.action
+    async def mark(ctx: ActorContext, event_id: str) -> None:
+        ctx.state["victim"] = event_id
+
+    return a, fired
+
+
+@pytest.mark.parametrize("sleep_timeout", [30.0, 0.05], ids=["awake", "asleep"])
+async def test_a_cancel_rolled_back_with_its_transaction_keeps_the_schedule_firing(
+    sleep_timeout: float,
+) -> None:
+    """The wake time was recomputed inside the transaction, without the cancelled event, and
+    never again after the rollback: the event stayed listed and never fired."""
+    definition, fired = _canceller(sleep_timeout)
+    async with Registry([definition], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("canceller", "k")
+        first, _ = await handle.plan(0.6, 3600)
+        with pytest.raises(RuntimeError, match="rolled back"):
+            await handle.cancel_then_fail(first)
+        with anyio.fail_after(10):
+            while "first" not in fired:
+                await anyio.sleep(0.05)
+    assert fired == ["first"]
+
+
+async def test_an_event_cancelled_by_an_earlier_one_of_the_same_round_does_not_run() -> None:
+    definition, fired = _canceller(30.0)
+    async with Registry([definition], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("canceller", "k")
+        _, second = await handle.plan(0.3, 0.301)
+        await handle.mark(second)
+        await anyio.sleep(1.5)
+    assert fired == ["first"]
