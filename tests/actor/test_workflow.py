@@ -677,3 +677,31 @@ async def test_the_workflow_of_an_actor_without_one_is_refused_before_the_wake(
         assert isinstance(outcome, ActorError), outcome
         assert str(outcome) == "actor 'plain' has no workflow"
     assert stored_actors(store) == ([], [])
+
+
+async def test_loop_state_changed_in_place_counts_once_across_a_sleep() -> None:
+    """`it.state["n"] += 1` changed the recorded state the iteration replays from (the record
+    and the live state were one object): after a sleep and a wake in iteration 1 the increment
+    ran twice, giving {'n': 4} and steps seeing [1, 2, 4]."""
+
+    async def flow(wf: WorkflowContext) -> Any:
+        async for it in wf.loop("count", state={"n": 0, "seen": []}):
+            it.state["n"] += 1
+            it.state["seen"].append(await it.step("see", lambda step, n=it.state["n"]: _value(n)))
+            if it.index == 1:
+                await it.sleep("nap", 0.3)  # the actor sleeps: the iteration replays
+            if it.index == 2:
+                return it.state
+        raise AssertionError("unreachable")
+
+    registry = Registry([flow_actor(flow, sleep_timeout=0.05)], kv=MemoryStore())
+    async with registry.run() as client:
+        handle = client.get_or_create("wf", "k")
+        await handle.view()
+        status = await settle(handle)
+    assert status.output == {"n": 3, "seen": [1, 2, 3]}, status
+    assert registry.counters["sleeps"] >= 1, "the workflow never slept in between"
+
+
+async def _value(n: int) -> int:
+    return n

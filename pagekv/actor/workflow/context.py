@@ -588,7 +588,7 @@ class Loop:
                 entry = parent._recorded(location, self._name, Kind.LOOP)
                 if entry is None:
                     check_encodable(self._initial, f"the state of loop {self._name!r}")
-                    data = {"state": self._initial, "iteration": 0, "pruned": 0}
+                    data = {"state": _recorded_copy(self._initial), "iteration": 0, "pruned": 0}
                     entry = parent._fresh(location, self._name, Kind.LOOP, data)
                     runner.history.put(entry)
             self._entry = entry
@@ -606,19 +606,23 @@ class Loop:
             raise RollbackStop
         check_encodable(current.state, f"the state of loop {self._name!r}")
         index = current.index + 1
-        entry.data.update(state=current.state, iteration=index)
+        entry.data.update(state=_recorded_copy(current.state), iteration=index)
         keep_from = index - self._history_size
         if keep_from - entry.data["pruned"] >= self._prune_every:
             low = iteration_scope(entry.location, entry.data["pruned"])
             runner.history.delete_range(low, iteration_scope(entry.location, keep_from))
             entry.data["pruned"] = keep_from
         runner.history.put(entry)
-        return self._iteration(index, current.state)
+        return self._iteration(index, entry.data["state"])
 
-    def _iteration(self, index: int, state: Any) -> LoopIteration:
+    def _iteration(self, index: int, recorded: Any) -> LoopIteration:
+        """The context of iteration `index`, whose state starts as `recorded` (a copy of it:
+        the iteration may change its state in place, which must not change the record it
+        replays from after a restart)."""
         entry = self._entry
         assert entry is not None
         scope = iteration_scope(entry.location, index)
+        state = _recorded_copy(recorded)
         self._current = LoopIteration(self._parent._runner, scope, index, state)
         return self._current
 
@@ -631,6 +635,12 @@ class Loop:
         if entry.status is not Status.COMPLETED and not self._parent._runner.rollback_mode:
             entry.status, entry.completed = Status.COMPLETED, time.time()
             self._parent._runner.history.put(entry)
+
+
+def _recorded_copy(state: Any) -> Any:
+    """`state` as a replay would read it back from the history: decoded from its CBOR, so a
+    fresh object that shares nothing with the one given."""
+    return cbor2.loads(cbor2.dumps(state))
 
 
 class WorkflowQueue:
