@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, assert_never
 
 import anyio
@@ -251,14 +251,8 @@ class ActorInstance:
     async def call(self, fn: Hook, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run action `fn`, which `ActorDefinition.resolve` found and bound to the arguments
         (callers resolve first, so a call that cannot run is refused before the wake)."""
-        if not self.serving():
-            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
-        await self._check_current()
-        if not self.serving():  # it began to stop while the check above waited
-            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
-        self.active += 1
-        self.registry.counters["actions"] += 1
-        try:
+        async with self._serving():
+            self.registry.counters["actions"] += 1
             async with self.gate.shared():
                 with self.ctx.queue.redeliver_on_failure():
                     try:
@@ -268,6 +262,27 @@ class ActorInstance:
                         raise
                     await self.ctx.db.save_state()
             return result
+
+    async def send(self, message: Outgoing) -> int:
+        """Append `message` to this instance's queue, as a call would: refused (`NotServing`)
+        if the instance stopped or was taken over elsewhere since its last check, and the
+        instance does not go to sleep under it."""
+        async with self._serving():
+            return await self.ctx.queue.append(message)
+
+    @asynccontextmanager
+    async def _serving(self) -> AsyncIterator[None]:
+        """Around a call or a send: refused (`NotServing`: the registry wakes a fresh instance)
+        unless the instance serves and is current; while it runs the instance is active, so it
+        does not go to sleep; a takeover or stop met inside tears the instance down."""
+        if not self.serving():
+            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
+        await self._check_current()
+        if not self.serving():  # it began to stop while the check above waited
+            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
+        self.active += 1
+        try:
+            yield
         except (ActorTakenOver, ActorStopped) as e:
             self._requested = "crash"
             if isinstance(e, ActorTakenOver):
@@ -281,19 +296,6 @@ class ActorInstance:
                 self._idle = anyio.Event()
             if self._requested is not None and self.active == 0 and not self._run_active:
                 self.registry.spawn(self.stop, self._requested)
-
-    async def send(self, message: Outgoing) -> int:
-        """Append `message` to this instance's queue, as a call would: refused (`NotServing`)
-        if the instance stopped or was taken over elsewhere since its last check."""
-        if not self.serving():
-            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
-        await self._check_current()
-        try:
-            return await self.ctx.queue.append(message)
-        except ActorTakenOver:
-            self._requested = "crash"
-            self.registry.counters["takeovers"] += 1
-            raise
 
     async def _keep_state(self) -> None:
         """After an action raised: commit the state it changed outside a transaction now, as
@@ -355,6 +357,18 @@ class ActorInstance:
         finally:
             self.waits -= 1
             self.last_active = time.monotonic()
+
+    def sleepy(self) -> bool:
+        """Idle for its `sleep_timeout`: time to go to sleep."""
+        idle = self.idle_for()
+        return idle is not None and idle >= self.definition.sleep_timeout
+
+    async def sleep_if_idle(self) -> None:
+        """Go to sleep if still idle now: the check and the start of the stop happen in one
+        step of the event loop, so nothing can begin in between (a run handler taking a
+        message it would then lose to the sleep's cancellation)."""
+        if self.sleepy():
+            await self.stop("sleep")
 
     def idle_for(self) -> float | None:
         """Seconds idle, or None while an action, a due or running dispatch or the run handler

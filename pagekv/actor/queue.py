@@ -158,17 +158,18 @@ class Queue:
         """The oldest message (of `names`, if given); waits up to `timeout` s (None: forever,
         0: only look)."""
         deadline = None if timeout is None else anyio.current_time() + timeout
-        with self._instance.waiting():
-            while True:
-                arrival = self.arrival()
-                message = await self._take(names, completable)
-                if message is not None:
-                    return message
-                remaining = None if deadline is None else deadline - anyio.current_time()
-                if remaining is not None and remaining <= 0:
-                    return None
-                with anyio.move_on_after(remaining):
-                    await arrival.wait()
+        while True:
+            arrival = self.arrival()
+            message = await self._take(names, completable)
+            if message is not None:
+                return message
+            remaining = None if deadline is None else deadline - anyio.current_time()
+            if remaining is not None and remaining <= 0:
+                return None
+            # Only the wait itself lets the actor sleep: a sleep cancels the run handler, and
+            # once a take has begun the message it removes must reach the code that asked.
+            with self._instance.waiting(), anyio.move_on_after(remaining):
+                await arrival.wait()
 
     async def _take(self, names: Sequence[str] | None, completable: bool) -> Message | None:
         skip = sorted(self._in_flight)

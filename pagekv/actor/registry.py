@@ -156,9 +156,8 @@ class Registry:
                 self.spawn(instance.dispatch_due)
             if instance.wake_lapsing(now):
                 self.spawn(instance.publish_wake)
-            idle = instance.idle_for()
-            if idle is not None and idle >= instance.definition.sleep_timeout:
-                self.spawn(instance.stop, "sleep")
+            if instance.sleepy():
+                self.spawn(instance.sleep_if_idle)
 
     async def _due_sleepers(self, now: float) -> list[tuple[str, str]]:
         """Actors not live here with a wake entry that is due.

@@ -3,6 +3,7 @@ and are redelivered until completed; limits fail clearly."""
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import textwrap
@@ -700,3 +701,37 @@ async def test_an_event_cancelled_by_an_earlier_one_of_the_same_round_does_not_r
         await handle.mark(second)
         await anyio.sleep(1.5)
     assert fired == ["first"]
+
+
+async def test_idle_sleep_never_loses_a_message_the_run_handler_received() -> None:
+    """A run handler loops on `ctx.queue.next()` (not completable) and the actor goes to sleep
+    between messages. The sleep was decided while the handler waited, the message arrived and
+    was taken (deleted) meanwhile, and the sleep's cancellation then ended the handler before
+    it kept it: 4 to 8 of 60 acknowledged messages vanished (a store with 10 ms round trips
+    widens the window). The runtime's own decision to sleep must never lose a message."""
+    mailbox = actor("mailbox", state={"got": []}, sleep_timeout=0.06)
+
+    @mailbox.run
+    async def run(ctx: ActorContext) -> None:
+        while True:
+            message = await ctx.queue.next(["in"])
+            async with ctx.db.transaction():
+                ctx.state["got"].append(message.body)
+
+    @mailbox.action
+    async def got(ctx: ActorContext) -> list[int]:
+        return ctx.state["got"]
+
+    rng = random.Random(2)
+    registry = Registry([mailbox], kv=MemoryStore(latency_ms=10))
+    async with registry.run() as client:
+        handle = client.get_or_create("mailbox", "k")
+        for n in range(60):
+            await handle.send("in", n)
+            await anyio.sleep(rng.uniform(0.04, 0.12))
+        with anyio.fail_after(10):
+            while len(received := await handle.got()) < 60:
+                await anyio.sleep(0.1)
+        sleeps = registry.counters["sleeps"]
+    assert received == list(range(60))
+    assert sleeps >= 10, f"the actor slept only {sleeps} times between messages"
