@@ -197,7 +197,7 @@ async def test_a_workflow_cut_off_by_its_process_resumes_with_no_request(
         child = subprocess.Popen(
             [sys.executable, "-c", _SERVE_STEPPER, url, str(lease)],
             cwd=Path(__file__).parent,
-            env={**os.environ, "STEPPER_PAUSE_S": "0.05"},  # 1.75 s left after step 5
+            env={**os.environ, "STEPPER_PAUSE_S": "0.1"},  # 3.5 s left after step 5
         )
         try:
             with anyio.fail_after(30):
@@ -206,12 +206,13 @@ async def test_a_workflow_cut_off_by_its_process_resumes_with_no_request(
         finally:
             child.send_signal(stop)
             code = await anyio.to_thread.run_sync(child.wait)
-        assert code == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
         cut_at = await anyio.to_thread.run_sync(_committed, store)
+        assert code == (0 if stop == signal.SIGTERM else -signal.SIGKILL), (code, cut_at)
         assert cut_at < STEPS, "the workflow finished before the stop"
         async with Registry([stepper], kv=url, wake_lease=lease).run():
             with anyio.fail_after(within):
-                while await anyio.to_thread.run_sync(_committed, store) < STEPS:
+                while (done := await anyio.to_thread.run_sync(_committed, store)) < STEPS:
+                    assert done >= cut_at, (done, cut_at)
                     await anyio.sleep(0.05)
         with open_database(store.namespace("stepper/k"), read_only=True) as db:
             rows = [i for (i,) in db.execute("SELECT i FROM done ORDER BY rowid")]
