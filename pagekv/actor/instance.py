@@ -75,6 +75,8 @@ class ActorInstance:
         self._run_active = False
         self._run_done = False
         """The run handler returned (the workflow settled) since this instance started it."""
+        self._run_holds = 0
+        """Blocks that keep the run handler from starting (`run_held`)."""
         self._run_ended = anyio.Event()
         self.waits = 0
         """Tasks waiting for a message or a workflow deadline; a run handler waiting there does
@@ -188,11 +190,29 @@ class ActorInstance:
         ctx._cell.mark_saved(data)
 
     def start_run(self) -> None:
-        """Start the run handler (a `run` hook or the workflow) unless it is running already."""
-        if self._has_run() and not self._run_active and self.serving() and self._requested is None:
+        """Start the run handler (a `run` hook or the workflow) unless it is running already, or
+        held off (`run_held`)."""
+        if (
+            self._has_run()
+            and not self._run_active
+            and not self._run_holds
+            and self.serving()
+            and self._requested is None
+        ):
             self._run_active, self._run_done = True, False
             self._run_ended = anyio.Event()
             self.registry.spawn(self._run_handler)
+
+    @asynccontextmanager
+    async def run_held(self) -> AsyncIterator[None]:
+        """Stop the run handler and keep it from starting until the block ends: what the block
+        changes (a workflow cancelled, or rewound for a replay) no run can race."""
+        self._run_holds += 1
+        try:
+            await self.stop_run()
+            yield
+        finally:
+            self._run_holds -= 1
 
     def _has_run(self) -> bool:
         return "run" in self.definition.hooks or self.definition.workflow_fn is not None

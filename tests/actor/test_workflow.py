@@ -705,3 +705,50 @@ async def test_loop_state_changed_in_place_counts_once_across_a_sleep() -> None:
 
 async def _value(n: int) -> int:
     return n
+
+
+@pytest.mark.parametrize("operation", ["cancel", "replay"])
+async def test_no_step_runs_after_cancel_returns_even_with_wakes_racing_it(operation: str) -> None:
+    """A `wake()` between the run handler's stop and the recorded CANCELLED restarted it: the
+    workflow was still running a second after `cancel()` returned (~90 steps ran). `replay()`
+    had the same shape: a wake ran the old history while it was being rewound."""
+    ran: list[int] = []
+
+    async def flow(wf: WorkflowContext) -> Any:
+        async for it in wf.loop("forever", state=0):
+
+            async def tick(step: StepContext, i: int = it.index) -> int:
+                ran.append(i)
+                await anyio.sleep(0.002)
+                return i
+
+            await it.step("tick", tick)
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        await handle.workflow.wake()
+        with anyio.fail_after(5):
+            while len(ran) < 20:
+                await anyio.sleep(0.01)
+        done = anyio.Event()
+
+        async def keep_waking() -> None:
+            while not done.is_set():
+                await handle.workflow.wake()
+                await anyio.sleep(0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_waking)
+            if operation == "cancel":
+                await handle.workflow.cancel()
+            else:
+                async with anyio.create_task_group() as inner:
+                    inner.start_soon(handle.workflow.replay)
+                    await anyio.sleep(0)
+                await handle.workflow.cancel()
+            stopped_at = len(ran)
+            await anyio.sleep(0.5)
+            done.set()
+        status = await handle.workflow.status()
+    assert status.state is WorkflowState.CANCELLED
+    assert len(ran) == stopped_at, f"{len(ran) - stopped_at} steps ran after cancel() returned"

@@ -369,25 +369,26 @@ class Runner:
         return WorkflowStatus(*history.visible_outcome())
 
     async def cancel(self) -> None:
-        """Stop the workflow for good: later wakes do not run it."""
-        await self.instance.stop_run()
-        await self.load()
-        self.history.set_outcome(WorkflowState.CANCELLED)
-        await self._settle()
+        """Stop the workflow for good: once this returns no step runs, and later wakes do not
+        run it (a wake while it cancels finds the run handler held)."""
+        async with self.instance.run_held():
+            await self.load()
+            self.history.set_outcome(WorkflowState.CANCELLED)
+            await self._settle()
 
     async def replay(self, location: str | None = None) -> None:
         """Forget the entry at `location` (as `describe` spells it, e.g. `retry/~2/charge`; if
         inside a loop, the innermost loop) and every entry created after it, then run again.
         None replays the whole workflow."""
-        await self.instance.stop_run()
-        await self.load()
-        history = self.history
-        if location is None:
-            history.delete_from(0)
-        else:
-            history.delete_from(self._target(location).seq)
-        history.set_outcome(WorkflowState.PENDING)
-        await self._settle()
+        async with self.instance.run_held():
+            await self.load()
+            history = self.history
+            if location is None:
+                history.delete_from(0)
+            else:
+                history.delete_from(self._target(location).seq)
+            history.set_outcome(WorkflowState.PENDING)
+            await self._settle()
         self.instance.start_run()
 
     def _target(self, path: str) -> Entry:
