@@ -23,6 +23,7 @@ from pagekv.actor.workflow import (
     WorkflowState,
     WorkflowStatus,
 )
+from pagekv.actor.workflow.history import History, Kind
 from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -752,3 +753,69 @@ async def test_no_step_runs_after_cancel_returns_even_with_wakes_racing_it(opera
         status = await handle.workflow.status()
     assert status.state is WorkflowState.CANCELLED
     assert len(ran) == stopped_at, f"{len(ran) - stopped_at} steps ran after cancel() returned"
+
+
+async def test_concurrent_join_branches_never_lose_each_others_history() -> None:
+    """Branch a's commit took the pending history in its worker hop while branch b, woken from
+    a sleep, registered a name and put entries; a's commit then cleared b's changes unwritten:
+    rows named an index missing from the name table (`history()` raised KeyError), a restart
+    met a spurious HistoryDiverged, and the state said b=1 instead of 2. A store with 20 ms
+    round trips keeps a's commit in the worker long enough."""
+
+    async def bump(key: str) -> Callable[[StepContext], Awaitable[int]]:
+        async def step(ctx: StepContext) -> int:
+            ctx.state[key] += 1
+            return ctx.state[key]
+
+        return step
+
+    async def branch_a(wf: WorkflowContext) -> int:
+        for i in range(20):
+            await wf.step(f"a{i}", await bump("a"))
+        return 20
+
+    async def branch_b(wf: WorkflowContext) -> int:
+        for i in range(8):
+            await wf.sleep(f"nap{i}", 0.005)
+            await wf.step(f"b{i}", await bump("b"))
+        return 8
+
+    async def flow(wf: WorkflowContext) -> Any:
+        return await wf.join("both", {"a": branch_a, "b": branch_b})
+
+    store = MemoryStore(latency_ms=20)
+    definition = flow_actor(flow, state={"a": 0, "b": 0})
+    async with Registry([definition], kv=store).run() as client:
+        handle = client.get_or_create("wf", "k")
+        status = await settle(handle)
+        history = await handle.workflow.history()
+        state = await handle.view()
+    assert status.state is WorkflowState.COMPLETED, status
+    assert status.output == {"a": 20, "b": 8} and state == {"a": 20, "b": 8}
+    assert history is not None
+    async with Registry([definition], kv=store).run() as client:  # a fresh replay of it all
+        handle = client.get("wf", "k")
+        await handle.workflow.replay()
+        again = await settle(handle)
+    assert again.state is WorkflowState.COMPLETED and again.output == {"a": 20, "b": 8}, again
+
+
+def test_history_changes_made_while_a_commit_runs_stay_pending() -> None:
+    """The invariant behind the join test above, exactly: a commit writes what was pending when
+    its block ended; what another branch changes meanwhile stays pending for the next commit,
+    and a failed commit's changes become pending again, ahead of newer ones."""
+    history = History()
+    history.name_index("a")
+    history.put(history.new_entry("0", "a", Kind.STEP, {}))
+    first = history.take_pending([])
+    history.name_index("b")  # another branch, while the first commit is in its worker hop
+    history.put(history.new_entry("1", "b", Kind.STEP, {}))
+    history.committed(first)
+    assert first.names == [(0, "a")] and first.puts == ["0"]
+    assert history.dirty(), "the other branch's changes were dropped with the first commit"
+    second = history.take_pending([])
+    assert second.names == [(1, "b")] and second.puts == ["1"]
+    history.name_index("c")
+    history.not_committed(second)  # its commit failed: written by the next one, before "c"
+    third = history.take_pending([])
+    assert third.names == [(1, "b"), (2, "c")] and third.puts == ["1"]

@@ -228,9 +228,10 @@ class History:
         """State, output and error to show outside the run handler: the ones in memory (ahead of
         the database while the workflow runs), except that an outcome that ends the workflow is
         shown only once it is committed: a crash before then runs the workflow again."""
-        if self._meta_dirty and self.state in FINAL_STATES:
+        current = (self.state, self.output, self.error)
+        if self.state in FINAL_STATES and current != self._committed:
             return self._committed
-        return self.state, self.output, self.error
+        return current
 
     def dirty(self) -> bool:
         return bool(
@@ -239,49 +240,82 @@ class History:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def write(self, connection: apsw.Connection, staged: list[Entry]) -> None:
-        """Write the pending changes and `staged` inside the caller's transaction.
-
-        Deletes go first, then puts of entries still present: that order yields the current
-        in-memory history whatever order the changes were made in.
-        """
-        for low, high in self._pending_deletes:
-            connection.execute(
-                "DELETE FROM _pagekv_workflow_history WHERE location >= ? AND location < ?",
-                (low, high),
-            )
-        rows = [_row(self.entries[loc]) for loc in self._pending_puts if loc in self.entries]
-        rows += [_row(entry) for entry in staged]
-        if rows:
-            connection.executemany(
-                f"INSERT OR REPLACE INTO _pagekv_workflow_history({_COLUMNS}) "
-                f"VALUES ({', '.join('?' * 13)})",
-                rows,
-            )
-        if self._pending_names:
-            connection.executemany(
-                "INSERT INTO _pagekv_workflow_names(idx, name) VALUES (?, ?)", self._pending_names
-            )
-        if self._meta_dirty:
-            connection.executemany(
-                "INSERT OR REPLACE INTO _pagekv_workflow(key, value) VALUES (?, ?)",
-                [
-                    ("format_version", FORMAT_VERSION),
-                    ("state", self.state.value),
-                    ("output", cbor2.dumps(self.output)),
-                    ("error", cbor2.dumps(self.error) if self.error is not None else None),
-                ],
-            )
-
-    def committed(self, staged: list[Entry]) -> None:
-        """The transaction that wrote the pending changes and `staged` has committed."""
-        for entry in staged:
-            self.entries[entry.location] = entry
+    def take_pending(self, staged: list[Entry]) -> PendingWrite:
+        """The pending changes and `staged`, serialised now (on the event loop), and no longer
+        pending: changes made while their commit runs (another join branch's) are pending for
+        the next one, and the worker thread that writes touches nothing shared."""
+        batch = PendingWrite(
+            deletes=list(self._pending_deletes),
+            puts=list(self._pending_puts),
+            rows=[_row(self.entries[loc]) for loc in self._pending_puts if loc in self.entries]
+            + [_row(entry) for entry in staged],
+            names=list(self._pending_names),
+            outcome=(self.state, self.output, self.error) if self._meta_dirty else None,
+            staged=list(staged),
+        )
         self._pending_puts.clear()
         self._pending_deletes.clear()
         self._pending_names.clear()
         self._meta_dirty = False
-        self._committed = (self.state, self.output, self.error)
+        return batch
+
+    def committed(self, batch: PendingWrite) -> None:
+        """The transaction that wrote `batch` has committed."""
+        for entry in batch.staged:
+            self.entries[entry.location] = entry
+        if batch.outcome is not None:
+            self._committed = batch.outcome
+
+    def not_committed(self, batch: PendingWrite) -> None:
+        """The transaction that was to write `batch` failed: its changes are pending again,
+        before any made since (a write applies deletes first, then the entries present)."""
+        self._pending_deletes[:0] = batch.deletes
+        for location in batch.puts:
+            self._pending_puts[location] = None
+        self._pending_names[:0] = batch.names
+        self._meta_dirty |= batch.outcome is not None
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """What one transaction writes of the history, taken from memory before it commits."""
+
+    deletes: list[tuple[str, str]]
+    puts: list[str]
+    rows: list[tuple[Any, ...]]
+    names: list[tuple[int, str]]
+    outcome: tuple[WorkflowState, Any, dict[str, Any] | None] | None
+    staged: list[Entry]
+
+    def write(self, connection: apsw.Connection) -> None:
+        """Write it inside the caller's transaction. Deletes go first, then puts: that order
+        yields the in-memory history whatever order the changes were made in."""
+        for low, high in self.deletes:
+            connection.execute(
+                "DELETE FROM _pagekv_workflow_history WHERE location >= ? AND location < ?",
+                (low, high),
+            )
+        if self.rows:
+            connection.executemany(
+                f"INSERT OR REPLACE INTO _pagekv_workflow_history({_COLUMNS}) "
+                f"VALUES ({', '.join('?' * 13)})",
+                self.rows,
+            )
+        if self.names:
+            connection.executemany(
+                "INSERT INTO _pagekv_workflow_names(idx, name) VALUES (?, ?)", self.names
+            )
+        if self.outcome is not None:
+            state, output, error = self.outcome
+            connection.executemany(
+                "INSERT OR REPLACE INTO _pagekv_workflow(key, value) VALUES (?, ?)",
+                [
+                    ("format_version", FORMAT_VERSION),
+                    ("state", state.value),
+                    ("output", cbor2.dumps(output)),
+                    ("error", cbor2.dumps(error) if error is not None else None),
+                ],
+            )
 
 
 def _row(entry: Entry) -> tuple[Any, ...]:

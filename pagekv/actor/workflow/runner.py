@@ -41,7 +41,15 @@ from pagekv.actor.workflow.errors import (
     RollbackCheckpointError,
     WorkflowFormatError,
 )
-from pagekv.actor.workflow.history import Entry, History, Kind, Status, WorkflowState, readable
+from pagekv.actor.workflow.history import (
+    Entry,
+    History,
+    Kind,
+    PendingWrite,
+    Status,
+    WorkflowState,
+    readable,
+)
 from pagekv.actor.workflow.step import StepContext
 
 if TYPE_CHECKING:
@@ -215,15 +223,24 @@ class Runner:
         staged: list[Entry] = []
         if isinstance(wake, int | float):
             await self.instance.announce_wake(wake)
-        async with self.db.transaction(before_commit=lambda c: self._write(c, staged, wake)):
-            yield staged
-        self.history.committed(staged)
+        taken: list[PendingWrite] = []  # the history this commit writes, once the block is done
+        try:
+            async with self.db.transaction(before_commit=lambda c: self._write(c, taken[0], wake)):
+                yield staged
+                taken.append(self.history.take_pending(staged))
+        except BaseException:
+            if taken:
+                self.history.not_committed(taken[0])
+            raise
+        self.history.committed(taken[0])
         if wake is not _KEEP:
             self._wake_due = wake  # type: ignore[assignment]
             await self.instance.refresh_wake()
 
-    def _write(self, connection: apsw.Connection, staged: list[Entry], wake: object) -> None:
-        self.history.write(connection, staged)
+    def _write(self, connection: apsw.Connection, batch: PendingWrite, wake: object) -> None:
+        """In the commit's worker hop: only `batch`, taken from memory on the event loop, is
+        read here, so branches changing the history meanwhile share nothing with this thread."""
+        batch.write(connection)
         if wake is None:
             connection.execute("DELETE FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,))
         elif wake is not _KEEP:
