@@ -119,6 +119,10 @@ class Queue:
         arrived, self._arrived = self._arrived, anyio.Event()
         arrived.set()
 
+    def notify(self) -> None:
+        """Wake the waiters: messages arrived other than by `append` (returned ones)."""
+        self._notify()
+
     def arrival(self) -> anyio.Event:
         """An event set by the next `send`; take it before looking, so no message is missed."""
         return self._arrived

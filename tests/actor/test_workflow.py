@@ -819,3 +819,29 @@ def test_history_changes_made_while_a_commit_runs_stay_pending() -> None:
     history.not_committed(second)  # its commit failed: written by the next one, before "c"
     third = history.take_pending([])
     assert third.names == [(1, "b"), (2, "c")] and third.puts == ["1"]
+
+
+@pytest.mark.parametrize("completable", [False, True], ids=["plain", "completable"])
+async def test_a_message_received_by_a_race_loser_is_not_lost(completable: bool) -> None:
+    """The losing branch had received the message (a plain receive deletes it from the queue)
+    and the race then deleted the branch's history: the message was in neither place. Now it
+    goes back to the queue; a completable one stops being held (it was held until a restart)."""
+
+    async def loser(wf: WorkflowContext) -> None:
+        await wf.queue.next("take", names=["jobs"], completable=completable)
+        await wf.sleep("long", 60)
+
+    async def winner(wf: WorkflowContext) -> str:
+        await wf.sleep("short", 0.3)
+        return "won"
+
+    async def flow(wf: WorkflowContext) -> Any:
+        raced = await wf.race("r", {"loser": loser, "winner": winner})
+        later = await wf.queue.next("after", names=["jobs"], timeout=5)
+        return [raced.winner, later.body if later is not None else None]
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        await handle.send("jobs", "job-1")
+        status = await settle(handle)
+    assert status.output == ["winner", "job-1"], status

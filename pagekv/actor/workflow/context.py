@@ -463,15 +463,16 @@ class WorkflowContext:
                 await runner.flush()
                 raise RaceError(name, {b: s.get("error", "cancelled") for b, s in statuses.items()})
             winner = won[0]
+            gone = []
             for branch in named:
                 if branch != winner:
                     index = runner.history.name_index(branch)
-                    runner.history.delete_range(*subtree_range(child(location, index)))
+                    gone += runner.history.delete_range(*subtree_range(child(location, index)))
                     statuses[branch] = {"status": "cancelled"}
             entry.data["winner"] = winner
             entry.status, entry.completed = Status.COMPLETED, time.time()
             runner.history.put(entry)
-            await runner.flush()
+            await runner.return_messages(gone)
             return RaceResult(winner, statuses[winner].get("output"))
 
     async def _branch(

@@ -341,6 +341,36 @@ class Runner:
             self._held.update(r["id"] for r in records)
         return self.messages(staged[0])
 
+    async def return_messages(self, gone: Sequence[Entry]) -> None:
+        """Commit the pending history (a race's losers deleted), with what their deleted
+        entries had received given back: a message received as not completable goes back into
+        the queue under its own id (so in its order), since no entry records it any more and no
+        replay could receive it again; a completable one not yet completed never left the queue
+        and only stops being held, as after a restart; one the branch completed stays consumed.
+        """
+        rows = []
+        for entry in gone:
+            if entry.kind is not Kind.MESSAGE:
+                continue
+            for record in entry.data.get("messages", []):
+                if not entry.data.get("completable"):
+                    body = cbor2.dumps(record["body"])
+                    rows.append((record["id"], record["name"], body, record["created"]))
+                elif not record["completed"]:
+                    self._held.discard(record["id"])
+        async with self.transaction():
+            if rows:
+                await self.db.run(
+                    lambda c: c.executemany(
+                        "INSERT OR IGNORE INTO _pagekv_queue(id, name, body, created) "
+                        "VALUES (?, ?, ?, ?)",
+                        rows,
+                    ),
+                    internal=True,
+                )
+        if rows or any(e.kind is Kind.MESSAGE for e in gone):
+            self.instance.ctx.queue.notify()
+
     def messages(self, entry: Entry) -> list[Message]:
         completable = entry.data.get("completable", False)
         return [
