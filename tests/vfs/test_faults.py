@@ -408,6 +408,13 @@ def test_limits_of_a_tiny_store_are_never_exceeded_by_commits(new_ns: NewNamespa
         assert content(again) == rows
 
 
+def _blobs(db: Database, rows: int) -> None:
+    """A table `t` of `rows` rows of 3,000 random bytes, one commit each."""
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
+    for _ in range(rows):
+        db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+
+
 @pytest.mark.parametrize(
     ("deltas", "quota"), [("delta-commits", 400_000), ("in-place-after-vacuum", 300_000)]
 )
@@ -420,9 +427,7 @@ def test_a_commit_refused_by_the_quota_rolls_back_and_the_connection_keeps_worki
     on a database that was not dead."""
     ns = new_ns(KvLimits(max_storage_bytes=quota))
     with open_database(ns, in_place_commits=deltas != "delta-commits") as db:
-        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
-        for _ in range(25):
-            db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        _blobs(db, 25)
         if deltas == "in-place-after-vacuum":
             db.execute("DELETE FROM t WHERE id > 24")
             db.execute("VACUUM")  # a shrink: the commits after it are deltas, not in place
@@ -452,9 +457,7 @@ def test_a_big_transaction_whose_first_stage_is_refused_rolls_back_alive(
     staged chunks must be reaped by a reopen.)"""
     ns = new_ns(KvLimits(max_storage_bytes=140_000))
     with open_database(ns, stage_pages=16) as db:
-        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
-        for _ in range(20):
-            db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        _blobs(db, 20)
         before, used = content(db), ns.used_bytes()
         with pytest.raises(apsw.FullError), db.connection:
             for _ in range(200):
@@ -475,9 +478,7 @@ def test_a_refused_stage_of_rewritten_pages_rolls_back_alive(new_ns: NewNamespac
     the same refusal, so every later statement failed (reads too) on a live database."""
     ns = new_ns(KvLimits(max_storage_bytes=200_000))
     with open_database(ns, stage_pages=16) as db:
-        db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
-        for _ in range(40):
-            db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        _blobs(db, 40)
         before, used = content(db), ns.used_bytes()
         assert used + 16 * 4096 > 200_000, "the first stage would fit"
         with pytest.raises(apsw.FullError):
