@@ -845,3 +845,31 @@ async def test_a_message_received_by_a_race_loser_is_not_lost(completable: bool)
         await handle.send("jobs", "job-1")
         status = await settle(handle)
     assert status.output == ["winner", "job-1"], status
+
+
+async def test_replay_of_a_step_inside_a_join_branch_runs_it_again() -> None:
+    """`replay("j/A/s")` deleted the branch's entries but left the join recording branch A as
+    settled: only the step after the join ran again, and A's entries were gone for good."""
+    calls: Counter[str] = Counter()
+
+    async def branch_a(wf: WorkflowContext) -> Any:
+        return await wf.step("s", counting(calls, "s"))
+
+    async def branch_b(wf: WorkflowContext) -> Any:
+        return await wf.step("t", counting(calls, "t"))
+
+    async def flow(wf: WorkflowContext) -> Any:
+        both = await wf.join("j", {"A": branch_a, "B": branch_b})
+        return [both, await wf.step("after", counting(calls, "after"))]
+
+    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("wf", "k")
+        await handle.view()
+        first = await settle(handle)
+        before = Counter(calls)
+        await handle.workflow.replay("j/A/s")
+        again = await settle(handle, WorkflowState.COMPLETED)
+        history = await handle.workflow.history()
+    assert first.output == again.output == [{"A": "s", "B": "t"}, "after"]
+    assert calls["s"] == before["s"] + 1 and calls["after"] == before["after"] + 1, calls
+    assert "j/A/s" in str(history), "the branch's step is recorded again"

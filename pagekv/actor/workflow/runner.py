@@ -433,10 +433,32 @@ class Runner:
             if location is None:
                 history.delete_from(0)
             else:
-                history.delete_from(self._target(location).seq)
+                target = self._target(location)
+                history.delete_from(target.seq)
+                self._reopen_branches(target.location)
             history.set_outcome(WorkflowState.PENDING)
             await self._settle()
         self.instance.start_run()
+
+    def _reopen_branches(self, location: str) -> None:
+        """Mark the join and race branches holding `location` as not run: a join or race that
+        recorded its branch as settled would skip it on the replay (only the code after the
+        join re-ran, and the branch's entries were gone for good). A race forgets its winner:
+        it is run again from that point, its losers from their start."""
+        names = {idx: name for name, idx in self.history.names.items()}
+        for entry in list(self.history.entries.values()):
+            if entry.kind not in (Kind.JOIN, Kind.RACE):
+                continue
+            if not location.startswith(entry.location + "/"):
+                continue
+            segment = location[len(entry.location) + 1 :].split("/")[0]
+            branch = names.get(int(segment)) if segment.isdigit() else None
+            data = copy.deepcopy(entry.data)
+            if branch in data["branches"]:
+                data["branches"][branch] = {"status": Status.PENDING.value}
+            if entry.kind is Kind.RACE:
+                data["winner"] = None
+            self.history.put(replace(entry, data=data, status=Status.PENDING, completed=None))
 
     def _target(self, path: str) -> Entry:
         names = {idx: name for name, idx in self.history.names.items()}
