@@ -21,10 +21,22 @@ _holding: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 
 
 class Gate:
+    """Shared for actions, exclusive for a transaction, and fair between them.
+
+    New actions wait while a transaction waits, so a stream of actions cannot starve it. When a
+    transaction ends, the actions that were already waiting go in before the next transaction, so
+    a stream of transactions (a workflow's steps back to back) cannot starve them. Invariant: a
+    transaction takes the gate only when no such senior action is still waiting.
+    """
+
     def __init__(self) -> None:
         self._shared = 0
         self._exclusive = False
         self._exclusive_waiting = 0
+        self._shared_waiting = 0
+        self._ended = 0
+        """Transactions ended so far: an action waiting since before the last end is senior."""
+        self._senior = 0
         self._changed = anyio.Event()
 
     async def _wait(self) -> None:
@@ -37,8 +49,17 @@ class Gate:
     @asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:
         """Held for the whole of one action."""
-        while self._exclusive or self._exclusive_waiting:
-            await self._wait()
+        arrived = self._ended
+        self._shared_waiting += 1
+        try:
+            while self._exclusive or (self._exclusive_waiting and arrived == self._ended):
+                await self._wait()
+        finally:
+            self._shared_waiting -= 1
+            if arrived != self._ended:
+                self._senior -= 1
+                if not self._senior:
+                    self._notify()
         self._shared += 1
         token = _holding.set(self)
         try:
@@ -56,7 +77,7 @@ class Gate:
         self._exclusive_waiting += 1
         self._notify()
         try:
-            while self._exclusive or self._shared:
+            while self._exclusive or self._shared or self._senior:
                 await self._wait()
         finally:
             self._exclusive_waiting -= 1
@@ -66,4 +87,6 @@ class Gate:
         finally:
             self._exclusive = False
             self._shared += own
+            self._ended += 1
+            self._senior = self._shared_waiting
             self._notify()

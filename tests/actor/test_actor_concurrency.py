@@ -6,6 +6,7 @@ Progress is judged by order (events, who finished first), never by wall-clock th
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import anyio
 import pytest
 
 from pagekv.actor import ActorContext, ActorDefinition, Registry, actor
+from pagekv.actor.gate import Gate
 from pagekv.kv import WRITE_OPS, ActorKv, MemoryStore
 from pagekv.kv.wrappers import KvWrapper
 
@@ -254,3 +256,102 @@ async def test_destroy_makes_no_kv_request_on_the_event_loop() -> None:
         store.on_loop.clear()  # see test_waking_makes_no_kv_request_on_the_event_loop
         await client.destroy("journal", "k")
     assert [call for call in store.on_loop if not call.startswith("namespace(")] == []
+
+
+async def test_an_action_gets_in_between_back_to_back_transactions() -> None:
+    """A task running transactions back to back (a workflow's steps) must not starve an action
+    that arrives meanwhile: it goes in when the transaction it waited behind ends."""
+    gate = Gate()
+    order: list[str] = []
+    proceed = anyio.Event()
+
+    async def transactions() -> None:
+        for i in range(20):
+            async with gate.exclusive():
+                order.append(f"txn{i}")
+                if i == 0:
+                    proceed.set()
+                await anyio.sleep(0)
+
+    async def action() -> None:
+        await proceed.wait()
+        async with gate.shared():
+            order.append("action")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(transactions)
+        tg.start_soon(action)
+    assert order.index("action") <= 2, order
+
+
+async def test_a_transaction_gets_in_between_a_stream_of_actions() -> None:
+    """Actions arriving while a transaction waits go after it, so a stream of them cannot
+    starve it; the action already in finishes first."""
+    gate = Gate()
+    order: list[str] = []
+    first_in = anyio.Event()
+    release = anyio.Event()
+
+    async def first() -> None:
+        async with gate.shared():
+            first_in.set()
+            await release.wait()
+            order.append("first")
+
+    async def transaction() -> None:
+        async with gate.exclusive():
+            order.append("txn")
+
+    async def later(i: int) -> None:
+        async with gate.shared():
+            order.append(f"later{i}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first)
+        await first_in.wait()
+        tg.start_soon(transaction)
+        await anyio.sleep(0.01)
+        for i in range(3):
+            tg.start_soon(later, i)
+        await anyio.sleep(0.01)
+        release.set()
+    assert order[:2] == ["first", "txn"], order
+    assert sorted(order[2:]) == ["later0", "later1", "later2"]
+
+
+async def test_a_cancelled_waiting_action_does_not_block_the_next_transaction() -> None:
+    """An action cancelled as the transaction it waited behind ends gives up its turn, so the
+    next transaction still gets in. (The asyncio task is cancelled directly: anyio's own scope
+    cancellation may be delivered only after the action got in.)"""
+    gate = Gate()
+    done: list[str] = []
+    holding = anyio.Event()
+    release = anyio.Event()
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def hold() -> None:
+        async with gate.exclusive():
+            holding.set()
+            await release.wait()
+            tasks[0].cancel()
+
+    async def action() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.append(task)
+        try:
+            async with gate.shared():
+                done.append("action")
+        except asyncio.CancelledError:
+            done.append("cancelled")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await holding.wait()
+            tg.start_soon(action)
+            await anyio.sleep(0.01)
+            release.set()
+            async with gate.exclusive():
+                done.append("txn")
+    assert done == ["cancelled", "txn"]
