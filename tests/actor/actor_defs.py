@@ -120,3 +120,85 @@ async def arm(ctx: ActorContext) -> int:
 @phoenix.action
 async def tick(ctx: ActorContext) -> None:
     _phoenix_log("tick")
+
+
+saga = actor("saga", state=None)
+"""A workflow whose every completed step has a rollback handler, spread over each shape a replay
+treats differently: the root, a join's branches, a race's winner and its loser (which completed a
+step before losing), and a loop pruned down to one iteration of history; then a durable sleep, one
+more step and a failing one. Forward steps and handlers each write a row in their own transaction
+(`did`, `undone`), so the rows say exactly which ran and in which order.
+
+`$SAGA_STOP_AT` names a handler that, the first time it runs (marker file `$SAGA_MARKER`), stops
+its process: `kill` with SIGKILL, `block` (in-process) by waiting until the instance is torn down.
+"""
+SAGA_STEPS = ["first", "x", "y", "s", "q", "loop0", "loop1", "loop2", "last"]
+SAGA_NAP_S = float(os.environ.get("SAGA_NAP_S", "0.3"))
+
+
+@saga.on_migrate
+async def _saga_schema(ctx: ActorContext) -> None:
+    await ctx.db.execute("CREATE TABLE IF NOT EXISTS did(name TEXT)")
+    await ctx.db.execute("CREATE TABLE IF NOT EXISTS undone(name TEXT)")
+
+
+def _saga_step(name: str) -> tuple[Any, Any]:
+    async def forward(step: Any) -> str:
+        await step.db.execute("INSERT INTO did VALUES (?)", (name,))
+        return name
+
+    async def undo(step: Any, output: Any) -> None:
+        assert output == name, (output, name)
+        await step.db.execute("INSERT INTO undone VALUES (?)", (name,))
+        stop = os.environ.get("SAGA_STOP_AT", "")
+        if stop.partition(":")[2] == name and not Path(os.environ["SAGA_MARKER"]).exists():
+            Path(os.environ["SAGA_MARKER"]).touch()
+            if stop.startswith("kill:"):
+                os.kill(os.getpid(), 9)
+            await anyio.sleep_forever()
+
+    return forward, undo
+
+
+async def _saga_do(wf: Any, name: str, label: str | None = None) -> Any:
+    forward, undo = _saga_step(label or name)
+    return await wf.step(name, forward, rollback=undo)
+
+
+@saga.workflow
+async def _saga(wf: Any) -> None:
+    from pagekv.actor.workflow import Critical
+
+    await wf.rollback_checkpoint("checkpoint")
+    await _saga_do(wf, "first")
+    await wf.join("j", {"x": lambda b: _saga_do(b, "x"), "y": lambda b: _saga_do(b, "y")})
+
+    async def quick(b: Any) -> Any:
+        await b.sleep("wait", 0.2)
+        return await _saga_do(b, "q")
+
+    async def slow(b: Any) -> Any:
+        await _saga_do(b, "s")
+        await b.sleep("forever", 3600)
+
+    await wf.race("r", {"quick": quick, "slow": slow})
+    async for it in wf.loop("loop", state=0, history_size=1, prune_every=1):
+        await _saga_do(it, "work", f"loop{it.index}")
+        if it.index == 2:
+            break
+    await wf.sleep("nap", SAGA_NAP_S)
+    await _saga_do(wf, "last")
+
+    async def fail(step: Any) -> None:
+        raise Critical("the saga fails at its end")
+
+    await wf.step("fail", fail)
+
+
+@saga.action
+async def saga_rows(ctx: ActorContext) -> dict[str, list[str]]:
+    tables = {}
+    for table in ("did", "undone"):
+        rows = await ctx.db.execute(f"SELECT name FROM {table} ORDER BY rowid")
+        tables[table] = [name for (name,) in rows]
+    return tables

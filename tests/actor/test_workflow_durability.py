@@ -24,6 +24,7 @@ from flows import durably, settle
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.workflow import (
+    FORMAT_VERSION,
     StepContext,
     WorkflowContext,
     WorkflowFormatError,
@@ -306,7 +307,8 @@ async def test_a_newer_workflow_format_is_refused_clearly() -> None:
     async with Registry([fixture_flow()], kv=store).run() as client:
         handle = client.get("orders", "fixture")
         with pytest.raises(
-            WorkflowFormatError, match="format version 99; this pagekv reads up to 1"
+            WorkflowFormatError,
+            match=f"format version 99; this pagekv reads up to {FORMAT_VERSION}",
         ):
             await handle.workflow.status()
 

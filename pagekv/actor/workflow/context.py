@@ -36,6 +36,7 @@ from pagekv.actor.workflow.history import (
     Kind,
     Status,
     child,
+    iteration_index,
     iteration_scope,
     subtree_range,
 )
@@ -272,7 +273,9 @@ class WorkflowContext:
             while True:
                 if entry.status is Status.FAILED:
                     await runner.wait(entry.data["retry_at"])
-                settled = await self._attempt(entry, fn, timeout, retry_on_timeout, max_retries)
+                settled = await self._attempt(
+                    entry, fn, timeout, retry_on_timeout, max_retries, rollback is not None
+                )
                 if settled.status is Status.COMPLETED:
                     if rollback is not None:
                         runner.register_rollback(settled, rollback)
@@ -291,8 +294,10 @@ class WorkflowContext:
         timeout: float | None,
         retry_on_timeout: bool,
         max_retries: int,
+        undoable: bool,
     ) -> Entry:
-        """One attempt in one transaction; returns the entry as recorded afterwards."""
+        """One attempt in one transaction; returns the entry as recorded afterwards. A step
+        with a rollback handler records so (`undoable`): loop pruning keeps its history."""
         runner = self._runner
         attempt = entry.attempts + 1
         step_ctx = StepContext(runner.instance.ctx, entry.name, attempt)
@@ -308,10 +313,9 @@ class WorkflowContext:
                     check_encodable(value, f"the result of step {entry.name!r}")
                 except TypeError as e:
                     raise Critical(str(e)) from e
+                data = {"output": value, "rollback": True} if undoable else {"output": value}
                 staged.append(
-                    entry.settled(
-                        data={"output": value}, attempts=attempt, last_attempt=started, error=None
-                    )
+                    entry.settled(data=data, attempts=attempt, last_attempt=started, error=None)
                 )
             return staged[0]
         except INFRASTRUCTURE:
@@ -387,6 +391,11 @@ class WorkflowContext:
                 runner.history.put(entry)
                 await runner.flush()
             statuses: dict[str, dict[str, Any]] = entry.data["branches"]
+            if runner.rollback_mode:
+                await self._replay_branches(location, branches)
+                if entry.status is not Status.COMPLETED:
+                    raise RollbackStop
+                return _joined(name, statuses, branches)
             control: list[BaseException] = []
 
             async def run(branch: str, fn: BranchFn) -> None:
@@ -406,27 +415,39 @@ class WorkflowContext:
             except BaseExceptionGroup as group:
                 raise unwrap(group) from None
             _raise_control(control)
-            errors = {
-                b: s["error"] for b, s in statuses.items() if s["status"] == Status.FAILED.value
-            }
             entry.status, entry.completed = Status.COMPLETED, time.time()
             runner.history.put(entry)
             await runner.flush()
-            if errors:
-                raise JoinError(name, errors)
-            return {b: statuses[b].get("output") for b in branches}
+            return _joined(name, statuses, branches)
 
     async def race(
         self, name: str, branches: Mapping[str, BranchFn] | Sequence[BranchFn]
     ) -> RaceResult:
         """Run the branches concurrently; the first to succeed wins and the others are
-        cancelled (their history is deleted). Raises `RaceError` if all fail."""
+        cancelled. Raises `RaceError` if all fail.
+
+        A loser's history is deleted, and what it had received given back (`return_messages`),
+        unless it completed a step with a rollback handler: then its history is kept, so that a
+        failure of the workflow rolls that step back too."""
         runner = self._runner
         named = (
             dict(branches) if isinstance(branches, Mapping) else {f.__name__: f for f in branches}
         )
         with self._op(name) as location:
             entry = self._recorded(location, name, Kind.RACE)
+            if entry is not None and runner.rollback_mode:
+                recorded = entry.data["branches"]
+                settled = entry.status is Status.COMPLETED
+                await self._replay_branches(
+                    location,
+                    {
+                        b: f
+                        for b, f in named.items()
+                        if not settled or b == entry.data["winner"] or recorded[b].get("kept")
+                    },
+                )
+                if not settled:
+                    raise RollbackStop
             if entry is not None and entry.status is Status.COMPLETED:
                 winner = entry.data["winner"]
                 return RaceResult(winner, entry.data["branches"][winner].get("output"))
@@ -436,8 +457,6 @@ class WorkflowContext:
                 entry = self._fresh(location, name, Kind.RACE, data)
                 runner.history.put(entry)
                 await runner.flush()
-            elif runner.rollback_mode:
-                raise RollbackStop
             statuses: dict[str, dict[str, Any]] = entry.data["branches"]
             control: list[BaseException] = []
             won: list[str] = []
@@ -463,17 +482,32 @@ class WorkflowContext:
                 await runner.flush()
                 raise RaceError(name, {b: s.get("error", "cancelled") for b, s in statuses.items()})
             winner = won[0]
-            gone = []
+            gone, kept = [], []
             for branch in named:
                 if branch != winner:
-                    index = runner.history.name_index(branch)
-                    gone += runner.history.delete_range(*subtree_range(child(location, index)))
-                    statuses[branch] = {"status": "cancelled"}
+                    low, high = subtree_range(child(location, runner.history.name_index(branch)))
+                    if runner.history.undoable_in(low, high):
+                        kept += runner.history.within(low, high)
+                        statuses[branch] = {"status": "cancelled", "kept": True}
+                    else:
+                        gone += runner.history.delete_range(low, high)
+                        statuses[branch] = {"status": "cancelled"}
             entry.data["winner"] = winner
             entry.status, entry.completed = Status.COMPLETED, time.time()
             runner.history.put(entry)
-            await runner.return_messages(gone)
+            await runner.return_messages(gone, kept)
             return RaceResult(winner, statuses[winner].get("output"))
+
+    async def _replay_branches(self, location: str, branches: Mapping[str, BranchFn]) -> None:
+        """Rollback mode: replay `branches` (settled ones too) so that their completed steps
+        register their handlers; each ends at its first operation without an outcome."""
+        control: list[BaseException] = []
+        try:
+            async with anyio.create_task_group() as tg:
+                for branch, fn in branches.items():
+                    tg.start_soon(self._branch, location, branch, fn, control)
+        except BaseExceptionGroup as group:
+            raise unwrap(group) from None
 
     async def _branch(
         self, location: str, branch: str, fn: BranchFn, control: list[BaseException]
@@ -557,9 +591,12 @@ class LoopIteration(WorkflowContext):
 class Loop:
     """The async iterator behind `wf.loop`; see there.
 
-    The loop entry records the current iteration and the state it started with. A completed
-    loop replays only its last iteration (whose history is always kept), so the code after the
-    loop sees the same local variables as the first time.
+    The loop entry records the current iteration and the state it started with. A replay resumes
+    at the current iteration (a completed loop replays its last one), so the code after the loop
+    sees the same local variables as the first time. A rollback replay runs every iteration that
+    holds a step with a rollback handler instead, so that each registers its handler: such an
+    iteration records the state it started with in an `iteration` entry as it ends, and pruning
+    keeps it.
     """
 
     def __init__(
@@ -573,6 +610,8 @@ class Loop:
         self._entry: Entry | None = None
         self._current: LoopIteration | None = None
         self._left = False
+        self._replaying: list[tuple[int, Any]] = []
+        """Rollback mode: the iterations still to replay, with their starting states."""
 
     def __aiter__(self) -> Loop:
         return self
@@ -594,27 +633,74 @@ class Loop:
                     runner.history.put(entry)
             self._entry = entry
             parent._open_loop = self
+            if runner.rollback_mode:
+                self._replaying = self._kept_iterations()
+                return self._iteration(*self._replaying.pop(0))
             return self._iteration(entry.data["iteration"], entry.data["state"])
         entry, current = self._entry, self._current
         assert current is not None
         current._finish()
+        if runner.rollback_mode:
+            if not self._replaying:
+                raise RollbackStop
+            return self._iteration(*self._replaying.pop(0))
         if entry.status is Status.COMPLETED:
             raise HistoryDiverged(
                 f"loop {self._name!r} ended at iteration {current.index} in the history, but "
                 "the code continued it"
             )
-        if runner.rollback_mode:
-            raise RollbackStop
         check_encodable(current.state, f"the state of loop {self._name!r}")
+        finished = iteration_scope(entry.location, current.index)
+        if runner.history.undoable_in(*subtree_range(finished)):
+            start = runner.history.new_entry(finished, self._name, Kind.ITERATION, {})
+            start.data["state"] = entry.data["state"]
+            start.status, start.completed = Status.COMPLETED, time.time()
+            runner.history.put(start)
         index = current.index + 1
         entry.data.update(state=_recorded_copy(current.state), iteration=index)
         keep_from = index - self._history_size
         if keep_from - entry.data["pruned"] >= self._prune_every:
-            low = iteration_scope(entry.location, entry.data["pruned"])
-            runner.history.delete_range(low, iteration_scope(entry.location, keep_from))
+            self._prune(entry.data["pruned"], keep_from)
             entry.data["pruned"] = keep_from
         runner.history.put(entry)
         return self._iteration(index, entry.data["state"])
+
+    def _kept_iterations(self) -> list[tuple[int, Any]]:
+        """The iterations a rollback replays, oldest first, with the state each started with:
+        those that recorded it, and the current one."""
+        entry = self._entry
+        assert entry is not None
+        history = self._parent._runner.history
+        kept = {
+            index: e.data["state"]
+            for e in history.within(*subtree_range(entry.location))
+            if e.kind is Kind.ITERATION
+            and (index := iteration_index(entry.location, e.location)) is not None
+            and e.location == iteration_scope(entry.location, index)
+        }
+        kept[entry.data["iteration"]] = entry.data["state"]
+        return sorted(kept.items())
+
+    def _prune(self, low: int, high: int) -> None:
+        """Delete the history of iterations `low` to `high` (excluded), but for those holding a
+        step whose rollback handler has not run: a failure of the workflow must still run it."""
+        entry = self._entry
+        assert entry is not None
+        history = self._parent._runner.history
+        keep = sorted(
+            {
+                index
+                for e in history.undoable_in(
+                    iteration_scope(entry.location, low), iteration_scope(entry.location, high)
+                )
+                if (index := iteration_index(entry.location, e.location)) is not None
+            }
+        )
+        for start, end in zip([low, *(k + 1 for k in keep)], [*keep, high], strict=True):
+            if start < end:
+                history.delete_range(
+                    iteration_scope(entry.location, start), iteration_scope(entry.location, end)
+                )
 
     def _iteration(self, index: int, recorded: Any) -> LoopIteration:
         """The context of iteration `index`, whose state starts as `recorded` (a copy of it:
@@ -623,8 +709,7 @@ class Loop:
         entry = self._entry
         assert entry is not None
         scope = iteration_scope(entry.location, index)
-        state = _recorded_copy(recorded)
-        self._current = LoopIteration(self._parent._runner, scope, index, state)
+        self._current = LoopIteration(self._parent._runner, scope, index, _recorded_copy(recorded))
         return self._current
 
     def leave(self) -> None:
@@ -633,9 +718,10 @@ class Loop:
         entry, current = self._entry, self._current
         assert entry is not None and current is not None
         current._finish()
-        if entry.status is not Status.COMPLETED and not self._parent._runner.rollback_mode:
+        runner = self._parent._runner
+        if entry.status is not Status.COMPLETED and not runner.rollback_mode:
             entry.status, entry.completed = Status.COMPLETED, time.time()
-            self._parent._runner.history.put(entry)
+            runner.history.put(entry)
 
 
 def _recorded_copy(state: Any) -> Any:
@@ -694,6 +780,16 @@ class WorkflowQueue:
             elif runner.rollback_mode:
                 raise RollbackStop
             return await runner.receive(entry, names, count, completable)
+
+
+def _joined(
+    name: str, statuses: dict[str, dict[str, Any]], branches: Mapping[str, BranchFn]
+) -> dict[str, Any]:
+    """A settled join's outcome: its branches' outputs, or `JoinError` naming the failed ones."""
+    errors = {b: s["error"] for b, s in statuses.items() if s["status"] == Status.FAILED.value}
+    if errors:
+        raise JoinError(name, errors)
+    return {b: statuses[b].get("output") for b in branches}
 
 
 def _failed(entry: Entry) -> StepResult:

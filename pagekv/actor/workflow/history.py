@@ -31,8 +31,9 @@ import cbor2
 
 from pagekv.actor.workflow.errors import WorkflowFormatError
 
-FORMAT_VERSION = 1
-"""The encoding of entries in `_pagekv_workflow_history`; a newer one is refused."""
+FORMAT_VERSION = 2
+"""The encoding of entries in `_pagekv_workflow_history`; a newer one is refused. Version 2 added
+`iteration` entries (version 1 histories read as they are)."""
 
 
 class Kind(enum.Enum):
@@ -45,6 +46,9 @@ class Kind(enum.Enum):
     RACE = "race"
     REMOVED = "removed"
     VERSION_CHECK = "version_check"
+    ITERATION = "iteration"
+    """The state a finished loop iteration holding a step with a rollback handler started with,
+    at the iteration's own scope location: what a rollback replays that iteration from."""
 
 
 class Status(enum.Enum):
@@ -99,6 +103,14 @@ def child(scope: str, segment: int | str) -> str:
 
 def iteration_scope(loop_location: str, iteration: int) -> str:
     return f"{loop_location}/~{iteration:010d}"
+
+
+def iteration_index(loop_location: str, location: str) -> int | None:
+    """The iteration of the loop at `loop_location` that holds `location`, if any."""
+    prefix = f"{loop_location}/~"
+    if not location.startswith(prefix):
+        return None
+    return int(location[len(prefix) : len(prefix) + 10])
 
 
 def scope_of(location: str) -> str:
@@ -195,8 +207,23 @@ class History:
         self.entries[entry.location] = entry
         self._pending_puts[entry.location] = None
 
+    def within(self, low: str, high: str) -> list[Entry]:
+        """The entries whose locations are in `[low, high)`."""
+        return [e for loc, e in self.entries.items() if low <= loc < high]
+
+    def undoable_in(self, low: str, high: str) -> list[Entry]:
+        """The completed steps in `[low, high)` whose rollback handler has not run yet."""
+        return [
+            e
+            for e in self.within(low, high)
+            if e.kind is Kind.STEP
+            and e.status is Status.COMPLETED
+            and e.data.get("rollback")
+            and e.rollback_completed is None
+        ]
+
     def delete_range(self, low: str, high: str) -> list[Entry]:
-        gone = [e for loc, e in self.entries.items() if low <= loc < high]
+        gone = self.within(low, high)
         for entry in gone:
             self._forget(entry.location)
         self._pending_deletes.append((low, high))

@@ -48,7 +48,9 @@ from pagekv.actor.workflow.history import (
     PendingWrite,
     Status,
     WorkflowState,
+    child,
     readable,
+    subtree_range,
 )
 from pagekv.actor.workflow.step import StepContext
 
@@ -97,7 +99,7 @@ class Runner:
             for e in self.history.entries.values()
             if e.kind is Kind.MESSAGE and e.data.get("completable")
             for m in e.data["messages"]
-            if not m["completed"]
+            if not m["completed"] and not m.get("returned")
         }
         self.loaded = True
 
@@ -118,7 +120,7 @@ class Runner:
                 if not (self.history.error or {}).get("code_error"):
                     return
             case WorkflowState.ROLLING_BACK:
-                await self._resume_rollback()
+                await self._roll_back()
                 return
             case WorkflowState.PENDING | WorkflowState.RUNNING | WorkflowState.SLEEPING:
                 pass
@@ -147,10 +149,10 @@ class Runner:
             raise
         except Exception as e:
             log.warning("actor %s: workflow failed: %s", self.instance.actor_id, e)
-            if self.checkpointed and self._rollbacks:
+            if self.checkpointed:
                 history.set_outcome(WorkflowState.ROLLING_BACK, error=_error(e))
                 await self.flush()
-                await self._run_rollbacks()
+                await self._roll_back()
                 return
             history.set_outcome(WorkflowState.FAILED, error=_error(e))
         else:
@@ -168,8 +170,12 @@ class Runner:
     def register_rollback(self, entry: Entry, handler: RollbackFn) -> None:
         self._rollbacks.append((entry, handler))
 
-    async def _resume_rollback(self) -> None:
-        """After a restart mid-rollback: replay (recorded outcomes only) to find the handlers."""
+    async def _roll_back(self) -> None:
+        """Replay the workflow in rollback mode (recorded outcomes only, every join and race
+        branch and every kept loop iteration) to find the handlers, then run them. Always a
+        replay, never the handlers the failed execution registered: that execution may have
+        replayed only part of the history (after a restart it skips settled branches and old
+        iterations), and a restart mid-rollback has to find the same handlers anyway."""
         self.history.restart()
         self.rollback_mode, self.checkpointed = True, False
         self._rollbacks.clear()
@@ -186,7 +192,8 @@ class Runner:
     async def _run_rollbacks(self) -> None:
         """Run the handlers newest completion first; each success is recorded as it happens."""
         history = self.history
-        order = sorted(self._rollbacks, key=lambda r: (r[0].completed or 0, r[0].seq))
+        unique = {entry.location: (entry, handler) for entry, handler in self._rollbacks}
+        order = sorted(unique.values(), key=lambda r: (r[0].completed or 0, r[0].seq))
         for registered, handler in reversed(order):
             entry = history.entries[registered.location]
             if entry.rollback_completed is not None:
@@ -341,23 +348,27 @@ class Runner:
             self._held.update(r["id"] for r in records)
         return self.messages(staged[0])
 
-    async def return_messages(self, gone: Sequence[Entry]) -> None:
-        """Commit the pending history (a race's losers deleted), with what their deleted
-        entries had received given back: a message received as not completable goes back into
-        the queue under its own id (so in its order), since no entry records it any more and no
+    async def return_messages(self, gone: Sequence[Entry], kept: Sequence[Entry] = ()) -> None:
+        """Commit the pending history (a race's losers deleted, or `kept` for their rollback
+        handlers), with what their entries had received given back: a message received as not
+        completable goes back into the queue under its own id (so in its order), since no
         replay could receive it again; a completable one not yet completed never left the queue
         and only stops being held, as after a restart; one the branch completed stays consumed.
-        """
+        A kept entry keeps its messages for the rollback replay, marked `returned`."""
         rows = []
-        for entry in gone:
-            if entry.kind is not Kind.MESSAGE:
+        for entry in [*gone, *kept]:
+            if entry.kind is not Kind.MESSAGE or not entry.data.get("messages"):
                 continue
-            for record in entry.data.get("messages", []):
+            data = copy.deepcopy(entry.data)
+            for record in data["messages"]:
                 if not entry.data.get("completable"):
                     body = cbor2.dumps(record["body"])
                     rows.append((record["id"], record["name"], body, record["created"]))
                 elif not record["completed"]:
                     self._held.discard(record["id"])
+                record["returned"] = True
+            if entry in kept:
+                self.history.put(replace(entry, data=data))
         async with self.transaction():
             if rows:
                 await self.db.run(
@@ -368,7 +379,7 @@ class Runner:
                     ),
                     internal=True,
                 )
-        if rows or any(e.kind is Kind.MESSAGE for e in gone):
+        if rows or any(e.kind is Kind.MESSAGE for e in [*gone, *kept]):
             self.instance.ctx.queue.notify()
 
     def messages(self, entry: Entry) -> list[Message]:
@@ -381,7 +392,7 @@ class Runner:
                 record["created"],
                 _complete=(
                     _done
-                    if record["completed"]
+                    if record["completed"] or record.get("returned") or self.rollback_mode
                     else (lambda i=index: self._complete(entry.location, i))
                 )
                 if completable
@@ -458,6 +469,10 @@ class Runner:
                 data["branches"][branch] = {"status": Status.PENDING.value}
             if entry.kind is Kind.RACE:
                 data["winner"] = None
+                for loser, status in data["branches"].items():
+                    if status.pop("kept", False):
+                        index = self.history.names[loser]
+                        self.history.delete_range(*subtree_range(child(entry.location, index)))
             self.history.put(replace(entry, data=data, status=Status.PENDING, completed=None))
 
     def _target(self, path: str) -> Entry:
