@@ -32,6 +32,11 @@ async def bump(ctx: ActorContext) -> int:
 
 
 @bench.action
+async def peek(ctx: ActorContext) -> int:
+    return ctx.state["n"]
+
+
+@bench.action
 async def bump_sql(ctx: ActorContext) -> int:
     async with ctx.db.transaction():
         await ctx.db.execute("INSERT INTO t(v) VALUES (?)", (ctx.state["n"],))
@@ -117,7 +122,7 @@ def main() -> None:
         trips: dict[str, list[int]] = {}
         for _ in range(args.reps):
             for backend, url in urls.items():
-                for action in ("bump", "bump_sql"):
+                for action in ("bump", "bump_sql", "peek"):
                     n = args.actions if backend == "memory" else args.actions // 4
                     rate = _run(_throughput, url, action, n)
                     results.setdefault((backend, action), []).append(rate)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -45,6 +46,9 @@ class ActorDb:
         """A transaction began but no statement ran yet: its first worker hop starts with BEGIN
         (one hop fewer per transaction). Only the task holding `_lock` runs statements then."""
         self._after_transaction: list[Callable[[], Awaitable[None]]] = []
+        self.proven_at = float("-inf")
+        """`time.monotonic()` just before the latest worker hop that committed: the commit passed
+        the fence, so the actor was still this instance's at some moment after then."""
 
     async def run(self, fn: Callable[[apsw.Connection], T], *, internal: bool = False) -> T:
         """Run `fn(connection)` on the worker, translating storage death into actor errors."""
@@ -54,7 +58,7 @@ class ActorDb:
         def work() -> T:
             self.reserved.internal = internal
             self.reserved.violation = None
-            before = self.database.commits
+            before, issued = self.database.commits, time.monotonic()
             try:
                 if self._begin_pending:
                     self.database.connection.execute("BEGIN IMMEDIATE")
@@ -74,6 +78,8 @@ class ActorDb:
             finally:
                 self.reserved.internal = False
                 committed[0] = self.database.commits - before
+                if committed[0] and not self.database.is_dead:
+                    self.proven_at = max(self.proven_at, issued)
 
         try:
             return await anyio.to_thread.run_sync(work, limiter=self._limiter)

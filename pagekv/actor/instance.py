@@ -30,6 +30,7 @@ from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.runner import Runner
+from pagekv.actor.writes import Writes, tracking_writes
 from pagekv.kv import ActorKv, FenceMismatch, KvError
 from pagekv.vfs import open_database
 
@@ -41,8 +42,8 @@ log = logging.getLogger("pagekv.actor")
 _UNSET = object()
 FRESHNESS_S = 0.05
 """A call first checks that no other instance took the actor over (one KV read) unless this
-instance checked less than this long ago: after a takeover elsewhere, a stale instance serves
-reads for at most this long (its writes are fenced off at once)."""
+instance checked less than this long ago, so a stale instance rarely runs user code at all. The
+answer is what must be current: see `ActorInstance._answer_current`."""
 Stop = Literal["sleep", "destroy", "crash"]
 
 
@@ -86,6 +87,8 @@ class ActorInstance:
         """This instance created the actor (its database held none)."""
         self._checked_at = time.monotonic()
         """When this instance last knew it was current (its takeover at start, then checks)."""
+        self._checking: anyio.Event | None = None
+        """Set when the generation check under way ends; None while none is."""
         self.next_due: float | None = None
         self._wake_written: object = _UNSET
         self._lease = registry.wake_lease
@@ -268,19 +271,41 @@ class ActorInstance:
 
     # -- actions ----------------------------------------------------------------------------
 
-    async def call(self, fn: Hook, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def call(
+        self, fn: Hook, args: tuple[Any, ...], kwargs: dict[str, Any], *, answered: bool = True
+    ) -> Any:
         """Run action `fn`, which `ActorDefinition.resolve` found and bound to the arguments
-        (callers resolve first, so a call that cannot run is refused before the wake)."""
+        (callers resolve first, so a call that cannot run is refused before the wake). An
+        `answered` call's answer is proven current (`_answer_current`); a scheduled one has
+        nobody to answer."""
         async with self._serving():
             self.registry.counters["actions"] += 1
-            async with self.gate.shared():
-                with self.ctx.queue.redeliver_on_failure():
-                    try:
-                        result = await fn(self.ctx, *args, **kwargs)
-                    except Exception:
-                        await self._keep_state()
-                        raise
-                    await self.ctx.db.save_state()
+            ended: float | None = None
+            with tracking_writes() as writes:
+                try:
+                    async with self.gate.shared():
+                        with self.ctx.queue.redeliver_on_failure():
+                            try:
+                                result = await fn(self.ctx, *args, **kwargs)
+                            except Exception:
+                                ended = time.monotonic()
+                                await self._keep_state()
+                                raise
+                            ended = time.monotonic()
+                            await self.ctx.db.save_state()
+                except ActorTakenOver as e:
+                    if writes.state() is False:  # refused by the fence, nothing written
+                        self.registry.counters["takeovers"] += 1
+                        raise NotServing(f"actor {self.actor_id}: {e}") from e
+                    raise
+                except (ActorStopped, *STORAGE_ERRORS):
+                    raise
+                except Exception:
+                    if ended is not None and answered:
+                        await self._answer_current(ended, writes)
+                    raise
+            if answered:
+                await self._answer_current(ended, writes)
             return result
 
     async def send(self, message: Outgoing) -> int:
@@ -328,6 +353,36 @@ class ActorInstance:
             await self.ctx.db.save_state()
         except Exception:
             log.exception("actor %s: state of a failed action not saved", self.actor_id)
+
+    async def _answer_current(self, ended: float, writes: Writes) -> None:
+        """Acknowledge a call only if the actor was still this instance's after the call's code
+        ended: a commit since then passed the fence, or a generation check (one KV read, shared
+        by the calls that wait for one) proves it. Else the answer may come from stale memory:
+        a no-op write (`state["v"] = 1` when memory holds 1 and the store 2) or a read. A call
+        that wrote nothing runs again on a fresh instance (`NotServing`); one whose writes may
+        have landed is refused with `ActorTakenOver`, as running it again could apply them
+        twice."""
+        while max(self._checked_at, self.ctx.db.proven_at) < ended:
+            if self._checking is not None:
+                await self._checking.wait()
+                continue
+            self._checking = checking = anyio.Event()
+            started = time.monotonic()
+            try:
+                generation = await anyio.to_thread.run_sync(self.kv.generation)
+            finally:
+                self._checking = None
+                checking.set()
+            if generation != self.ctx.db.database.generation:
+                self._requested = "crash"
+                self.registry.counters["takeovers"] += 1
+                if writes.state() is not False:
+                    raise ActorTakenOver(
+                        f"actor {self.actor_id} was taken over elsewhere while this call ran, "
+                        "after writes of this instance committed; its answer may be stale"
+                    )
+                raise NotServing(f"actor {self.actor_id} was taken over elsewhere")
+            self._checked_at = max(self._checked_at, started)
 
     async def _check_current(self) -> None:
         """Refuse the call (`NotServing`: the registry wakes a fresh instance, which takes the
@@ -521,7 +576,7 @@ class ActorInstance:
                     else:
                         call_args = tuple(cbor2.loads(args))
                         fn = self.definition.resolve(action, call_args, {})
-                        await self.call(fn, call_args, {})
+                        await self.call(fn, call_args, {}, answered=False)
                 except (ActorTakenOver, ActorStopped):
                     raise
                 except STORAGE_ERRORS as e:

@@ -1,8 +1,9 @@
 """What one request wrote: the commits its database work made, for an exact error answer.
 
-The server runs each call inside `tracking_writes()`; every worker hop of an actor's database
-(`ActorDb.run`) and every write of `ctx.kv` made by the request's task, or by tasks it starts,
-reports here. An error answer can then say whether a retry is safe.
+The server runs each call inside `tracking_writes()`, and an instance each action (so that it
+knows whether running the call again elsewhere is safe); every worker hop of an actor's database
+(`ActorDb.run`) and every write of `ctx.kv` made by the task, or by tasks it starts, reports to
+every tracking around it. An error answer can then say whether a retry is safe.
 """
 
 from __future__ import annotations
@@ -30,16 +31,17 @@ class Writes:
         return None if self.unknown else False
 
 
-_writes: contextvars.ContextVar[Writes | None] = contextvars.ContextVar(
-    "pagekv_request_writes", default=None
+_writes: contextvars.ContextVar[tuple[Writes, ...]] = contextvars.ContextVar(
+    "pagekv_request_writes", default=()
 )
 
 
 @contextmanager
 def tracking_writes() -> Iterator[Writes]:
-    """Count the commits of the database work done in this task (and the tasks it starts)."""
+    """Count the commits of the database work done in this task (and the tasks it starts),
+    inside any tracking already under way (which counts them too)."""
     writes = Writes()
-    token = _writes.set(writes)
+    token = _writes.set((*_writes.get(), writes))
     try:
         yield writes
     finally:
@@ -49,7 +51,6 @@ def tracking_writes() -> Iterator[Writes]:
 def note_writes(*, committed: bool, unknown: bool = False) -> None:
     """Report a write of the current task: `committed` if it landed, `unknown` if its outcome
     is not known. Outside `tracking_writes` it is not counted."""
-    writes = _writes.get()
-    if writes is not None:
+    for writes in _writes.get():
         writes.committed |= committed
         writes.unknown |= unknown
