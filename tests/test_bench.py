@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from pagekv.bench import WORKLOADS, Summary
-from pagekv.bench.command import redact
 from pagekv.bench.report import BenchReport, Config, Machine
 from pagekv.bench.runner import MemoryUse, Ratio, Sample, SystemResult, WorkloadResult
 from pagekv.bench.targets import TargetResult
 from pagekv.bench.workloads import default_selection
 from pagekv.cli import main
+from pagekv.kv import redact_url
 
 TARGET_STATUSES = {"met", "missed", "not measured", "n/a"}
 
@@ -253,6 +253,7 @@ def test_bad_arguments_fail_clearly(
 
 
 def test_passwords_in_the_store_url_are_not_printed_or_saved() -> None:
-    assert redact("postgresql://u:secret@h:5432/db?x=1") == "postgresql://u:***@h:5432/db?x=1"
-    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
-    assert redact("file:./store") == "file:./store"
+    assert redact_url("postgresql://u:secret@h:5432/db?x=1") == "postgresql://u:***@h:5432/db?x=1"
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact_url("file:./store") == "file:./store"
+    assert redact_url("postgresql://u:p%40ss@h/db") == "postgresql://u:***@h/db"

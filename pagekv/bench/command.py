@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from pagekv.bench.report import BenchReport, Config, Machine, now, print_report, write_json
 from pagekv.bench.runner import Progress, count_steps, run_workloads
@@ -22,7 +21,7 @@ from pagekv.bench.systems import NATIVE_SYSTEMS, PAGEKV, Workspace, baselines_fo
 from pagekv.bench.targets import evaluate
 from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection
 from pagekv.cli_args import kv_url, milliseconds, positive_int
-from pagekv.kv import KvError
+from pagekv.kv import KvError, redact_url
 
 DEFAULT_KV = "memory://"
 DEFAULT_REPEAT = 5
@@ -114,18 +113,9 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
     return bench
 
 
-def redact(url: str) -> str:
-    """`url` with any password replaced by `***`: the command and URL are printed and saved."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def canonical_command(args: argparse.Namespace, workloads: list[str]) -> str:
     """The command line that repeats this run, every choice spelled out (password redacted)."""
-    parts = ["pagekv", "bench", "--kv", redact(args.kv)]
+    parts = ["pagekv", "bench", "--kv", redact_url(args.kv)]
     if args.latency_ms:
         parts += ["--latency-ms", f"{args.latency_ms:g}"]
     if args.workload:
@@ -160,7 +150,7 @@ def run_bench(args: argparse.Namespace) -> int:
         workloads = [WORKLOADS[n] for n in names]
         machine = Machine.current()
         config = Config(
-            kv=redact(args.kv),
+            kv=redact_url(args.kv),
             latency_ms=args.latency_ms,
             quick=args.quick,
             large=args.large,
@@ -179,7 +169,7 @@ def run_bench(args: argparse.Namespace) -> int:
     machine.load_average_end = Machine.current().load_average_start
     report = BenchReport(
         command=canonical_command(args, names),
-        argv=[redact(a) for a in sys.argv],
+        argv=[redact_url(a) for a in sys.argv],
         started=started_at,
         elapsed_s=time.perf_counter() - started,
         machine=machine,

@@ -53,6 +53,7 @@ from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
+from pagekv.kv.url import redact_url
 
 SCHEMA_VERSION = 1
 """The version of the tables and functions this code reads and writes."""
@@ -230,7 +231,7 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
     """Split a `postgresql://` or `postgres://` URL into the libpq URL and pagekv's options."""
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
-        raise ValueError(f"not a PostgreSQL URL: {url!r}")
+        raise ValueError(f"not a PostgreSQL URL: {redact_url(url)!r}")
     known: dict[str, Any] = {}
     libpq: dict[str, str] = {}
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
@@ -247,12 +248,14 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
                 case _:
                     libpq[name] = value
         except ValueError as e:
-            raise ValueError(f"bad option {name}={value!r} in {url!r}: {e}") from None
+            raise ValueError(f"bad option {name}={value!r} in {redact_url(url)!r}: {e}") from None
     options = PostgresOptions(**known, libpq=libpq)
     if not 0 <= options.pool_min <= options.pool_max or options.pool_max < 1:
-        raise ValueError(f"need 0 <= pool_min <= pool_max and pool_max >= 1 in {url!r}")
+        raise ValueError(f"need 0 <= pool_min <= pool_max and pool_max >= 1 in {redact_url(url)!r}")
     if options.pool_timeout <= 0 or options.statement_timeout_ms < 0:
-        raise ValueError(f"pool_timeout must be > 0 and statement_timeout_ms >= 0 in {url!r}")
+        raise ValueError(
+            f"pool_timeout must be > 0 and statement_timeout_ms >= 0 in {redact_url(url)!r}"
+        )
     base = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq), ""))
     return base, options
 

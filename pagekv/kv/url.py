@@ -6,7 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pagekv.kv.api import KvStore
 from pagekv.kv.file import DEFAULT_LOCK_TIMEOUT, DEFAULT_LOG_BYTES, FileStore
@@ -34,6 +34,17 @@ def open_kv(
     what tools that only read want, rather than an empty store made where a path was mistyped.
     """
     return _opener(url, limits, create)()
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password, if any, replaced by `***`: the one form in which a store URL is
+    printed, logged or put in an error message."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
 
 
 def check_kv_url(url: str) -> None:
@@ -93,7 +104,7 @@ def _opener(url: str, limits: KvLimits | None, create: bool) -> Callable[[], KvS
             return open_postgres
         case _:
             raise ValueError(
-                f"unknown KV URL scheme {parts.scheme!r} in {url!r}; "
+                f"unknown KV URL scheme {parts.scheme!r} in {redact_url(url)!r}; "
                 "use memory://, file:///path or postgresql://user@host:port/db"
             )
 

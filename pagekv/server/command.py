@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from dataclasses import replace
@@ -11,7 +12,7 @@ from typing import Any
 import anyio
 
 from pagekv.cli_args import kv_url, port, positive_int, positive_seconds
-from pagekv.kv import DEFAULT_URL
+from pagekv.kv import DEFAULT_URL, KvError, KvStore, open_kv, redact_url
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
     DEFAULT_INSPECT_MAX_BYTES,
@@ -43,26 +44,51 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, AppNotFound) as e:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 2
+    _configure_logging(args.log_level)
+    shown = redact_url(args.kv)
+    try:
+        store = open_kv(args.kv)
+    except (KvError, OSError, ValueError) as e:
+        reason = " ".join(str(e).split())  # one line: a driver's message may span several
+        print(f"pagekv serve: cannot open the store {shown}: {reason}", file=sys.stderr)
+        return 1
     auth = "unauthenticated" if config.unauthenticated else "token required"
     print(
         f"pagekv serve: {len(registry.definitions)} actor type(s) "
-        f"({', '.join(sorted(registry.definitions))}) on {args.kv}, "
+        f"({', '.join(sorted(registry.definitions))}) on {shown}, "
         f"http://{args.host}:{args.port} ({auth})",
         file=sys.stderr,
         flush=True,
     )
-    options: dict[str, Any] = {
-        "kv": args.kv,
-        "config": config,
-        "host": args.host,
-        "port": args.port,
-        "log_level": args.log_level,
-    }
     try:
-        anyio.run(lambda: serve(registry.definitions.values(), **options))
+        anyio.run(lambda: _run(registry.definitions.values(), store, config, args))
     except KeyboardInterrupt:
         return 130
+    finally:
+        store.close()
     return 0
+
+
+async def _run(actors: Any, store: KvStore, config: ServerConfig, args: argparse.Namespace) -> None:
+    await serve(
+        actors,
+        kv=store,
+        config=config,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+    )
+
+
+def _configure_logging(level: str) -> None:
+    """One format for pagekv's records and uvicorn's (which then adds no handlers of its own):
+    time, level, logger, message, on stderr."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def add_serve_command(commands: Any, summary: str) -> None:
@@ -77,13 +103,21 @@ def add_serve_command(commands: Any, summary: str) -> None:
     )
     serve_cmd.add_argument("app", help="path/to/app.py[:registry]")
     serve_cmd.add_argument(
-        "--kv", default=DEFAULT_URL, type=kv_url, help=f"store URL (default {DEFAULT_URL})"
+        "--kv",
+        default=os.environ.get("PAGEKV_KV", DEFAULT_URL),
+        type=kv_url,
+        help=f"store URL (default $PAGEKV_KV, else {DEFAULT_URL})",
     )
     serve_cmd.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)"
+        "--host",
+        default=os.environ.get("PAGEKV_HOST", "127.0.0.1"),
+        help="address to bind (default $PAGEKV_HOST, else 127.0.0.1)",
     )
     serve_cmd.add_argument(
-        "--port", type=port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
+        "--port",
+        type=port,
+        default=os.environ.get("PAGEKV_PORT", str(DEFAULT_PORT)),
+        help=f"port (default $PAGEKV_PORT, else {DEFAULT_PORT})",
     )
     auth = serve_cmd.add_mutually_exclusive_group()
     auth.add_argument(
@@ -146,6 +180,12 @@ def add_serve_command(commands: Any, summary: str) -> None:
         help="an exact origin browsers may call from (repeatable; default: no CORS)",
     )
     serve_cmd.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="least level logged, pagekv's and the HTTP server's (default info)",
+    )
+    serve_cmd.add_argument(
+        "--access-log", action="store_true", help="log one line per HTTP request"
     )
     serve_cmd.set_defaults(run=_serve)

@@ -28,7 +28,10 @@ def uvicorn_server(
     host: str,
     port: int,
     log_level: str = "info",
+    access_log: bool = False,
 ) -> uvicorn.Server:
+    """The server; logging goes through the standard library's root configuration (uvicorn
+    sets levels only, no handlers or formats of its own)."""
     app = create_app(actors, kv=kv, config=config)
     return uvicorn.Server(
         uvicorn.Config(
@@ -37,7 +40,8 @@ def uvicorn_server(
             port=port,
             lifespan="on",
             log_level=log_level,
-            access_log=False,
+            log_config=None,
+            access_log=access_log,
             timeout_graceful_shutdown=GRACEFUL_S,
             server_header=False,
             http=http_protocol(config.header_timeout_s, config.max_header_bytes),
@@ -54,7 +58,16 @@ async def serve(
     host: str,
     port: int,
     log_level: str = "info",
+    access_log: bool = False,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or the server's `should_exit`)."""
-    server = uvicorn_server(actors, kv=kv, config=config, host=host, port=port, log_level=log_level)
+    server = uvicorn_server(
+        actors,
+        kv=kv,
+        config=config,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=access_log,
+    )
     await server.serve()

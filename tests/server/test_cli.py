@@ -194,3 +194,60 @@ async def test_two_servers_on_one_postgres_store_lose_no_write(postgres_server) 
     # Each call from n = 3 to 20 found the other server's takeover (21 follows 20 on the same
     # server): the servers really took the actor from each other.
     assert takeovers == 18, takeovers
+
+
+def test_serve_on_an_unreachable_store_is_one_line_without_its_password() -> None:
+    """It was a traceback from the app's startup, with the URL's password in the banner."""
+    url = "postgresql://ada:s3cret-pw@127.0.0.1:1/db?connect_timeout=1&pool_timeout=1"
+    result = pagekv("serve", APP, "--unauthenticated", "--port", "0", "--kv", url)
+    assert result.returncode == 1, result.stderr
+    assert "s3cret-pw" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "unreachable" in last and last.startswith("pagekv serve: cannot open the store postgresql://ada:***@127.0.0.1:1/")
+
+
+async def test_serve_takes_its_defaults_from_the_environment_and_logs_with_times(
+    tmp_path: Path,
+) -> None:
+    """`PAGEKV_KV` and `PAGEKV_PORT` set the store and port; pagekv's and uvicorn's records
+    come out with time, level and logger, and a failed action is logged (it was not at all)."""
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "PAGEKV_TOKEN"},
+        "PAGEKV_KV": f"file:{tmp_path}/env-store",
+        "PAGEKV_PORT": "0",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pagekv", "serve", APP, "--unauthenticated", "--access-log"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    assert proc.stderr is not None
+    try:
+        with anyio.fail_after(30):
+            while not any(RUNNING.search(line) for line in lines):
+                lines.append(await anyio.to_thread.run_sync(proc.stderr.readline))
+        url = next(m.group(1) for line in lines if (m := RUNNING.search(line)))
+        async with httpx.AsyncClient(base_url=url) as http:
+            ok = await http.post("/actors/ledger/actions/add?key=k", json={"args": [1]})
+            bad = await http.post("/actors/ledger/actions/fail?key=k", json={"args": ["no"]})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, rest = await anyio.to_thread.run_sync(proc.communicate)
+    log = "".join(lines) + rest
+    assert ok.status_code == 200 and bad.status_code >= 400, (ok.text, bad.text)
+    assert (tmp_path / "env-store").is_dir(), "the store of $PAGEKV_KV"
+    assert f"on file:{tmp_path}/env-store, http://127.0.0.1:0 " in log, "the banner"
+    stamped = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) [\w.]+: ")
+    assert all(stamped.match(line) for line in log.splitlines()[1:] if line.strip()), log
+    assert '"POST /actors/ledger/actions/add?key=k HTTP/1.1" 200' in log, "the access log"
+    assert re.search(r"(WARNING|INFO|ERROR) pagekv\.server: .*fail", log), log
+
+
+def test_python_dash_m_pagekv_is_the_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pagekv", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stdout.startswith("pagekv "), result

@@ -36,7 +36,7 @@ FORMAT_VERSION = 2
 `iteration` entries (version 1 histories read as they are)."""
 
 
-class Kind(enum.Enum):
+class Kind(enum.StrEnum):
     STEP = "step"
     LOOP = "loop"
     SLEEP = "sleep"
@@ -51,7 +51,7 @@ class Kind(enum.Enum):
     at the iteration's own scope location: what a rollback replays that iteration from."""
 
 
-class Status(enum.Enum):
+class Status(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -59,7 +59,7 @@ class Status(enum.Enum):
     EXHAUSTED = "exhausted"
 
 
-class WorkflowState(enum.Enum):
+class WorkflowState(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     SLEEPING = "sleeping"
