@@ -105,7 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in (*_COMMANDS, "demo") else None
     args = build_parser(command).parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:
+        # `pagekv inspect --json | head`: the reader left; say nothing more, as `cat` does.
+        # stdout is pointed at /dev/null so that flushing it at exit cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

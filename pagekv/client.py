@@ -55,6 +55,11 @@ class RemoteError(Exception):
         self.limit = limit
 
 
+class ServerUnreachable(ConnectionError):
+    """The server could not be reached (nothing was sent), or its answer never came (the call
+    may have run: read before you retry a write); names the URL."""
+
+
 def _path(*parts: str) -> str:
     """A URL path of `parts`, each escaped whole: a name with `#`, `%` or `/` in it still
     reaches the server as that name (which then answers for it, e.g. with `ActionNotFound`)."""
@@ -82,7 +87,18 @@ class Client:
     ) -> Any:
         """One request; returns the decoded answer or raises the error it carries."""
         content = encode(body, CBOR) if body is not None else None
-        response = await self._http.request(method, path, params=params, content=content)
+        try:
+            response = await self._http.request(method, path, params=params, content=content)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise ServerUnreachable(
+                f"cannot reach the pagekv server at {self._http.base_url}: {e or type(e).__name__}"
+                "; nothing was sent"
+            ) from e
+        except httpx.TransportError as e:
+            raise ServerUnreachable(
+                f"no answer from the pagekv server at {self._http.base_url} "
+                f"({type(e).__name__}: {e}); the call may have run"
+            ) from e
         media_type = response.headers.get("content-type", "").split(";")[0]
         payload = (
             decode(response.content, media_type)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import time
 from pathlib import Path
 
 from pagekv.cli_args import kv_url, positive_int, positive_seconds
@@ -12,7 +13,7 @@ from pagekv.fuzz.processes import fuzz_processes
 from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.session import FuzzConfig, Runner, fuzz, load_replay
 from pagekv.fuzz.steps import EVENTS, PROCESS_EVENTS, Step, to_json
-from pagekv.kv import KvLimits, open_kv
+from pagekv.kv import KvLimits, open_kv, redact_url
 
 
 def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None:
@@ -55,6 +56,11 @@ def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None
 def _run(args: argparse.Namespace) -> int:
     if args.replay is not None:
         return _replay(args.replay)
+    if args.processes and not args.kv.startswith("file:"):
+        raise SystemExit(
+            "pagekv fuzz: --processes needs a durable store the processes share, a file: one "
+            f"(e.g. --kv file:./.fuzz); got {redact_url(args.kv)}"
+        )
     known = PROCESS_EVENTS if args.processes else EVENTS
     faults = args.faults if args.faults is not None else ",".join(known)
     events = frozenset(e for e in faults.split(",") if e)
@@ -66,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     seconds = args.seconds if args.seconds is not None or args.runs is not None else 60.0
-    print(f"pagekv fuzz: seed {seed}, store {args.kv}", flush=True)
+    print(f"pagekv fuzz: seed {seed}, store {redact_url(args.kv)}", flush=True)
     if args.processes:
         try:
             coverage = fuzz_processes(
@@ -86,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
         events=events,
         max_blob=args.max_blob,
     )
-    coverage, found = fuzz(config, progress=_progress if sys.stderr.isatty() else None)
+    coverage, found = fuzz(config, progress=_Progress(sys.stderr.isatty()))
     if sys.stderr.isatty():
         print(file=sys.stderr)
     if found is None:
@@ -102,7 +108,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _replay(path: Path) -> int:
-    steps, data = load_replay(path)
+    try:
+        steps, data = load_replay(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        raise SystemExit(f"pagekv fuzz: cannot replay {path}: {reason}") from None
     url = data.get("kv", "memory://")
     quota = data.get("max_storage_bytes")
     store = open_kv(url, limits=None if quota is None else KvLimits(max_storage_bytes=quota))
@@ -126,15 +136,27 @@ def _print_steps(steps: list[Step]) -> None:
         print(f"  {n:3d} {to_json(step)}", file=sys.stderr)
 
 
-def _progress(coverage: Coverage) -> None:
-    print(
-        f"\r  runs {coverage.runs}, steps {coverage.steps}, commits {coverage.commits}, "
-        f"faults {sum(coverage.faults.values())}, takeovers {coverage.takeovers}, "
-        f"crashes {coverage.crashes}",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
+class _Progress:
+    """Coverage so far on stderr: rewritten in place on a terminal, else one line every
+    `EVERY_S` seconds (a log or a pipe gets a few lines, not one per run)."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, terminal: bool) -> None:
+        self.terminal = terminal
+        self.last = time.monotonic()
+
+    def __call__(self, coverage: Coverage) -> None:
+        line = (
+            f"runs {coverage.runs}, steps {coverage.steps}, commits {coverage.commits}, "
+            f"faults {sum(coverage.faults.values())}, takeovers {coverage.takeovers}, "
+            f"crashes {coverage.crashes}"
+        )
+        if self.terminal:
+            print(f"\r  {line}", end="", file=sys.stderr, flush=True)
+        elif time.monotonic() - self.last >= self.EVERY_S:
+            self.last = time.monotonic()
+            print(f"pagekv fuzz: {line}", file=sys.stderr, flush=True)
 
 
 def _report(c: Coverage) -> None:

@@ -1,0 +1,71 @@
+"""Mistakes a user makes on the command line get one line saying what is wrong, never a
+traceback; and the HTTP client says which server it could not reach."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from pagekv.actor import ActorContext, Registry, actor
+from pagekv.client import Client, ServerUnreachable
+
+
+def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pagekv", *args], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["fuzz", "--processes", "--seconds", "1"], "--processes needs a durable store"),
+        (["fuzz", "--replay", "missing.json"], "cannot replay missing.json: No such file"),
+        (["fuzz", "--replay", "bad.json"], "cannot replay bad.json: "),
+    ],
+    ids=["fuzz-processes-memory", "replay-missing", "replay-malformed"],
+)
+def test_a_mistake_is_one_line_not_a_traceback(tmp_path: Path, args: list[str], says: str) -> None:
+    (tmp_path / "bad.json").write_text('{"steps": 3}')
+    result = _pagekv(*args, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pagekv fuzz: ") and says in lines[0], lines
+
+
+def test_inspect_into_a_pipe_closed_early_ends_quietly(tmp_path: Path) -> None:
+    """`pagekv inspect --json | head -c 5` printed a BrokenPipeError traceback (an answer past
+    the pipe's buffer: a 1 MiB state)."""
+    store = f"file:{tmp_path}/store"
+    big = actor("big", state={"blob": "x" * (1 << 20)})
+
+    @big.action
+    async def touch(ctx: ActorContext) -> None:
+        return None
+
+    async def create() -> None:
+        async with Registry([big], kv=store).run() as client:
+            await client.get_or_create("big", "k").touch()
+
+    anyio.run(create)
+    script = f"{sys.executable} -m pagekv inspect --kv {store} big/k --json | head -c 5"
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert len(result.stdout) == 5, result.stdout
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
+@pytest.mark.anyio
+async def test_the_client_names_the_server_it_cannot_reach() -> None:
+    async with Client("http://127.0.0.1:1") as client:
+        with pytest.raises(ServerUnreachable, match=r"http://127\.0\.0\.1:1.*nothing was sent"):
+            await client.get("counter", "k").increment(1)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
