@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
@@ -17,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from pagekv.actor import ActorDefinition, Registry
@@ -28,7 +29,7 @@ from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
-from pagekv.server.metrics import KvMeter, MeteredStore, render
+from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
 
@@ -43,14 +44,14 @@ async def health(request: Request) -> Response:
     return answer(request, {"status": "stopped"}, status=503)
 
 
-async def metrics(request: Request) -> Response:
+async def metrics(exposition: Exposition, request: Request) -> Response:
     rt = runtime(request)
     instances = rt.registry.live()
     storage = await anyio.to_thread.run_sync(
         lambda: [i.ctx.db.database.metrics() for i in instances]
     )
-    text = render(rt.registry.metrics(), rt.meter, rt.latency, storage)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    reading = Reading(rt.registry.metrics(), rt.meter, rt.latency, storage)
+    return Response(exposition.render(reading), media_type=CONTENT_TYPE)
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
@@ -108,7 +109,8 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            # an Exposition per app: apps in one process share no metric
+            Route("/metrics", partial(metrics, Exposition()), methods=["GET"]),
             *gateway.ROUTES,
             *inspector.ROUTES,
         ],

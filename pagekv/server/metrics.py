@@ -1,9 +1,11 @@
 """`/metrics` in the Prometheus text format, and the meters behind it.
 
-A small renderer of our own counters rather than `prometheus_client`: the runtime already keeps
-its counters (`Registry.metrics`, `Database.metrics`), the exposition format is a few lines of
-text, and a process-global collector registry would only get in the way of several servers in
-one process (as the tests run them).
+The runtime keeps its own counters (`Registry.metrics`, `Database.metrics`, the meters below);
+`/metrics` turns them into `prometheus_client` metric families at each scrape, through a collector
+in a `CollectorRegistry` of the app's own (never `prometheus_client.REGISTRY`, the process-global
+one: several apps in one process, as the tests run them, share no metric), and writes them with
+`prometheus_client`'s exposition, so every value and bucket bound is exact (a counter of 1,234,567
+is `1.234567e+06`, the 1 MiB bucket `le="1.048576e+06"`).
 
 What is measured where:
 - actor counts, wakes, sleeps, takeovers, actions: the registry's counters;
@@ -19,9 +21,19 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import ActorKv, KvStore
@@ -102,54 +114,6 @@ class MeteredStore:
         self.inner.close()
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(names: Sequence[str], values: Iterable[str], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-class Exposition:
-    """Builds one `/metrics` answer."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def _head(self, name: str, kind: str, help: str) -> None:
-        self.lines += [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
-
-    def metric(self, name: str, kind: str, help: str, value: float) -> None:
-        self._head(name, kind, help)
-        self.lines.append(f"{name} {value:g}")
-
-    def labelled(
-        self, name: str, kind: str, help: str, label: str, values: Mapping[str, float]
-    ) -> None:
-        self._head(name, kind, help)
-        for key, value in sorted(values.items()):
-            self.lines.append(f"{name}{_labels([label], [key])} {value:g}")
-
-    def histogram(
-        self, name: str, help: str, label_names: Sequence[str], histogram: Histogram
-    ) -> None:
-        self._head(name, "histogram", help)
-        for labels, counts, total in sorted(histogram.samples()):
-            for bound, count in zip(histogram.buckets, counts, strict=False):
-                le = _labels(label_names, labels, f'le="{bound:g}"')
-                self.lines.append(f"{name}_bucket{le} {count}")
-            inf = _labels(label_names, labels, 'le="+Inf"')
-            self.lines.append(f"{name}_bucket{inf} {counts[-1]}")
-            self.lines.append(f"{name}_sum{_labels(label_names, labels)} {total:g}")
-            self.lines.append(f"{name}_count{_labels(label_names, labels)} {counts[-1]}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 _REGISTRY_COUNTERS = {
     "wakes": "Actor wakes (every wake is a takeover of the actor's namespace).",
     "sleeps": "Actors put to sleep.",
@@ -159,56 +123,125 @@ _REGISTRY_COUNTERS = {
     "actions": "Actions run (gateway calls and schedules).",
     "housekeeping_errors": "Rounds of the registry's background loop that failed (retried).",
 }
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+"""The content type of a `/metrics` answer: `prometheus_client`'s text format."""
 
 
-def render(
-    registry_metrics: Mapping[str, float],
-    meter: KvMeter,
-    latency: Histogram,
-    live_storage: Sequence[Mapping[str, object]],
-) -> str:
-    """The exposition text. `live_storage` holds `Database.metrics()` of every awake actor."""
-    out = Exposition()
-    out.metric(
-        "pagekv_actors_live", "gauge", "Actors awake in this process.", registry_metrics["live"]
+@dataclass(frozen=True)
+class Reading:
+    """What one scrape reads: `Registry.metrics()` (read on the event loop, which changes those
+    counters), the app's meters, and `Database.metrics()` of every awake actor (read on a worker
+    thread, since each takes its page store's lock)."""
+
+    registry: Mapping[str, float]
+    meter: KvMeter
+    latency: Histogram
+    live_storage: Sequence[Mapping[str, object]]
+
+
+def _labelled(
+    family: CounterMetricFamily | GaugeMetricFamily, values: Mapping[str, float]
+) -> CounterMetricFamily | GaugeMetricFamily:
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
+
+
+def _histogram(
+    name: str, help: str, label_names: Sequence[str], histogram: Histogram
+) -> HistogramMetricFamily:
+    """`histogram` as a family; its counts are cumulative already (see `Histogram.observe`)."""
+    family = HistogramMetricFamily(name, help, labels=label_names)
+    bounds = [floatToGoString(bound) for bound in histogram.buckets] + ["+Inf"]
+    for labels, counts, total in sorted(histogram.samples()):
+        family.add_metric(list(labels), list(zip(bounds, counts, strict=True)), total)
+    return family
+
+
+def families(reading: Reading) -> Iterator[Metric]:
+    """The metric families of one reading, in the order of the exposition."""
+    registry = reading.registry
+    yield GaugeMetricFamily(
+        "pagekv_actors_live", "Actors awake in this process.", value=registry["live"]
     )
     for key, help in _REGISTRY_COUNTERS.items():
-        out.metric(f"pagekv_{key}_total", "counter", help, registry_metrics.get(key, 0))
+        yield CounterMetricFamily(f"pagekv_{key}_total", help, value=registry.get(key, 0))
     phases = {
         key.removesuffix("_ms_total"): value
-        for key, value in registry_metrics.items()
+        for key, value in registry.items()
         if key.endswith("_ms_total")
     }
-    out.labelled(
-        "pagekv_wake_phase_milliseconds_total",
-        "counter",
-        "Time spent in each phase of waking actors.",
-        "phase",
+    yield _labelled(
+        CounterMetricFamily(
+            "pagekv_wake_phase_milliseconds_total",
+            "Time spent in each phase of waking actors.",
+            labels=["phase"],
+        ),
         phases,
     )
-    out.histogram(
+    yield _histogram(
         "pagekv_action_duration_seconds",
         "Latency of actions called through the gateway.",
         ("actor", "action"),
-        latency,
+        reading.latency,
     )
-    out.labelled(
-        "pagekv_kv_round_trips_total",
-        "counter",
-        "KV requests made by the actors and the registry, by operation.",
-        "op",
-        meter.snapshot(),
+    yield _labelled(
+        CounterMetricFamily(
+            "pagekv_kv_round_trips_total",
+            "KV requests made by the actors and the registry, by operation.",
+            labels=["op"],
+        ),
+        reading.meter.snapshot(),
     )
-    out.histogram(
+    yield _histogram(
         "pagekv_commit_bytes",
         "Size of each KV write batch to an actor's namespace (one per small commit).",
         (),
-        meter.commit_bytes,
+        reading.meter.commit_bytes,
     )
-    hits = sum(cast(int, m["cache_hits"]) for m in live_storage)
-    misses = sum(cast(int, m["cache_misses"]) for m in live_storage)
-    out.metric("pagekv_vfs_cache_hits", "gauge", "Page-cache hits of awake actors.", hits)
-    out.metric("pagekv_vfs_cache_misses", "gauge", "Page-cache misses of awake actors.", misses)
+    hits = sum(cast(int, m["cache_hits"]) for m in reading.live_storage)
+    misses = sum(cast(int, m["cache_misses"]) for m in reading.live_storage)
+    yield GaugeMetricFamily("pagekv_vfs_cache_hits", "Page-cache hits of awake actors.", hits)
+    yield GaugeMetricFamily("pagekv_vfs_cache_misses", "Page-cache misses of awake actors.", misses)
     ratio = hits / (hits + misses) if hits + misses else 0.0
-    out.metric("pagekv_vfs_cache_hit_ratio", "gauge", "Page-cache hit rate of awake actors.", ratio)
-    return out.text()
+    yield GaugeMetricFamily(
+        "pagekv_vfs_cache_hit_ratio", "Page-cache hit rate of awake actors.", ratio
+    )
+
+
+_NOTHING_YET = Reading({"live": 0}, KvMeter(), Histogram(LATENCY_BUCKETS_S), ())
+
+
+class RuntimeCollector:
+    """A `prometheus_client` collector over the runtime's own counters: each `collect()` turns
+    the reading of the scrape under way (`Exposition.render`) into metric families."""
+
+    def __init__(self) -> None:
+        self.reading: Reading | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        """The families, without samples (what `CollectorRegistry.register` checks names on)."""
+        return families(_NOTHING_YET)
+
+    def collect(self) -> Iterator[Metric]:
+        assert self.reading is not None, "collected outside Exposition.render"
+        return families(self.reading)
+
+
+class Exposition:
+    """The `/metrics` answers of one app, from a `CollectorRegistry` of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._collector = RuntimeCollector()
+        self.registry.register(self._collector)
+        self._lock = threading.Lock()
+
+    def render(self, reading: Reading) -> bytes:
+        """The exposition text (UTF-8) of `reading`."""
+        with self._lock:
+            self._collector.reading = reading
+            try:
+                return generate_latest(self.registry)
+            finally:
+                self._collector.reading = None

@@ -139,8 +139,8 @@ async def test_serve_inspect_beside_it_and_stop_cleanly(tmp_path: Path) -> None:
             headers = {"authorization": f"Bearer {TOKEN}"}
             async with httpx.AsyncClient(base_url=url, headers=headers) as http:
                 metrics = (await http.get("/metrics")).text
-        assert "pagekv_wakes_total 1\n" in metrics
-        assert "pagekv_takeovers_total 0\n" in metrics
+        assert "pagekv_wakes_total 1.0\n" in metrics
+        assert "pagekv_takeovers_total 0.0\n" in metrics
         code = await server.stop()
     assert code in (0, -signal.SIGTERM), "".join(server.log)
     assert "Application shutdown complete" in "".join(server.log)
@@ -187,7 +187,7 @@ async def test_two_servers_on_one_postgres_store_lose_no_write(postgres_server) 
         for url in urls:
             async with httpx.AsyncClient(base_url=url, headers=headers) as http:
                 metrics = (await http.get("/metrics")).text
-            found = re.search(r"^pagekv_takeovers_total (\d+)$", metrics, re.MULTILINE)
+            found = re.search(r"^pagekv_takeovers_total (\d+)\.0$", metrics, re.MULTILINE)
             assert found, metrics
             takeovers += int(found[1])
     assert final["rows"] == [*acknowledged, 21] and final["count"] == 21
@@ -204,7 +204,9 @@ def test_serve_on_an_unreachable_store_is_one_line_without_its_password() -> Non
     assert "s3cret-pw" not in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert "unreachable" in last and last.startswith("pagekv serve: cannot open the store postgresql://ada:***@127.0.0.1:1/")
+    assert "unreachable" in last and last.startswith(
+        "pagekv serve: cannot open the store postgresql://ada:***@127.0.0.1:1/"
+    )
 
 
 async def test_serve_takes_its_defaults_from_the_environment_and_logs_with_times(

@@ -459,8 +459,8 @@ async def test_sleep_and_wake_through_http(served: Served, eventually) -> None:
         await eventually(asleep, what="the actor to fall asleep")
         assert await handle.bump() == 2  # woken, with its state
         metrics = (await http.get("/metrics")).text
-    assert "pagekv_wakes_total 2\n" in metrics
-    assert re.search(r"^pagekv_sleeps_total [12]$", metrics, re.MULTILINE)
+    assert "pagekv_wakes_total 2.0\n" in metrics
+    assert re.search(r"^pagekv_sleeps_total [12]\.0$", metrics, re.MULTILINE)
 
 
 async def test_schedules_fire_while_serving(served: Served, eventually) -> None:

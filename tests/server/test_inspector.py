@@ -198,15 +198,19 @@ async def test_prometheus_metrics(served: Served) -> None:
     async with served.client() as client:
         await client.get_or_create("ledger", "k").read()
     text = await get_text(served, "/metrics")
-    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
-    assert lines["pagekv_actors_live"] == "1"
-    assert lines["pagekv_actions_total"] == "5"
-    assert lines['pagekv_action_duration_seconds_count{actor="ledger",action="add"}'] == "4"
+    lines = {
+        name: float(value)
+        for name, value in (line.rsplit(" ", 1) for line in text.splitlines())
+        if not name.startswith("#")
+    }
+    assert lines["pagekv_actors_live"] == 1
+    assert lines["pagekv_actions_total"] == 5
+    assert lines['pagekv_action_duration_seconds_count{action="add",actor="ledger"}'] == 4
     assert (
-        lines['pagekv_action_duration_seconds_bucket{actor="ledger",action="add",le="+Inf"}'] == "4"
+        lines['pagekv_action_duration_seconds_bucket{action="add",actor="ledger",le="+Inf"}'] == 4
     )
-    assert int(lines['pagekv_kv_round_trips_total{op="write"}']) >= 4
-    assert int(lines["pagekv_commit_bytes_count"]) >= 4
+    assert lines['pagekv_kv_round_trips_total{op="write"}'] >= 4
+    assert lines["pagekv_commit_bytes_count"] >= 4
     assert float(lines["pagekv_commit_bytes_sum"]) > 0
     assert 0 <= float(lines["pagekv_vfs_cache_hit_ratio"]) <= 1
     assert "# TYPE pagekv_action_duration_seconds histogram" in text
