@@ -56,7 +56,8 @@ ACTOR_KV_METHODS: tuple[str, ...] = tuple(n for n in vars(ActorKv) if not n.star
 
 
 class KvStore(Protocol):
-    """A store of many actors' namespaces."""
+    """A store of many actors' namespaces. The stores `open_kv` opens are context managers too
+    (`with open_kv(url) as store:` closes it); the contract needs only `close`."""
 
     def namespace(self, actor_id: str) -> ActorKv: ...
 

@@ -628,6 +628,12 @@ class FileStore:
             self._db.close()
             self._log.close()
 
+    def __enter__(self) -> FileStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def _describe(error: apsw.Error, directory: Path) -> str:
     """SQLite's error, and who holds the base's lock when it waited for it in vain."""

@@ -143,3 +143,9 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release; the data lives as long as the store object."""
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

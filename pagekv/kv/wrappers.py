@@ -356,3 +356,9 @@ class FaultyStore:
 
     def close(self) -> None:
         self.inner.close()
+
+    def __enter__(self) -> FaultyStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
