@@ -2,7 +2,7 @@
 
 The pieces: `workloads` (one definition per workload, also used by the pytest-benchmark suite in
 `benchmarks/`), `systems` (pagekv and the native baselines matched in durability), `runner`
-(interleaved samples and their summaries), `targets` (the issue-4 targets), `report` (text and
+(interleaved samples and their summaries), `targets` (the performance targets), `report` (text and
 JSON), `command` (the argparse definition).
 """
 

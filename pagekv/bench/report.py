@@ -12,11 +12,13 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import apsw
 
@@ -177,10 +179,25 @@ _HEADERS = (
     "py peak",
     "sqlite peak",
 )
+DROP_ORDER: tuple[tuple[str, ...], ...] = (
+    ("IQR",),
+    ("py peak", "sqlite peak"),
+    ("WA+comp",),
+    ("spread: min..max",),
+    ("rate",),
+    ("WA",),
+    ("KV rd/op",),
+    ("KV wr/op",),
+)
+"""Columns left out, least important first, until the tables fit the terminal (system, median,
+pagekv speed and round trips always stay; rate is the median restated)."""
+
+Row = tuple[str, ...]
 
 
-def workload_table(result: WorkloadResult, repeat: int) -> str:
-    rows: list[tuple[str, ...]] = []
+def _rows(result: WorkloadResult) -> list[Row]:
+    """One row per system: every column of `_HEADERS`, or (label, "skipped: why")."""
+    rows: list[Row] = []
     ratio = {r.baseline: r for r in result.ratios}
     for system in result.systems:
         s = system.summary
@@ -211,49 +228,106 @@ def workload_table(result: WorkloadResult, repeat: int) -> str:
                 fmt_bytes(mem.sqlite_peak_bytes) if mem else "-",
             )
         )
+    return rows
+
+
+def _grid(rows: Sequence[Row], hidden: Collection[str]) -> tuple[list[int], list[str]]:
+    """The kept columns' widths and the table's lines (header first; skipped rows excluded)."""
+    keep = [i for i, h in enumerate(_HEADERS) if h not in hidden]
     full = [r for r in rows if len(r) == len(_HEADERS)]
-    widths = [max(len(h), *(len(r[i]) for r in full)) for i, h in enumerate(_HEADERS)]
-    lines = [
-        f"{result.name} — {result.title}; per {result.unit}, {repeat} interleaved repetitions",
-        "  "
-        + "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w)
-            for i, (h, w) in enumerate(zip(_HEADERS, widths, strict=True))
-        ),
-    ]
+    widths = {i: max(len(_HEADERS[i]), *(len(r[i]) for r in full)) for i in keep}
+
+    def line(cells: Row) -> str:
+        return "  " + "  ".join(
+            cells[i].ljust(widths[i]) if i == 0 else cells[i].rjust(widths[i]) for i in keep
+        )
+
+    return [widths[i] for i in keep], [line(_HEADERS), *(line(r) for r in full)]
+
+
+def _wrap(text: str, width: int | None, indent: str = "", hang: str | None = None) -> list[str]:
+    """`text` after `indent`, as lines of at most `width` (None: one line); continuation lines
+    start with `hang` (default: `indent` and two spaces). Words are never broken, so a long path
+    stays whole (and may overflow)."""
+    if width is None or len(indent) + len(text) <= width:
+        return [indent + text]
+    return textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + "  " if hang is None else hang,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def workload_table(
+    result: WorkloadResult,
+    repeat: int,
+    *,
+    hidden: Collection[str] = (),
+    width: int | None = None,
+) -> str:
+    """One workload's table without the columns named in `hidden`; its title, skipped rows and
+    round-trip line wrap to `width` (None: no limit)."""
+    rows = _rows(result)
+    widths, grid = _grid(rows, hidden)
+    lines = _wrap(
+        f"{result.name} — {result.title}; per {result.unit}, {repeat} interleaved "
+        f"repetition{'s' if repeat != 1 else ''}",
+        width,
+    )
+    lines.append(grid[0])
+    table_rows = iter(grid[1:])
     for row in rows:
         if len(row) != len(_HEADERS):
-            lines.append(f"  {row[0].ljust(widths[0])}  {row[1]}")
+            prefix = f"  {row[0].ljust(widths[0])}  "
+            lines += _wrap(row[1], width, prefix, " " * len(prefix))
             continue
-        lines.append(
-            "  "
-            + "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+        lines.append(next(table_rows))
     pagekv = result.system("pagekv")
     if pagekv and pagekv.summary and pagekv.summary.round_trips_by_op:
         by_op = ", ".join(f"{op} {n:.3g}" for op, n in pagekv.summary.round_trips_by_op.items())
-        extra = f"  pagekv round trips per {result.unit}: {by_op}"
+        extra = f"pagekv round trips per {result.unit}: {by_op}"
         if pagekv.summary.compactions_per_sample:
             extra += f"; compactions per sample: {pagekv.summary.compactions_per_sample:g}"
-        lines.append(extra)
+        lines += _wrap(extra, width, "  ")
     return "\n".join(lines)
 
 
-def targets_table(targets: Sequence[TargetResult]) -> str:
+def hidden_columns(workloads: Sequence[WorkloadResult], width: int | None) -> list[str]:
+    """The columns to leave out so that every workload table fits in `width` (None: none), the
+    same for every table, least important first (`DROP_ORDER`)."""
+    if width is None:
+        return []
+    tables = [_rows(w) for w in workloads]
+    hidden: list[str] = []
+    for group in ((), *DROP_ORDER):
+        hidden += group
+        if all(len(line) <= width for rows in tables for line in _grid(rows, hidden)[1]):
+            break
+    return hidden
+
+
+def targets_table(targets: Sequence[TargetResult], width: int | None = None) -> str:
+    """One line per target; when that line is wider than `width`, the target's name stands on
+    its own line and the criterion, measurement and note wrap below it."""
     mark = {MET: "met", MISSED: "MISSED"}
-    width = max(len(t.target) for t in targets)
-    lines = ["Targets (issue 4)"]
+    name_width = max(len(t.target) for t in targets)
+    lines = ["Targets"]
     for t in targets:
-        status = mark.get(t.status, t.status)
-        line = f"  [{status:^12}] {t.target.ljust(width)}  {t.criterion}"
+        status = f"  [{mark.get(t.status, t.status):^12}] "
+        text = t.criterion
         if t.measured:
-            line += f": {t.measured}"
+            text += f": {t.measured}"
         if t.note:
-            line += f"  ({t.note})"
-        lines.append(line)
+            text += f"  ({t.note})"
+        line = f"{status}{t.target.ljust(name_width)}  {text}"
+        if width is None or len(line) <= width:
+            lines.append(line)
+            continue
+        lines.append(status + t.target)
+        lines += _wrap(text, width, " " * len(status), " " * len(status))
     return "\n".join(lines)
 
 
@@ -276,14 +350,39 @@ def header(report: BenchReport) -> str:
     )
 
 
-def render(report: BenchReport) -> str:
-    parts = [header(report)]
-    parts += [workload_table(w, report.config.repeat) for w in report.workloads]
-    parts.append(targets_table(report.targets))
+def render(report: BenchReport, width: int | None = None) -> str:
+    """The text report. With a `width`, the tables leave out their least important columns until
+    they fit (the header says which) and the text wraps; None (a file or a pipe): everything."""
+    hidden = hidden_columns(report.workloads, width)
+    head = [line for raw in header(report).splitlines() for line in _wrap_line(raw, width)]
+    if hidden:
+        head += _wrap(
+            f"columns left out to fit {width} columns: {', '.join(hidden)} "
+            "(--json has every figure)",
+            width,
+            "  ",
+        )
+    parts = ["\n".join(head)]
+    parts += [
+        workload_table(w, report.config.repeat, hidden=hidden, width=width)
+        for w in report.workloads
+    ]
+    parts.append(targets_table(report.targets, width))
     parts.append(f"total {report.elapsed_s:.1f} s")
     return "\n\n".join(parts) + "\n"
 
 
+def _wrap_line(line: str, width: int | None) -> list[str]:
+    stripped = line.lstrip(" ")
+    return _wrap(stripped, width, line[: len(line) - len(stripped)])
+
+
+def terminal_width(stream: TextIO) -> int | None:
+    """The width to fit the report to: the terminal's, or None when `stream` is not a terminal
+    (a file or a pipe has no width; it gets every column)."""
+    return shutil.get_terminal_size().columns if stream.isatty() else None
+
+
 def print_report(report: BenchReport) -> None:
-    sys.stdout.write(render(report))
+    sys.stdout.write(render(report, terminal_width(sys.stdout)))
     sys.stdout.flush()

@@ -30,7 +30,7 @@ PAGE_ROW_BYTES = 4000
 
 @dataclass(frozen=True)
 class Sizes:
-    """How big each workload is. `full()` is the issue's definition; `quick()` shrinks the slow
+    """How big each workload is. `full()` is the size the targets are set for; `quick()` shrinks the slow
     ones so a whole run on `memory://` fits in about a minute on a 2-core machine."""
 
     commits_1: int = 2000
