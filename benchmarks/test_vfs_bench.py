@@ -9,7 +9,8 @@ Environment (all optional):
 - `PAGEKV_BENCH_KV`: store URL (default `memory://`); `file:///dir` compares with native
   DELETE+FULL and WAL+FULL in that directory;
 - `PAGEKV_BENCH_LATENCY_MS`: simulated latency per KV round trip (default 0);
-- `PAGEKV_BENCH_SIZES`: `quick` (default) or `full` (the sizes the targets are set for: 50 MiB scan, 100 MiB wake);
+- `PAGEKV_BENCH_SIZES`: `quick` (default) or `full` (the sizes the targets are set for: 50 MiB
+  scan, 100 MiB wake);
 - `PAGEKV_BENCH_ROUNDS`: timed rounds per benchmark (default 5).
 
 For pagekv, `extra_info` holds the KV round trips and bytes of the last round, per operation.

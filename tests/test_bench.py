@@ -496,3 +496,15 @@ def test_passwords_in_the_store_url_are_not_printed_or_saved() -> None:
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
     assert redact_url("file:./store") == "file:./store"
     assert redact_url("postgresql://u:p%40ss@h/db") == "postgresql://u:***@h/db"
+
+
+def test_json_alone_prints_the_document_as_every_commands_json_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--json` took a file name only; `inspect --json` prints: now both print the document."""
+    code = main(["bench", "--quick", "--workload", "commit-1", "--json", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["command"].endswith("--json")
+    assert [w["name"] for w in doc["workloads"]] == ["commit-1"]

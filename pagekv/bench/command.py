@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 import time
@@ -114,7 +115,15 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
         metavar="N",
         help=f"repetitions per workload (default {DEFAULT_REPEAT}, {QUICK_REPEAT} with --quick)",
     )
-    bench.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    bench.add_argument(
+        "--json",
+        nargs="?",
+        const=_STDOUT,
+        type=Path,
+        metavar="FILE",
+        help="print the figures as one JSON document instead of the text report (as every "
+        "command's --json does), or with FILE write it there beside the report",
+    )
     bench.add_argument(
         "--no-progress",
         action="store_true",
@@ -125,6 +134,10 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
     )
     bench.set_defaults(run=run_bench, bench_parser=bench)
     return bench
+
+
+_STDOUT = Path("-")
+"""`--json` without a file: the document goes to stdout."""
 
 
 def canonical_command(args: argparse.Namespace, workloads: list[str]) -> str:
@@ -142,7 +155,9 @@ def canonical_command(args: argparse.Namespace, workloads: list[str]) -> str:
         parts.append("--large")
     if args.repeat is not None:
         parts += ["--repeat", str(args.repeat)]
-    if args.json is not None:
+    if args.json == _STDOUT:
+        parts += ["--json"]
+    elif args.json is not None:
         parts += ["--json", str(args.json)]
     return shlex.join(parts)
 
@@ -150,7 +165,7 @@ def canonical_command(args: argparse.Namespace, workloads: list[str]) -> str:
 def run_bench(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.bench_parser
     names = list(dict.fromkeys(args.workload or default_selection(large=args.large)))
-    if args.json is not None and not args.json.parent.is_dir():
+    if args.json not in (None, _STDOUT) and not args.json.parent.is_dir():
         parser.error(f"--json: directory {str(args.json.parent)!r} does not exist")
     repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
     sizes = (Sizes.quick() if args.quick else Sizes.full()).for_latency(args.latency_ms)
@@ -195,6 +210,9 @@ def run_bench(args: argparse.Namespace) -> int:
         workloads=results,
         targets=evaluate(results, args.kv, args.latency_ms, sizes),
     )
+    if args.json == _STDOUT:
+        print(json.dumps(report.to_json(), indent=1, ensure_ascii=False))
+        return 0
     print_report(report)
     if args.json is not None:
         write_json(report, args.json)

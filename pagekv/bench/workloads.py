@@ -30,8 +30,8 @@ PAGE_ROW_BYTES = 4000
 
 @dataclass(frozen=True)
 class Sizes:
-    """How big each workload is. `full()` is the size the targets are set for; `quick()` shrinks the slow
-    ones so a whole run on `memory://` fits in about a minute on a 2-core machine."""
+    """How big each workload is. `full()` is the size the targets are set for; `quick()` shrinks
+    the slow ones so a whole run on `memory://` fits in about a minute on a 2-core machine."""
 
     commits_1: int = 2000
     commits_100: int = 100
