@@ -12,6 +12,7 @@ from pagekv.actor.errors import (
     InvalidArguments,
     ReservedName,
     UnknownActor,
+    UserError,
 )
 from pagekv.actor.registry import ActorHandle, Client, Registry, actor_id
 
@@ -30,6 +31,7 @@ __all__ = [
     "Registry",
     "ReservedName",
     "UnknownActor",
+    "UserError",
     "actor",
     "actor_id",
 ]

@@ -6,9 +6,12 @@ import copy
 import functools
 import inspect
 import re
+import reprlib
+import types
+import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, Union
 
 from pagekv.actor.errors import ActionNotFound, InvalidArguments
 
@@ -63,14 +66,15 @@ class ActorDefinition:
 
     def resolve(self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hook:
         """The action to call with `args` and `kwargs` (after `ctx`): `ActionNotFound` if there
-        is none, `InvalidArguments` if they do not bind to its signature. Callers check this
-        before they wake or create the actor, so a call that cannot run changes nothing."""
+        is none, `InvalidArguments` if they do not bind to its signature or a value does not
+        fit its parameter's annotation (see `action`). Callers check this before they wake
+        or create the actor, so a call that cannot run changes nothing."""
         fn = self.actions.get(action)
         if fn is None:
             raise ActionNotFound(f"actor {self.name!r} has no action {action!r}")
         signature = _signature(fn)
         try:
-            signature.bind(None, *args, **kwargs)
+            bound = signature.bind(None, *args, **kwargs)
         except TypeError as e:
             params = list(signature.parameters.values())[1:]  # without ctx
             shown = signature.replace(
@@ -80,12 +84,32 @@ class ActorDefinition:
             raise InvalidArguments(
                 f"action {action!r} of actor {self.name!r} takes {shown}: {e}"
             ) from None
+        checks = _argument_checks(fn)
+        if checks:
+            for name, value in bound.arguments.items():
+                check = checks.get(name)
+                if check is not None:
+                    problem = check.problem(name, value)
+                    if problem is not None:
+                        raise InvalidArguments(
+                            f"action {action!r} of actor {self.name!r}: {problem}"
+                        )
         return fn
 
     def action(self, fn: F) -> F:
-        """Register `async def name(ctx, *args)` as an action callable by clients."""
+        """Register `async def name(ctx, *args)` as an action callable by clients.
+
+        The annotations of its parameters after `ctx` are checked on every call, before the
+        actor is woken: a value that does not fit is an `InvalidArguments` (a 400 over HTTP).
+        Checked are `int` (not a `bool`), `float` (an `int` too), `str`, `bool`, `bytes`,
+        `None`, `list` and `dict` (plain or parameterised: `list[int]`, `dict[str, int]`),
+        `Literal[...]`, and unions of these (`int | None`, `Optional[str]`); `*args: T` and
+        `**kwargs: T` check each value. `Any`, an unannotated parameter, and any other
+        annotation (a dataclass, a `TypedDict`, a name that cannot be resolved when the
+        action is defined) are not checked."""
         if fn.__name__ in self.actions:
             raise ValueError(f"actor {self.name!r} already has an action {fn.__name__!r}")
+        _argument_checks(fn)  # the annotations are read once, now
         self.actions[fn.__name__] = fn
         return fn
 
@@ -115,6 +139,209 @@ class ActorDefinition:
 def _signature(fn: Hook) -> inspect.Signature:
     """`inspect.signature` of an action, once: it costs more than the binding it serves."""
     return inspect.signature(fn)
+
+
+Mismatch = tuple[str, str]
+"""Where in a value it does not fit its annotation (`""` for the value itself, else a path
+like `[2]['a']`), and what was found there."""
+Check = Callable[[Any], Mismatch | None]
+
+
+@dataclass(frozen=True)
+class _ArgumentCheck:
+    expected: str
+    """The annotation as shown in an error (`list[int]`, `int | None`)."""
+    check: Check
+    kind: inspect._ParameterKind
+
+    def problem(self, name: str, value: Any) -> str | None:
+        """What is wrong with the bound `value` of parameter `name`, or None if it fits."""
+        if self.kind is inspect.Parameter.VAR_POSITIONAL:
+            items: Any = ((f"{name}[{i}]", v) for i, v in enumerate(value))
+        elif self.kind is inspect.Parameter.VAR_KEYWORD:
+            items = value.items()
+        else:
+            items = ((name, value),)
+        for shown, item in items:
+            mismatch = self.check(item)
+            if mismatch is not None:
+                path, given = mismatch
+                if not path:
+                    return f"argument {shown!r} must be {self.expected}, got {given}"
+                return f"argument {shown!r} must be {self.expected}, but {shown}{path} is {given}"
+        return None
+
+
+@functools.cache
+def _argument_checks(fn: Hook) -> dict[str, _ArgumentCheck]:
+    """The checks of an action's annotated parameters (after `ctx`), by name, made once."""
+    params = list(_signature(fn).parameters.values())
+    if not params or params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return {}  # ctx arrives in *args: nothing tells the arguments apart from it
+    hints = _type_hints(fn)
+    checks: dict[str, _ArgumentCheck] = {}
+    for param in params[1:]:
+        if param.name not in hints:
+            continue
+        annotation = hints[param.name]
+        try:
+            check = _compile(annotation)
+        except Exception:  # an annotation too odd to take apart: not checked
+            check = None
+        if check is not None:
+            checks[param.name] = _ArgumentCheck(_shown_type(annotation), check, param.kind)
+    return checks
+
+
+class _Annotations:
+    """One annotation with its function's globals, for `typing.get_type_hints` alone."""
+
+    def __init__(self, name: str, annotation: Any, globalns: dict[str, Any]) -> None:
+        self.__annotations__ = {name: annotation}
+        self.__globals__ = globalns
+
+
+def _type_hints(fn: Hook) -> dict[str, Any]:
+    """The resolved annotations of `fn`; when one cannot be resolved (a string naming what is
+    not defined, or not yet), each of the others on its own, without that one."""
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        pass
+    try:
+        annotations = dict(getattr(fn, "__annotations__", None) or {})
+    except Exception:
+        return {}
+    globalns = getattr(inspect.unwrap(fn), "__globals__", {})
+    hints: dict[str, Any] = {}
+    for name, annotation in annotations.items():
+        try:
+            hints.update(typing.get_type_hints(_Annotations(name, annotation, globalns)))
+        except Exception:
+            continue
+    return hints
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_SCALARS: dict[Any, Callable[[Any], bool]] = {
+    int: _is_int,
+    float: _is_float,
+    str: lambda v: isinstance(v, str),
+    bool: lambda v: isinstance(v, bool),
+    bytes: lambda v: isinstance(v, bytes),
+    None: lambda v: v is None,
+    type(None): lambda v: v is None,
+}
+
+
+def _compile(annotation: Any) -> Check | None:
+    """A check of values against `annotation`, or None for one that is not checked: `Any`,
+    and anything not listed in `ActorDefinition.action`, rather than a guess."""
+    if annotation is Any or annotation is object:
+        return None
+    if annotation in _SCALARS:
+        fits = _SCALARS[annotation]
+        return lambda v: None if fits(v) else ("", _given(v))
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is list or origin is list:
+        return _list_check(_compile(args[0]) if args else None)
+    if annotation is dict or origin is dict:
+        keys, values = (_compile(args[0]), _compile(args[1])) if len(args) == 2 else (None, None)
+        return _dict_check(keys, values)
+    if origin is Union or origin is types.UnionType:
+        members = [_compile(a) for a in args]
+        if any(m is None for m in members):
+            return None  # a value may fit the member that is not checked
+        return _union_check([m for m in members if m is not None])
+    if origin is Literal:
+        return _literal_check(args)
+    return None
+
+
+def _list_check(items: Check | None) -> Check:
+    def check(value: Any) -> Mismatch | None:
+        if not isinstance(value, list):
+            return "", _given(value)
+        if items is not None:
+            for i, item in enumerate(value):
+                mismatch = items(item)
+                if mismatch is not None:
+                    return f"[{i}]{mismatch[0]}", mismatch[1]
+        return None
+
+    return check
+
+
+def _dict_check(keys: Check | None, values: Check | None) -> Check:
+    def check(value: Any) -> Mismatch | None:
+        if not isinstance(value, dict):
+            return "", _given(value)
+        for key, item in value.items():
+            if keys is not None and keys(key) is not None:
+                return "", f"a dict with the key {_given(key)}"
+            mismatch = values(item) if values is not None else None
+            if mismatch is not None:
+                return f"[{_short(key)}]{mismatch[0]}", mismatch[1]
+        return None
+
+    return check
+
+
+def _union_check(members: list[Check]) -> Check:
+    def check(value: Any) -> Mismatch | None:
+        if any(member(value) is None for member in members):
+            return None
+        return "", _given(value)
+
+    return check
+
+
+def _literal_check(allowed: tuple[Any, ...]) -> Check:
+    def check(value: Any) -> Mismatch | None:
+        # by type too: True == 1, but True is not Literal[1]
+        if any(type(value) is type(a) and value == a for a in allowed):
+            return None
+        return "", _given(value)
+
+    return check
+
+
+def _shown_type(annotation: Any) -> str:
+    if annotation is None or annotation is type(None):
+        return "None"
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    return repr(annotation).replace("typing.", "").replace("NoneType", "None")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 2
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 4
+
+
+def _given(value: Any) -> str:
+    """A value in an error: its type and a short rendering, never the whole of a large one."""
+    return f"{type(value).__name__} {_short(value)}"
+
+
+def _short(value: Any) -> str:
+    try:
+        if isinstance(value, int) and value.bit_length() > 128:
+            return f"<{value.bit_length()} bits>"
+        if isinstance(value, bytes | bytearray) and len(value) > 40:
+            return f"{bytes(value[:40])!r}... <{len(value)} bytes>"
+        return _REPR.repr(value)
+    except Exception:  # a repr that fails (of a huge int inside a list, say)
+        return "<...>"
 
 
 def actor(

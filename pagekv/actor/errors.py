@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import apsw
 
 from pagekv.kv import FenceMismatch, KvIndeterminate, KvUnavailable
@@ -30,6 +33,51 @@ class ActionNotFound(ActorError, AttributeError):
 class InvalidArguments(ActorError, TypeError):
     """A call's arguments do not bind to its action's signature (too many, a required one
     missing, an unknown keyword)."""
+
+
+_CODE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
+class UserError(Exception):
+    """The caller's fault: raise it in an action to refuse the request, or in a workflow step
+    to fail the step at once.
+
+        raise UserError("quantity must be at least 1", code="invalid_quantity")
+
+    Over HTTP it answers `status` (400 by default; any 4xx) with `{"error": {"code": code,
+    "message": message, "written": ...}}`; an in-process caller gets it raised as is. `code` is
+    1 to 64 letters, digits, `_`, `.` or `-`, starting with a letter (a `ValueError`
+    otherwise, as for a `status` that is not a 4xx int). Like any error an action raises, it
+    undoes only an open `ctx.db.transaction()`: what the action changed outside one stands
+    (the answer's `written` says so). A workflow step that raises it fails as `critical`
+    (`StepCritical`) without a retry, since a retry would only be refused again.
+    """
+
+    def __init__(self, message: str, *, code: str = "user_error", status: int = 400) -> None:
+        if not isinstance(message, str):
+            raise TypeError(f"a UserError's message must be a str, got {type(message).__name__}")
+        if not isinstance(code, str) or not _CODE.match(code):
+            raise ValueError(
+                f"a UserError's code must be 1-64 letters, digits, '_', '.', '-' starting with "
+                f"a letter, got {code!r}"
+            )
+        if type(status) is not int or not 400 <= status <= 499:
+            raise ValueError(f"a UserError's status must be a 4xx int, got {status!r}")
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore_user_error, (type(self), self.message, self.code, self.status))
+
+
+def _restore_user_error(kind: type[UserError], message: str, code: str, status: int) -> UserError:
+    """A pickled `UserError` again, with its code and status (the default pickling of an
+    exception would call `UserError(message)` and lose them)."""
+    error = kind.__new__(kind)
+    UserError.__init__(error, message, code=code, status=status)
+    return error
 
 
 class ActorTakenOver(ActorError):

@@ -2,10 +2,11 @@
 trace.
 
 `HttpError` is raised by the server's own checks (auth, bodies, parameters). `classify` maps what
-the runtime raises: the actor errors, the queue and schedule limits, and the KV limits, which
-may arrive wrapped (e.g. as the cause of an SQLite I/O error), so the whole cause chain is
-searched. Anything else an action raises is the action's own error (`action_error`, 500), with
-its type and message but no traceback.
+the runtime raises: a `UserError` an action raised (its own 4xx status and code), the actor
+errors, the queue and schedule limits, and the KV limits, which may arrive wrapped (e.g. as the
+cause of an SQLite I/O error), so the whole cause chain is searched. Anything else an action
+raises is the action's own error (`action_error`, 500), with its type and message but no
+traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pagekv.actor import (
     ActorTakenOver,
     InvalidArguments,
     UnknownActor,
+    UserError,
 )
 from pagekv.actor.errors import STORAGE_ERRORS
 from pagekv.actor.inspect import AnswerTooLarge, InspectError, QueryRefused, TableNotFound
@@ -37,7 +39,8 @@ log = logging.getLogger("pagekv.server")
 @dataclass
 class HttpError(Exception):
     status: int
-    code: ErrorCode
+    code: ErrorCode | str
+    """One of `ErrorCode`, or the code of a `UserError` an action raised."""
     message: str
     limit: str | None = None
     """The name of the limit that was hit, when one was."""
@@ -50,7 +53,7 @@ class HttpError(Exception):
     def body(self) -> dict[str, Any]:
         # An exception's text may hold what no encoding can (a lone surrogate): escaped.
         message = self.message.encode("utf-8", "backslashreplace").decode()
-        error: dict[str, Any] = {"code": self.code.value, "message": message}
+        error: dict[str, Any] = {"code": str(self.code), "message": message}
         if self.limit is not None:
             error["limit"] = self.limit
         if self.writes is not None:
@@ -107,6 +110,8 @@ def classify(error: Exception, *, in_action: bool, writes: Writes | None = None)
 def _classify(error: Exception, in_action: bool) -> HttpError:
     if isinstance(error, HttpError):
         return error
+    if isinstance(error, UserError):  # the action's own answer, whatever it was raised from
+        return HttpError(error.status, error.code, error.message)
     for cause in _causes(error):
         if isinstance(cause, LimitError):
             return HttpError(413, ErrorCode.KV_LIMIT, _message(cause), limit=cause.limit)
@@ -117,8 +122,7 @@ def _classify(error: Exception, in_action: bool) -> HttpError:
         if isinstance(cause, STORAGE_ERRORS):
             message = f"the actor's store failed; retry: {_message(cause)}"
             return HttpError(503, ErrorCode.STORAGE_UNAVAILABLE, message)
-    if in_action:
-        log.info("action failed: %s: %s", type(error).__name__, error)
+    if in_action:  # logged by the gateway, which knows the actor and the action
         message = f"{type(error).__name__}: {_message(error)}"
         return HttpError(500, ErrorCode.ACTION_ERROR, message)
     log.error("internal error", exc_info=error)

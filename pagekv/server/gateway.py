@@ -15,10 +15,19 @@ is created or woken. Every answer is `{"result": ...}` (or `{"id": ...}` for a q
 every failure an `{"error": {code, message, written}}` from `errors.py`: `written` says whether
 the call committed anything (true), nothing (false: a retry is safe), or a commit's outcome is
 unknown (null).
+
+Every failed call is one line on the `pagekv.server` logger (only emitted: configuring handlers
+is the application's business), naming the actor, the operation and the error's type and code,
+never the arguments or the error's message (either may hold what the client sent): ERROR for a
+5xx of the runtime (the store failed, the actor was taken over), WARNING for the rest (the
+action raised, or the call was refused). The record carries them as `extra` fields too
+(`actor`, `actor_key`, `operation`, `action`, `queue`, `error_type`, `error_code`, `status`,
+`written`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -37,6 +46,46 @@ _ROUTING = {"key": True, "mode": False}
 _ACTION_FIELDS = frozenset({"args", "kwargs", "input"})
 _SEND_FIELDS = frozenset({"body", "input"})
 _CREATE_FIELDS = frozenset({"input"})
+
+log = logging.getLogger("pagekv.server")
+
+
+def _failed(
+    operation: str, target: str | None, name: str, key: str, error: Exception, failure: HttpError
+) -> HttpError:
+    """`failure`, the answer to a failed `operation` ("action", "send", "create", "destroy") of
+    `target` (the action or the queue), once it is logged (see the module's docstring)."""
+    runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
+    written = failure.writes.state() if failure.writes is not None else None
+    what = operation if target is None else f"{operation} {_shown(target)}"
+    log.log(
+        logging.ERROR if runtime_failure else logging.WARNING,
+        "%s of actor %s key %s failed: %s (%d %s, written=%s)",
+        what,
+        _shown(name),
+        _shown(key),
+        type(error).__name__,
+        failure.status,
+        failure.code,
+        "unknown" if written is None else str(written).lower(),
+        extra={
+            "actor": name,
+            "actor_key": key,
+            "operation": operation,
+            "action": target if operation == "action" else None,
+            "queue": target if operation == "send" else None,
+            "error_type": type(error).__name__,
+            "error_code": str(failure.code),
+            "status": failure.status,
+            "written": written,
+        },
+    )
+    return failure
+
+
+def _shown(text: str) -> str:
+    """A name from the request in a log line: quoted and escaped (no line breaks), and cut."""
+    return repr(text if len(text) <= 80 else text[:80] + "...")
 
 
 def _create_flag(params: dict[str, str], body: dict[str, Any]) -> bool:
@@ -86,7 +135,8 @@ async def call_action(request: Request) -> Response:
             )
             rt.latency.observe((name, action), time.perf_counter() - started)
         except Exception as e:
-            raise classify(e, in_action=True, writes=writes) from e
+            failure = classify(e, in_action=True, writes=writes)
+            raise _failed("action", action, name, key, e, failure) from e
     return answer(request, {"result": result}, writes=writes)
 
 
@@ -100,7 +150,8 @@ async def send_message(request: Request) -> Response:
                 name, key, queue, body.get("body"), create=create, input=body.get("input")
             )
         except Exception as e:
-            raise classify(e, in_action=True, writes=writes) from e
+            failure = classify(e, in_action=True, writes=writes)
+            raise _failed("send", queue, name, key, e, failure) from e
     return answer(request, {"id": message_id})
 
 
@@ -115,7 +166,8 @@ async def create_actor(request: Request) -> Response:
                 name, key, create=True, must_be_new=True, input=body.get("input")
             )
         except Exception as e:
-            raise classify(e, in_action=True, writes=writes) from e
+            failure = classify(e, in_action=True, writes=writes)
+            raise _failed("create", None, name, key, e, failure) from e
     return answer(request, {"result": {"name": name, "key": key}}, status=201)
 
 
@@ -127,7 +179,8 @@ async def destroy_actor(request: Request) -> Response:
         try:
             await rt.registry.destroy(name, key)
         except Exception as e:
-            raise classify(e, in_action=True, writes=writes) from e
+            failure = classify(e, in_action=True, writes=writes)
+            raise _failed("destroy", None, name, key, e, failure) from e
     return answer(request, {"result": None})
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 import anyio
 import cbor2
 
-from pagekv.actor.errors import STORAGE_ERRORS, ActorStopped, ActorTakenOver
+from pagekv.actor.errors import STORAGE_ERRORS, ActorStopped, ActorTakenOver, UserError
 from pagekv.actor.workflow.errors import (
     Critical,
     EntryInProgress,
@@ -97,6 +97,21 @@ def unwrap(group: BaseExceptionGroup) -> BaseException:
     if storage:
         return storage[0]
     return leaves[0] if len(leaves) == 1 else group
+
+
+ErrorClasses = type[Exception] | tuple[type[Exception], ...]
+
+
+def _error_classes(classes: ErrorClasses) -> tuple[type[Exception], ...]:
+    """`non_retryable` of a step as a tuple, refused (TypeError) unless it holds only
+    exception classes."""
+    found = classes if isinstance(classes, tuple) else (classes,)
+    for kind in found:
+        if not (isinstance(kind, type) and issubclass(kind, Exception)):
+            raise TypeError(
+                f"non_retryable must be an exception class or a tuple of them, got {kind!r}"
+            )
+    return found
 
 
 def describe_error(error: BaseException) -> str:
@@ -199,16 +214,28 @@ class WorkflowContext:
         timeout: float | None = 30.0,
         retry_on_timeout: bool = False,
         rollback: RollbackFn | None = None,
+        non_retryable: ErrorClasses = (),
     ) -> Any:
         """Run `fn(step_ctx)` once, durably: its result, state and SQL changes commit together.
 
         A failed attempt is rolled back and retried up to `max_retries` times, each
         `backoff * 2**(attempt-1)` seconds after it failed (at most `backoff_max`;
-        deterministic). Raising `Critical` fails the step at once; a timeout fails it unless
-        `retry_on_timeout`.
+        deterministic). A failure a retry would only repeat fails the step at once, as
+        `critical` (`StepCritical`): raising `Critical` or a `UserError`, or an exception of
+        a class in `non_retryable` (a class or a tuple of classes, as `except` takes them:
+        `non_retryable=(ValueError, KeyError)`). A timeout fails it unless `retry_on_timeout`.
+        A failure of the store is never the step's: it is not caught by any of these.
         """
         result = await self._step(
-            name, fn, max_retries, backoff, backoff_max, timeout, retry_on_timeout, rollback
+            name,
+            fn,
+            max_retries,
+            backoff,
+            backoff_max,
+            timeout,
+            retry_on_timeout,
+            rollback,
+            _error_classes(non_retryable),
         )
         if result.failure is not None:
             failure = result.failure
@@ -227,10 +254,19 @@ class WorkflowContext:
         timeout: float | None = 30.0,
         retry_on_timeout: bool = False,
         rollback: RollbackFn | None = None,
+        non_retryable: ErrorClasses = (),
     ) -> StepResult:
         """`step`, returning a `StepResult` for the failure kinds in `catch` instead of raising."""
         result = await self._step(
-            name, fn, max_retries, backoff, backoff_max, timeout, retry_on_timeout, rollback
+            name,
+            fn,
+            max_retries,
+            backoff,
+            backoff_max,
+            timeout,
+            retry_on_timeout,
+            rollback,
+            _error_classes(non_retryable),
         )
         if result.failure is not None and result.failure.kind not in catch:
             failure = result.failure
@@ -247,6 +283,7 @@ class WorkflowContext:
         timeout: float | None,
         retry_on_timeout: bool,
         rollback: RollbackFn | None,
+        non_retryable: tuple[type[Exception], ...],
     ) -> StepResult:
         runner = self._runner
         with self._op(name) as location:
@@ -274,7 +311,13 @@ class WorkflowContext:
                 if entry.status is Status.FAILED:
                     await runner.wait(entry.data["retry_at"])
                 settled = await self._attempt(
-                    entry, fn, timeout, retry_on_timeout, max_retries, rollback is not None
+                    entry,
+                    fn,
+                    timeout,
+                    retry_on_timeout,
+                    max_retries,
+                    rollback is not None,
+                    non_retryable,
                 )
                 if settled.status is Status.COMPLETED:
                     if rollback is not None:
@@ -295,6 +338,7 @@ class WorkflowContext:
         retry_on_timeout: bool,
         max_retries: int,
         undoable: bool,
+        non_retryable: tuple[type[Exception], ...],
     ) -> Entry:
         """One attempt in one transaction; returns the entry as recorded afterwards. A step
         with a rollback handler records so (`undoable`): loop pruning keeps its history."""
@@ -323,7 +367,7 @@ class WorkflowContext:
         except _TimedOut as e:
             error: BaseException = e
             kind = None if retry_on_timeout else "timeout"
-        except Critical as e:
+        except (Critical, UserError, *non_retryable) as e:
             error, kind = e, "critical"
         except Exception as e:
             error = e

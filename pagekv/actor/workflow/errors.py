@@ -58,11 +58,16 @@ class StepTimeout(StepError):
 
 
 class StepCritical(StepError):
+    """A step failed at once, without retries: it raised `Critical`, a `UserError`
+    (`pagekv.actor.UserError`) or an error of a class in its `non_retryable`, or its result
+    cannot be recorded."""
+
     kind = "critical"
 
 
 class Critical(Exception):
-    """Raise inside a step to fail it at once, without retries."""
+    """Raise inside a step to fail it at once, without retries. A `UserError` does the same,
+    as does an exception of a class listed in the step's `non_retryable=(ValueError, ...)`."""
 
 
 class JoinError(WorkflowError):
