@@ -39,17 +39,6 @@ class ActorDefinition:
     workflow_fn: Hook | None = None
     """The durable workflow that is this actor's run handler (see `pagekv.actor.workflow`)."""
 
-    HOOKS = (
-        "on_migrate",
-        "create_state",
-        "on_create",
-        "create_vars",
-        "on_wake",
-        "on_sleep",
-        "on_destroy",
-        "run",
-    )
-
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ValueError(
@@ -120,19 +109,43 @@ class ActorDefinition:
         self.workflow_fn = fn
         return fn
 
-    def _hook(self, name: str) -> Callable[[F], F]:
-        def register(fn: F) -> F:
-            if name == "run" and self.workflow_fn is not None:
-                raise ValueError(f"actor {self.name!r} already has a workflow as run handler")
-            self.hooks[name] = fn
-            return fn
+    def _hook(self, name: str, fn: F) -> F:
+        if name == "run" and self.workflow_fn is not None:
+            raise ValueError(f"actor {self.name!r} already has a workflow as run handler")
+        self.hooks[name] = fn
+        return fn
 
-        return register
+    def on_migrate(self, fn: F) -> F:
+        """`async def (ctx)`: bring the schema up to date, in a transaction, at every wake."""
+        return self._hook("on_migrate", fn)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ActorDefinition.HOOKS:
-            return self._hook(name)
-        raise AttributeError(name)
+    def create_state(self, fn: F) -> F:
+        """`async def (ctx, input) -> state`: a new actor's first state (overrides `state`)."""
+        return self._hook("create_state", fn)
+
+    def on_create(self, fn: F) -> F:
+        """`async def (ctx, input)`: once, when the actor is created."""
+        return self._hook("on_create", fn)
+
+    def create_vars(self, fn: F) -> F:
+        """`async def (ctx) -> vars`: per-instance, non-durable values (`ctx.vars`)."""
+        return self._hook("create_vars", fn)
+
+    def on_wake(self, fn: F) -> F:
+        """`async def (ctx)`: every time an instance starts."""
+        return self._hook("on_wake", fn)
+
+    def on_sleep(self, fn: F) -> F:
+        """`async def (ctx)`: before an instance goes to sleep."""
+        return self._hook("on_sleep", fn)
+
+    def on_destroy(self, fn: F) -> F:
+        """`async def (ctx)`: before the actor's data is dropped."""
+        return self._hook("on_destroy", fn)
+
+    def run(self, fn: F) -> F:
+        """`async def (ctx)`: a long-running handler, never twice at once (see `workflow`)."""
+        return self._hook("run", fn)
 
 
 @functools.cache

@@ -6,6 +6,7 @@ what the hooks saw in a local list, so tests share nothing.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -780,3 +781,13 @@ async def test_a_run_handler_that_puts_its_actor_to_sleep_is_not_woken_again() -
         assert registry.counters["sleeps"] == wakes, "it went to sleep"
         await anyio.sleep(2.0)  # four polls of the wake index
         assert registry.counters["wakes"] == wakes and len(runs) == started
+
+
+def test_hooks_are_methods_an_ide_and_a_type_checker_can_see() -> None:
+    """They were made up by `__getattr__`: invisible to completion and type checks."""
+    hooks = ["on_migrate", "create_state", "on_create", "create_vars", "on_wake", "on_sleep"]
+    for name in [*hooks, "on_destroy", "run", "action", "workflow"]:
+        assert inspect.isfunction(inspect.getattr_static(ActorDefinition, name)), name
+    a = actor("typed")
+    with pytest.raises(AttributeError):
+        a.on_wakeup  # noqa: B018  # a typo is an error, not a silent hook
