@@ -4,7 +4,8 @@
 
 Runs one-row VFS commits and one-entry KV writes to new keys on a fresh store with an 8 MiB and
 the default 32 MiB log, and prints median, p99, p99.9 and max per call, with the time of each
-fold (timed by wrapping `FileStore._fold`). Results: `benchmarks/RESULTS.md`, "HTTP gateway".
+fold (timed by wrapping `FileStore._fold`). Results: `benchmarks/RESULTS.md`, "Through the
+VFS" (the pauses), and its last table in `benchmarks/HISTORY.md`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """KV backend benchmarks, with native SQLite commits as the baseline in the same run.
 
 Run: `.venv/bin/python -m pytest benchmarks/test_kv_bench.py --benchmark-only`
-(results and how they were taken: `benchmarks/RESULTS.md`, section "KV backends").
+(results: `benchmarks/RESULTS.md`, "KV level"; how they were taken: `benchmarks/HISTORY.md`,
+"KV backends").
 
 - `write_128x4k`: one fenced write of 128 entries of 4 KiB (the largest page batch the VFS sends).
 - `get_128`: one `get` of 128 stored keys.

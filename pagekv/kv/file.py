@@ -1,6 +1,6 @@
 """The embedded durable backend: a log of our own in front of one SQLite file, in a directory.
 
-Why this engine (measured; `benchmarks/RESULTS.md`, "The current `file://` engine"): a durable
+Why this engine (measured; `benchmarks/HISTORY.md`, "The current `file://` engine"): a durable
 write must be fsynced before it returns. Native SQLite WAL+FULL pays one fsync plus a B-tree
 update and a 4 KiB WAL frame per commit, LMDB two fsyncs, and our earlier store (SQLite
 underneath) all of native's work plus the fence, the quota and Python around them. Writing each
