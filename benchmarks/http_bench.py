@@ -11,7 +11,7 @@ commit), each at 1 and 50 concurrent clients. Every client is a task with its ow
 HTTP/1.1 connection, calling its own actor in a loop; latency is measured per call.
 
 `--client raw` (the default) sends prebuilt JSON requests on raw sockets, so the figures are the
-server's; `--client pagekv` goes through `pagekv.client.Client` (httpx, CBOR), which costs more
+server's; `--client pagekv` goes through `pagekv.client.HttpClient` (httpx, CBOR), which costs more
 client CPU per call than the server spends (on a 2-core machine the two compete).
 """
 
@@ -33,7 +33,7 @@ import anyio
 import anyio.abc
 
 from pagekv.actor import ActorContext, Registry, actor
-from pagekv.client import Client
+from pagekv.client import HttpClient
 
 bench = actor("bench", state={"n": 0}, sleep_timeout=3600)
 
@@ -108,7 +108,7 @@ class RawCaller:
 
 
 class PagekvCaller:
-    def __init__(self, client: Client, action: str, key: str) -> None:
+    def __init__(self, client: HttpClient, action: str, key: str) -> None:
         self._handle = client.get_or_create("bench", key)
         self._action = action
 
@@ -121,7 +121,7 @@ class PagekvCaller:
 
 async def measure(url: str, action: str, clients: int, seconds: float, tag: str, kind: str) -> Run:
     latencies: list[float] = []
-    async with Client(url, token=TOKEN) as client:
+    async with HttpClient(url, token=TOKEN) as client:
         callers: list[RawCaller | PagekvCaller] = [
             RawCaller(url, action, f"{tag}-{i}")
             if kind == "raw"

@@ -1,6 +1,7 @@
-"""The Python client of a `pagekv serve` server: the same shape as the in-process client.
+"""The Python client of a `pagekv serve` server, `HttpClient`: the same shape as the in-process
+`pagekv.actor.Client` (a registry's), under a name of its own so that code says which it holds.
 
-    async with Client("http://127.0.0.1:6420", token=...) as client:
+    async with HttpClient("http://127.0.0.1:6420", token=...) as client:
         room = client.get_or_create("counter", "room-1", input={"start": 5})
         await room.increment(2)
 
@@ -66,7 +67,7 @@ def _path(*parts: str) -> str:
     return "".join("/" + quote(part, safe="") for part in parts)
 
 
-class Client:
+class HttpClient:
     def __init__(
         self,
         url: str,
@@ -134,7 +135,7 @@ class Client:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> HttpClient:
         return self
 
     async def __aexit__(
@@ -149,7 +150,9 @@ class Client:
 class ActorHandle:
     """Calls actions of one actor by name over HTTP; resolved by the server on every call."""
 
-    def __init__(self, client: Client, name: str, key: str, *, create: bool, input: Any) -> None:
+    def __init__(
+        self, client: HttpClient, name: str, key: str, *, create: bool, input: Any
+    ) -> None:
         self._client = client
         self.name = name
         self.key = key

@@ -12,7 +12,7 @@ import httpx
 from server_defs import registry
 
 from pagekv.actor import ActorDefinition
-from pagekv.client import Client
+from pagekv.client import HttpClient
 from pagekv.kv import KvStore, MemoryStore
 from pagekv.server import ServerConfig, uvicorn_server
 
@@ -26,8 +26,8 @@ class Served:
     token: str | None
     store: KvStore
 
-    def client(self, token: str | None = UNSET) -> Client:
-        return Client(self.url, token=self.token if token is UNSET else token)
+    def client(self, token: str | None = UNSET) -> HttpClient:
+        return HttpClient(self.url, token=self.token if token is UNSET else token)
 
     def http(self, *, token: str | None = UNSET) -> httpx.AsyncClient:
         """A raw HTTP client, authenticated with `token` (default: the server's)."""

@@ -21,7 +21,7 @@ import pytest
 from server_helpers import TOKEN
 
 from pagekv.actor import ActorTakenOver
-from pagekv.client import Client
+from pagekv.client import HttpClient
 
 pytestmark = pytest.mark.anyio
 
@@ -119,7 +119,7 @@ async def test_serve_inspect_beside_it_and_stop_cleanly(tmp_path: Path) -> None:
     store = f"file:{tmp_path}/store"
     async with served_process("--kv", store) as server:
         url = await server.started()
-        async with Client(url, token=TOKEN) as client:
+        async with HttpClient(url, token=TOKEN) as client:
             handle = client.get_or_create("ledger", "room/1")
             for n in (1, 2, 3):
                 await handle.add(n)
@@ -169,7 +169,7 @@ async def test_two_servers_on_one_postgres_store_lose_no_write(postgres_server) 
     store = postgres_server.store_url("server-two-processes")
     async with served_process("--kv", store) as one, served_process("--kv", store) as two:
         urls = [await one.started(), await two.started()]
-        clients = [Client(url, token=TOKEN) for url in urls]
+        clients = [HttpClient(url, token=TOKEN) for url in urls]
         acknowledged: list[int] = []
         for n in range(1, 21):
             handle = clients[n % 2].get_or_create("ledger", "shared")
