@@ -4,10 +4,11 @@ and what is allowed, before anything runs, never a traceback from deep inside a 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import TypeVar
 
-from pagekv.kv import check_kv_url
+from pagekv.kv import DEFAULT_URL, check_kv_url
 
 _T = TypeVar("_T")
 
@@ -45,6 +46,20 @@ def port(value: str) -> int:
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0..65535 (0: any free port), got {n}")
     return n
+
+
+KV_ENV = "PAGEKV_KV"
+
+
+def add_store_argument(parser: argparse.ArgumentParser) -> None:
+    """`--kv URL` of the commands that work on the user's store (serve, inspect, demo): the
+    default is `$PAGEKV_KV`, else the embedded store in `./.pagekv`."""
+    parser.add_argument(
+        "--kv",
+        default=os.environ.get(KV_ENV, DEFAULT_URL),
+        type=kv_url,
+        help=f"store URL (default ${KV_ENV}, else {DEFAULT_URL})",
+    )
 
 
 def kv_url(value: str) -> str:

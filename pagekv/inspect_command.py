@@ -14,8 +14,8 @@ from typing import Any
 
 from pagekv.actor import ActorNotFound
 from pagekv.actor import inspect as view
-from pagekv.cli_args import kv_url, positive_int
-from pagekv.kv import DEFAULT_URL, open_kv
+from pagekv.cli_args import add_store_argument, positive_int
+from pagekv.kv import open_kv
 from pagekv.server.protocol import JSON, encode
 from pagekv.vfs import Database
 
@@ -139,9 +139,7 @@ def add_inspect_command(commands: Any, summary: str) -> None:
         ),
     )
     inspect_cmd.add_argument("actor", nargs="?", help="NAME/KEY of one actor")
-    inspect_cmd.add_argument(
-        "--kv", default=DEFAULT_URL, type=kv_url, help=f"store URL (default {DEFAULT_URL})"
-    )
+    add_store_argument(inspect_cmd)
     inspect_cmd.add_argument(
         "--rows", type=positive_int, default=10, help="rows shown per table (default 10)"
     )

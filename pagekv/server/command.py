@@ -11,8 +11,8 @@ from typing import Any
 
 import anyio
 
-from pagekv.cli_args import kv_url, port, positive_int, positive_seconds
-from pagekv.kv import DEFAULT_URL, KvError, KvStore, open_kv, redact_url
+from pagekv.cli_args import add_store_argument, port, positive_int, positive_seconds
+from pagekv.kv import KvError, KvStore, open_kv, redact_url
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
     DEFAULT_INSPECT_MAX_BYTES,
@@ -102,12 +102,7 @@ def add_serve_command(commands: Any, summary: str) -> None:
         ),
     )
     serve_cmd.add_argument("app", help="path/to/app.py[:registry]")
-    serve_cmd.add_argument(
-        "--kv",
-        default=os.environ.get("PAGEKV_KV", DEFAULT_URL),
-        type=kv_url,
-        help=f"store URL (default $PAGEKV_KV, else {DEFAULT_URL})",
-    )
+    add_store_argument(serve_cmd)
     serve_cmd.add_argument(
         "--host",
         default=os.environ.get("PAGEKV_HOST", "127.0.0.1"),

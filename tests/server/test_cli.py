@@ -253,3 +253,12 @@ def test_python_dash_m_pagekv_is_the_command() -> None:
         [sys.executable, "-m", "pagekv", "--version"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and result.stdout.startswith("pagekv "), result
+
+
+def test_inspect_takes_its_store_from_the_environment_as_serve_does(tmp_path: Path) -> None:
+    store = f"file:{tmp_path}/env-store"
+    pagekv("demo", "--kv", store, "--rows", "1")
+    listed = pagekv("inspect", env={"PAGEKV_KV": store})
+    assert listed.returncode == 0, listed.stderr
+    missing = pagekv("inspect", env={"PAGEKV_KV": f"file:{tmp_path}/none"})
+    assert missing.returncode != 0 and "none" in missing.stderr, missing.stderr
