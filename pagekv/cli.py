@@ -74,6 +74,27 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the version and whether the compiled modules are in use, e.g.
+    `pagekv 0.1.0 (compiled: 19 modules)`; worked out only when asked (it reads the install's
+    build record and looks up where those modules import from)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="show the version and build (compiled or interpreted), and exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from pagekv import build_description
+
+        print(f"pagekv {__version__} ({build_description()})")
+        parser.exit()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser for running `command` (or `demo`): that subcommand complete, the others only
     named with their summaries, so that their modules are not imported. Without `command`, every
@@ -82,7 +103,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="pagekv",
         description="Stateful actors whose SQLite databases live in a key-value store.",
     )
-    parser.add_argument("--version", action="version", version=f"pagekv {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="commit rows to a KV-backed database and report")
     demo.add_argument(

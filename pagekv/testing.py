@@ -13,8 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+try:
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+except ModuleNotFoundError as e:  # hypothesis is not a dependency of pagekv itself
+    if (e.name or "").partition(".")[0] != "hypothesis":
+        raise
+    raise ModuleNotFoundError(
+        "pagekv.testing needs hypothesis, which pagekv's testing extra installs: "
+        "pip install 'pagekv[testing]'",
+        name=e.name,
+    ) from e
 
 from pagekv.fuzz import (
     Blob,

@@ -1,21 +1,37 @@
 # Sourced by ./run and ./test: create .venv on first use and keep it in step with pyproject.toml,
 # setup.py and the modules mypyc compiles (an edited compiled module is rebuilt before it runs).
+#
+# Compiled or interpreted (setup.py): PAGEKV_PURE_PYTHON=1 installs interpreted, 0 compiled, and
+# unset or empty keeps the choice the installed pagekv was built with (from its build record, so a
+# `PAGEKV_PURE_PYTHON=1 pip install -e .` counts too); with none, compiled where a C compiler and
+# the Python headers are found, else interpreted.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 compiled="$(cd "$root" && python3 -c \
     'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["pagekv"]["compiled"])')"
+pure="${PAGEKV_PURE_PYTHON:-}"
+if [ -z "$pure" ]; then
+    pure="$({ sed -n 's/.*"choice": "\([01]\)".*/\1/p' \
+        "$venv"/lib/python3*/site-packages/pagekv-*.dist-info/pagekv-build.json 2>/dev/null \
+        || true; } | head -n1)"
+fi
 # shellcheck disable=SC2086  # the module list is split on purpose
-stamp="$venv/.installed-$(cd "$root" && cat pyproject.toml setup.py $compiled | sha256sum | cut -c1-16)"
+stamp="$venv/.installed-$(cd "$root" && { cat pyproject.toml setup.py $compiled; echo "pure=$pure"; } \
+    | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     # One set-up at a time: two commands started together would both build, and one fail.
     mkdir -p "$venv"
     exec 9>"$venv/.setup.lock"
     flock 9
     if [ ! -f "$stamp" ]; then
+        # One line before the build, which prints nothing for minutes (or why it will not compile).
+        (cd "$root" && PAGEKV_PURE_PYTHON="$pure" python3 -c \
+            'import runpy; print(runpy.run_path("setup.py")["setup_notice"]())') >&2
         [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet --upgrade pip
-        "$venv/bin/pip" install --quiet -e "$root[dev]"
+        PAGEKV_PURE_PYTHON="$pure" PAGEKV_SETUP_NOTICE_SHOWN=1 \
+            "$venv/bin/pip" install --quiet -e "$root[dev]"
         # built from these sources, even where mypyc found the C unchanged and kept an older file
         find "$root/pagekv" -name '*.so' -exec touch {} +
         rm -f "$venv"/.installed-*

@@ -332,11 +332,14 @@ def targets_table(targets: Sequence[TargetResult], width: int | None = None) -> 
 
 
 def header(report: BenchReport) -> str:
+    from pagekv import build_description  # compiled or not: that halves a commit's cost
+
     m, c = report.machine, report.config
     latency = f", +{c.latency_ms:g} ms simulated latency per KV round trip" if c.latency_ms else ""
     return "\n".join(
         [
             f"pagekv bench — {report.command}",
+            f"  pagekv {m.pagekv} ({build_description()})",
             f"  store {c.kv}{latency}; native files in {c.scratch_dir} ({c.scratch_filesystem})",
             f"  Python {m.python} ({m.implementation}), apsw {m.apsw}, SQLite {m.sqlite}, "
             f"{m.cpu_count} CPUs ({m.cpu_model}), load average {m.load_average_start}",

@@ -1,0 +1,326 @@
+"""Installing pagekv compiled or interpreted: setup.py's choice (a C compiler and the Python
+headers, or `PAGEKV_PURE_PYTHON`), the build record it leaves in the install's metadata, what
+`pagekv --version` says of it, ./run and ./test keeping to the choice (scripts/env.sh), and
+`pagekv.testing` without hypothesis."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import pagekv
+from pagekv import BuildInfo, is_extension
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_setup() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pagekv_setup", ROOT / "setup.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses looks its module up
+    spec.loader.exec_module(module)  # not `main()`: that runs only as a script
+    return module
+
+
+setup_py = _load_setup()
+SOURCES: list[str] = setup_py.compiled_sources()
+MODULES = [setup_py.module_name(s) for s in SOURCES]
+
+
+# -- setup.py: can this machine compile? --------------------------------------------------------
+
+
+def test_a_missing_compiler_is_named() -> None:
+    seen: list[str] = []
+
+    def which(program: str) -> str | None:
+        seen.append(program)
+        return None
+
+    problem = setup_py.compiler_problem({"CC": "/nonexistent"}, which, lambda _: True)
+    assert problem == "no C compiler (/nonexistent not found)"
+    # a wrapper or flags in CC: the program is its first word
+    assert setup_py.compiler_problem({"CC": "ccache gcc -O2"}, which, lambda _: True)
+    assert seen[-1] == "ccache"
+
+
+def test_without_cc_the_compiler_python_was_built_with_is_looked_for() -> None:
+    seen: list[str] = []
+
+    def which(program: str) -> str | None:
+        seen.append(program)
+        return f"/usr/bin/{program}"
+
+    assert setup_py.compiler_problem({}, which, lambda _: True) is None
+    built_with = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    assert seen == [built_with]
+
+
+def test_missing_python_headers_are_named() -> None:
+    looked: list[str] = []
+
+    def exists(path: str) -> bool:
+        looked.append(path)
+        return False
+
+    problem = setup_py.compiler_problem({"CC": "gcc"}, lambda p: f"/usr/bin/{p}", exists)
+    header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    assert looked == [header]
+    assert problem == f"no Python headers ({header} not found)"
+
+
+def test_the_plan_follows_pagekv_pure_python_and_the_compiler() -> None:
+    def missing() -> str:
+        return "no C compiler (gcc not found)"
+
+    def found() -> None:
+        return None
+
+    assert setup_py.plan({}, found) == setup_py.Plan("", True)
+    assert setup_py.plan({"PAGEKV_PURE_PYTHON": "0"}, found) == setup_py.Plan("0", True)
+
+    fallback = setup_py.plan({}, missing)  # goes on interpreted, and says how to compile
+    assert (fallback.choice, fallback.compile) == ("", False)
+    assert fallback.interpreted is not None
+    assert fallback.interpreted.startswith("no C compiler (gcc not found) at install; ")
+    assert "apt-get install -y gcc python3-dev" in fallback.interpreted
+
+    def never() -> str:
+        raise AssertionError("PAGEKV_PURE_PYTHON=1 needs no compiler check")
+
+    pure = setup_py.plan({"PAGEKV_PURE_PYTHON": "1"}, never)
+    assert (pure.choice, pure.compile) == ("1", False)
+    assert pure.interpreted is not None and "PAGEKV_PURE_PYTHON=1 at install" in pure.interpreted
+
+    with pytest.raises(SystemExit, match=r"PAGEKV_PURE_PYTHON=0 asks .* no C compiler"):
+        setup_py.plan({"PAGEKV_PURE_PYTHON": "0"}, missing)
+    with pytest.raises(SystemExit, match="1, 0 or unset, not 'yes'"):
+        setup_py.plan({"PAGEKV_PURE_PYTHON": "yes"}, found)
+
+
+def test_the_setup_line_says_what_the_build_will_do() -> None:
+    assert setup_py.setup_notice({}, lambda: None) == (
+        f"setting up .venv (compiling {len(SOURCES)} modules with mypyc, ~2 min; "
+        "PAGEKV_PURE_PYTHON=1 skips it)"
+    )
+    line = setup_py.setup_notice({}, lambda: "no C compiler (gcc not found)")
+    assert line.startswith("setting up .venv, interpreted: no C compiler (gcc not found) at ")
+    line = setup_py.setup_notice({"PAGEKV_PURE_PYTHON": "1"})
+    assert line.startswith("setting up .venv, interpreted: PAGEKV_PURE_PYTHON=1 at install")
+
+
+def test_built_files_are_the_ones_this_python_would_import(tmp_path: Path) -> None:
+    suffix = EXTENSION_SUFFIXES[0]
+    (tmp_path / "pagekv/vfs").mkdir(parents=True)
+    pages = tmp_path / f"pagekv/vfs/pages{suffix}"
+    shared = tmp_path / f"0123abcd__mypyc{suffix}"
+    other = tmp_path / "pagekv/vfs/pages.cpython-39-x86_64-linux-gnu.so"  # another Python's
+    for path in (pages, shared, other, tmp_path / "pagekv/vfs/pages.py"):
+        path.write_bytes(b"")
+    assert sorted(setup_py.built_files(["pagekv/vfs/pages.py"], tmp_path)) == sorted(
+        [pages, shared]
+    )
+
+
+def test_the_build_record_lands_in_the_metadata(tmp_path: Path) -> None:
+    """`setup.py egg_info` (which becomes the install's dist-info) writes the build record; an
+    interpreted one never imports mypyc."""
+    pytest.importorskip("setuptools")
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "pagekv", tmp_path / "pagekv", ignore=shutil.ignore_patterns("*.so"))
+    env = {**os.environ, "PAGEKV_PURE_PYTHON": "1"}
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "pagekv.egg-info" / "pagekv-build.json").read_text())
+    assert record["choice"] == "1" and record["compiled"] is False
+    assert record["modules"] == MODULES
+    assert record["interpreted"].startswith("PAGEKV_PURE_PYTHON=1 at install")
+
+
+# -- pagekv: what runs compiled ------------------------------------------------------------------
+
+
+def test_is_extension_goes_by_the_file_the_import_system_picks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / f"pagekv_fake_ext{EXTENSION_SUFFIXES[0]}").write_bytes(b"not loaded")
+    (tmp_path / "pagekv_fake_src.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert is_extension("pagekv_fake_ext")
+    assert not is_extension("pagekv_fake_src")
+    assert not is_extension("pagekv.cli")  # never compiled
+    assert not is_extension("pagekv_no_such_module")
+
+
+def test_the_description_of_each_build() -> None:
+    mods = ("pagekv.a", "pagekv.b")
+    assert BuildInfo(mods, mods, None).describe() == "compiled: 2 modules"
+    assert BuildInfo(mods, mods, None).is_compiled
+    partly = BuildInfo(mods, mods[:1], None)
+    assert not partly.is_compiled
+    assert partly.describe() == "partly compiled: 1 of 2 modules, not pagekv.b; reinstall"
+    why = "no C compiler (gcc not found) at install; for the compiled build, ..."
+    assert BuildInfo(mods, (), why).describe() == f"interpreted: {why}"
+    assert "not in use" in BuildInfo(mods, (), None).describe()  # compiled, then lost
+    assert "no build record" in BuildInfo((), (), None, recorded=False).describe()
+    assert BuildInfo(mods, mods, None, recorded=False).describe() == "compiled: 2 modules"
+
+
+def test_build_info_reads_the_record_and_checks_each_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from importlib import metadata
+
+    class Dist:
+        def read_text(self, name: str) -> str | None:
+            assert name == "pagekv-build.json"
+            record = {"choice": "", "modules": ["pagekv.cli"], "compiled": True}
+            return json.dumps({**record, "interpreted": None})
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    info = pagekv.build_info.__wrapped__()
+    assert info == BuildInfo(("pagekv.cli",), (), None)  # pagekv.cli imports from source
+
+    # an install from before the record: pyproject's list, checked the same way
+    monkeypatch.setattr(Dist, "read_text", lambda self, name: None)
+    info = pagekv.build_info.__wrapped__()
+    assert (info.modules, info.recorded) == (tuple(MODULES), False)
+    assert info.compiled == tuple(m for m in MODULES if is_extension(m))
+
+
+def test_version_says_whether_the_compiled_modules_are_in_use() -> None:
+    """The real `pagekv --version`, checked against what this process imports: the two agree,
+    and the count is that of pyproject's list."""
+    script = Path(sys.executable).with_name("pagekv")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "pagekv.cli"]
+    done = subprocess.run([*command, "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout
+    assert re.fullmatch(r"pagekv \S+ \((compiled: \d+ modules|interpreted: .+)\)\n", line), line
+    compiled = all(is_extension(m) for m in MODULES)
+    assert pagekv.COMPILED is compiled
+    if compiled:
+        assert line == f"pagekv {pagekv.__version__} (compiled: {len(MODULES)} modules)\n"
+    else:
+        assert line.startswith(f"pagekv {pagekv.__version__} (interpreted: "), line
+
+
+# -- ./run and ./test keep to the choice ---------------------------------------------------------
+
+
+def _fake_tree(tmp_path: Path) -> Path:
+    """The files env.sh reads, and a .venv whose pip only logs its calls (and leaves a build
+    record with the choice it was given, as setup.py does)."""
+    tree = tmp_path / "tree"
+    for name in ("setup.py", "pyproject.toml", "scripts/env.sh", *SOURCES):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tree / name)
+    bin_dir = tree / ".venv/bin"
+    bin_dir.mkdir(parents=True)
+    record_dir = tree / ".venv/lib/python3.11/site-packages/pagekv-0.1.0.dist-info"
+    pip = textwrap.dedent(
+        f"""\
+        #!/bin/sh
+        echo "PAGEKV_PURE_PYTHON=${{PAGEKV_PURE_PYTHON-unset}} $*" >> "{tree}/pip.log"
+        case "$*" in *" -e "*)
+            mkdir -p "{record_dir}"
+            echo '{{"choice": "'"$PAGEKV_PURE_PYTHON"'", "modules": []}}' \\
+                > "{record_dir}/pagekv-build.json";;
+        esac
+        """
+    )
+    for name, text in (("pip", pip), ("python", "#!/bin/sh\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return tree
+
+
+def _source_env(tree: Path, **env: str) -> tuple[str, list[str]]:
+    base = {k: v for k, v in os.environ.items() if k != "PAGEKV_PURE_PYTHON"}
+    done = subprocess.run(
+        ["bash", "-c", f"source {tree}/scripts/env.sh"],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    log = tree / "pip.log"
+    return done.stderr, log.read_text().splitlines() if log.exists() else []
+
+
+def test_run_and_test_keep_to_the_choice_made(tmp_path: Path) -> None:
+    tree = _fake_tree(tmp_path)
+    err, calls = _source_env(tree, PAGEKV_PURE_PYTHON="1")
+    assert err.startswith("setting up .venv, interpreted: PAGEKV_PURE_PYTHON=1 at install"), err
+    assert len(err.splitlines()) == 1, err
+    assert calls[-1].startswith("PAGEKV_PURE_PYTHON=1 install --quiet -e "), calls
+
+    # unset: nothing to redo, and after an edit to a compiled module it reinstalls interpreted
+    assert _source_env(tree) == ("", calls)
+    with open(tree / SOURCES[0], "a") as f:
+        f.write("# edited\n")
+    err, again = _source_env(tree)
+    assert "interpreted: PAGEKV_PURE_PYTHON=1" in err
+    assert again[len(calls) :][-1].startswith("PAGEKV_PURE_PYTHON=1 install --quiet -e "), again
+    assert _source_env(tree) == ("", again)
+
+
+# -- pagekv.testing without hypothesis -----------------------------------------------------------
+
+
+def test_pagekv_testing_without_hypothesis_says_which_extra_installs_it() -> None:
+    script = textwrap.dedent(
+        """\
+        import sys
+
+        class NoHypothesis:
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] == "hypothesis":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        sys.meta_path.insert(0, NoHypothesis())
+        for name in [m for m in sys.modules if m.partition(".")[0] == "hypothesis"]:
+            del sys.modules[name]
+        try:
+            import pagekv.testing
+        except ModuleNotFoundError as e:
+            print(e.name)
+            print(e)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    name, message = done.stdout.splitlines()
+    assert name == "hypothesis"
+    assert message == (
+        "pagekv.testing needs hypothesis, which pagekv's testing extra installs: "
+        "pip install 'pagekv[testing]'"
+    )
+
+
+def test_the_testing_extra_installs_hypothesis() -> None:
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert any(r.startswith("hypothesis") for r in extras["testing"]), extras
