@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 
 from pagekv import __version__
-from pagekv.cli_args import kv_url, positive_int
-from pagekv.kv import DEFAULT_URL, CountingKv, open_kv
+from pagekv.cli_args import add_store_argument, positive_int
+from pagekv.kv import CountingKv, open_kv
 from pagekv.vfs import open_database
 
 _COMMANDS = {
@@ -106,9 +106,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="commit rows to a KV-backed database and report")
-    demo.add_argument(
-        "--kv", default=DEFAULT_URL, type=kv_url, help=f"store URL (default {DEFAULT_URL})"
-    )
+    add_store_argument(demo)
     demo.add_argument("--actor", default="demo", help="actor id (default demo)")
     demo.add_argument(
         "--rows", type=positive_int, default=200, help="one-row commits (default 200)"
