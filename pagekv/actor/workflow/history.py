@@ -143,6 +143,9 @@ class History:
         self._pending_puts: dict[str, None] = {}
         self._pending_deletes: list[tuple[str, str]] = []
         self._pending_names: list[tuple[int, str]] = []
+        self._pending_returns: list[tuple[Any, ...]] = []
+        """Queue rows a race gives back with the deletion of its losers: written by the same
+        commit as that deletion, whichever branch's commit it is."""
         self._meta_dirty = False
         self._committed: tuple[WorkflowState, Any, dict[str, Any] | None] = (self.state, None, None)
         """State, output and error as the database holds them."""
@@ -229,11 +232,13 @@ class History:
         self._pending_deletes.append((low, high))
         return gone
 
-    def delete_from(self, seq: int) -> None:
-        """Delete every entry created at or after `seq`."""
-        for entry in [e for e in self.entries.values() if e.seq >= seq]:
-            self._forget(entry.location)
-            self._pending_deletes.append((entry.location, entry.location + "\x00"))
+    def delete_from(self, seq: int) -> list[str]:
+        """Delete every entry created at or after `seq`; their locations."""
+        gone = [e.location for e in self.entries.values() if e.seq >= seq]
+        for location in gone:
+            self._forget(location)
+            self._pending_deletes.append((location, location + "\x00"))
+        return gone
 
     def _forget(self, location: str) -> None:
         del self.entries[location]
@@ -260,9 +265,17 @@ class History:
             return self._committed
         return current
 
+    def give_back(self, rows: list[tuple[Any, ...]]) -> None:
+        """Queue rows `(id, name, body, created)` to put back with the pending changes."""
+        self._pending_returns += rows
+
     def dirty(self) -> bool:
         return bool(
-            self._pending_puts or self._pending_deletes or self._pending_names or self._meta_dirty
+            self._pending_puts
+            or self._pending_deletes
+            or self._pending_names
+            or self._pending_returns
+            or self._meta_dirty
         )
 
     # -- writing ----------------------------------------------------------------------------
@@ -277,12 +290,14 @@ class History:
             rows=[_row(self.entries[loc]) for loc in self._pending_puts if loc in self.entries]
             + [_row(entry) for entry in staged],
             names=list(self._pending_names),
+            returns=list(self._pending_returns),
             outcome=(self.state, self.output, self.error) if self._meta_dirty else None,
             staged=list(staged),
         )
         self._pending_puts.clear()
         self._pending_deletes.clear()
         self._pending_names.clear()
+        self._pending_returns.clear()
         self._meta_dirty = False
         return batch
 
@@ -300,6 +315,7 @@ class History:
         for location in batch.puts:
             self._pending_puts[location] = None
         self._pending_names[:0] = batch.names
+        self._pending_returns[:0] = batch.returns
         self._meta_dirty |= batch.outcome is not None
 
 
@@ -311,6 +327,7 @@ class PendingWrite:
     puts: list[str]
     rows: list[tuple[Any, ...]]
     names: list[tuple[int, str]]
+    returns: list[tuple[Any, ...]]
     outcome: tuple[WorkflowState, Any, dict[str, Any] | None] | None
     staged: list[Entry]
 
@@ -331,6 +348,11 @@ class PendingWrite:
         if self.names:
             connection.executemany(
                 "INSERT INTO _pagekv_workflow_names(idx, name) VALUES (?, ?)", self.names
+            )
+        if self.returns:
+            connection.executemany(
+                "INSERT OR IGNORE INTO _pagekv_queue(id, name, body, created) VALUES (?, ?, ?, ?)",
+                self.returns,
             )
         if self.outcome is not None:
             state, output, error = self.outcome

@@ -306,7 +306,46 @@ class Runner:
     ) -> list[Message] | None:
         """Receive and record in one transaction: a message leaves the queue exactly when its
         history entry is written (unless completable: then at `complete()`). A plain read looks
-        first, so waiting on an empty queue never takes the actor's exclusive transaction."""
+        first, so waiting on an empty queue never takes the actor's exclusive transaction.
+
+        What other branches hold is read again once the transaction is under way, and what
+        this receive holds is held before it ends: two branches never take one message."""
+        peek = await self.db.locked(self._select(names, count), internal=True)
+        if not peek:
+            return None
+        taken: set[int] = set()
+        try:
+            async with self.transaction() as staged:
+                select = self._select(names, count)
+                rows = await self.db.run(
+                    lambda c: _take_rows(c, select(c), completable), internal=True
+                )
+                if not rows:
+                    return None  # another branch took them meanwhile
+                records = [
+                    {
+                        "id": i,
+                        "name": n,
+                        "body": cbor2.loads(b),
+                        "created": c,
+                        "completed": not completable,
+                    }
+                    for i, n, b, c in rows
+                ]
+                data = {**entry.data, "messages": records, "completable": completable}
+                staged.append(entry.settled(data=data))
+                if completable:
+                    taken = {r["id"] for r in records}
+                    self._held |= taken
+        except BaseException:
+            self._held -= taken
+            raise
+        return self.messages(staged[0])
+
+    def _select(
+        self, names: Sequence[str] | None, count: int
+    ) -> Callable[[apsw.Connection], list[tuple[Any, ...]]]:
+        """The query for up to `count` messages (of `names`) not held, as the held set is now."""
         where, params = "1", []
         if self._held:
             where += f" AND id NOT IN ({','.join('?' * len(self._held))})"
@@ -314,39 +353,9 @@ class Runner:
         if names is not None:
             where += f" AND name IN ({','.join('?' * len(names))})"
             params += list(names)
-        select = (
-            f"SELECT id, name, body, created FROM _pagekv_queue WHERE {where} ORDER BY id LIMIT ?"
-        )
         params.append(count)
-        peek = await self.db.locked(lambda c: c.execute(select, params).fetchall(), internal=True)
-        if not peek:
-            return None
-
-        def take(connection: apsw.Connection) -> list[tuple[Any, ...]]:
-            rows = connection.execute(select, params).fetchall()
-            if not completable:
-                connection.executemany(
-                    "DELETE FROM _pagekv_queue WHERE id = ?", [(r[0],) for r in rows]
-                )
-            return rows
-
-        async with self.transaction() as staged:
-            rows = await self.db.run(take, internal=True)
-            records = [
-                {
-                    "id": i,
-                    "name": n,
-                    "body": cbor2.loads(b),
-                    "created": c,
-                    "completed": not completable,
-                }
-                for i, n, b, c in rows
-            ]
-            data = {**entry.data, "messages": records, "completable": completable}
-            staged.append(entry.settled(data=data))
-        if completable:
-            self._held.update(r["id"] for r in records)
-        return self.messages(staged[0])
+        sql = f"SELECT id, name, body, created FROM _pagekv_queue WHERE {where} ORDER BY id LIMIT ?"
+        return lambda connection: connection.execute(sql, params).fetchall()
 
     async def return_messages(self, gone: Sequence[Entry], kept: Sequence[Entry] = ()) -> None:
         """Commit the pending history (a race's losers deleted, or `kept` for their rollback
@@ -354,13 +363,18 @@ class Runner:
         completable goes back into the queue under its own id (so in its order), since no
         replay could receive it again; a completable one not yet completed never left the queue
         and only stops being held, as after a restart; one the branch completed stays consumed.
-        A kept entry keeps its messages for the rollback replay, marked `returned`."""
+        A kept entry keeps its messages for the rollback replay, marked `returned`; one given
+        back once (by a race nested in a loser) is not given back again. The rows go back with
+        the pending history (`History.give_back`), so that whichever commit writes the losers'
+        deletion writes them too."""
         rows = []
         for entry in [*gone, *kept]:
             if entry.kind is not Kind.MESSAGE or not entry.data.get("messages"):
                 continue
             data = copy.deepcopy(entry.data)
             for record in data["messages"]:
+                if record.get("returned"):
+                    continue
                 if not entry.data.get("completable"):
                     body = cbor2.dumps(record["body"])
                     rows.append((record["id"], record["name"], body, record["created"]))
@@ -369,16 +383,8 @@ class Runner:
                 record["returned"] = True
             if entry in kept:
                 self.history.put(replace(entry, data=data))
-        async with self.transaction():
-            if rows:
-                await self.db.run(
-                    lambda c: c.executemany(
-                        "INSERT OR IGNORE INTO _pagekv_queue(id, name, body, created) "
-                        "VALUES (?, ?, ?, ?)",
-                        rows,
-                    ),
-                    internal=True,
-                )
+        self.history.give_back(rows)
+        await self.flush()
         if rows or any(e.kind is Kind.MESSAGE for e in [*gone, *kept]):
             self.instance.ctx.queue.notify()
 
@@ -436,8 +442,9 @@ class Runner:
 
     async def replay(self, location: str | None = None) -> None:
         """Forget the entry at `location` (as `describe` spells it, e.g. `retry/~2/charge`; if
-        inside a loop, the innermost loop) and every entry created after it, then run again.
-        None replays the whole workflow."""
+        inside a loop, the outermost loop holding it: an outer loop's entry records its current
+        iteration, so forgetting only an inner loop resumed the outer one past the entry) and
+        every entry created after it, then run again. None replays the whole workflow."""
         async with self.instance.run_held():
             await self.load()
             history = self.history
@@ -445,27 +452,30 @@ class Runner:
                 history.delete_from(0)
             else:
                 target = self._target(location)
-                history.delete_from(target.seq)
-                self._reopen_branches(target.location)
+                self._reopen_branches(history.delete_from(target.seq))
             history.set_outcome(WorkflowState.PENDING)
             await self._settle()
         self.instance.start_run()
 
-    def _reopen_branches(self, location: str) -> None:
-        """Mark the join and race branches holding `location` as not run: a join or race that
-        recorded its branch as settled would skip it on the replay (only the code after the
-        join re-ran, and the branch's entries were gone for good). A race forgets its winner:
-        it is run again from that point, its losers from their start."""
+    def _reopen_branches(self, forgotten: list[str]) -> None:
+        """Mark every join and race branch that lost entries (`forgotten`) as not run: a join or
+        race that recorded its branch as settled would skip it on the replay (only the code
+        after the join re-ran, and the branch's entries were gone for good), and a replay in
+        one branch forgets what the other branches did after it too. A race forgets its
+        winner: it is run again from that point, its losers from their start."""
         names = {idx: name for name, idx in self.history.names.items()}
         for entry in list(self.history.entries.values()):
             if entry.kind not in (Kind.JOIN, Kind.RACE):
                 continue
-            if not location.startswith(entry.location + "/"):
+            prefix = entry.location + "/"
+            segments = {
+                loc[len(prefix) :].split("/")[0] for loc in forgotten if loc.startswith(prefix)
+            }
+            branches = {names.get(int(s)) for s in segments if s.isdigit()}
+            if not branches:
                 continue
-            segment = location[len(entry.location) + 1 :].split("/")[0]
-            branch = names.get(int(segment)) if segment.isdigit() else None
             data = copy.deepcopy(entry.data)
-            if branch in data["branches"]:
+            for branch in branches & set(data["branches"]):
                 data["branches"][branch] = {"status": Status.PENDING.value}
             if entry.kind is Kind.RACE:
                 data["winner"] = None
@@ -483,8 +493,16 @@ class Runner:
         segments = path.split("/")
         loops = [i for i, s in enumerate(segments) if s.startswith("~")]
         if loops:
-            return by_path["/".join(segments[: loops[-1]])]
+            return by_path["/".join(segments[: loops[0]])]
         return by_path[path]
+
+
+def _take_rows(
+    connection: apsw.Connection, rows: list[tuple[Any, ...]], completable: bool
+) -> list[tuple[Any, ...]]:
+    if not completable:
+        connection.executemany("DELETE FROM _pagekv_queue WHERE id = ?", [(r[0],) for r in rows])
+    return rows
 
 
 def _load(connection: apsw.Connection) -> tuple[History, float | None]:
