@@ -226,20 +226,18 @@ class WorkflowContext:
         `non_retryable=(ValueError, KeyError)`). A timeout fails it unless `retry_on_timeout`.
         A failure of the store is never the step's: it is not caught by any of these.
         """
-        result = await self._step(
+        result = await self.try_step(
             name,
             fn,
-            max_retries,
-            backoff,
-            backoff_max,
-            timeout,
-            retry_on_timeout,
-            rollback,
-            _error_classes(non_retryable),
+            catch=(),
+            max_retries=max_retries,
+            backoff=backoff,
+            backoff_max=backoff_max,
+            timeout=timeout,
+            retry_on_timeout=retry_on_timeout,
+            rollback=rollback,
+            non_retryable=non_retryable,
         )
-        if result.failure is not None:
-            failure = result.failure
-            raise _FAILURES[failure.kind](failure.step, failure.attempts, failure.error)
         return result.value
 
     async def try_step(
