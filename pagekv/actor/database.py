@@ -46,6 +46,7 @@ class ActorDb:
         """A transaction began but no statement ran yet: its first worker hop starts with BEGIN
         (one hop fewer per transaction). Only the task holding `_lock` runs statements then."""
         self._after_transaction: list[Callable[[], Awaitable[None]]] = []
+        self._death_cause: Exception | None = None
         self.proven_at = float("-inf")
         """`time.monotonic()` just before the latest worker hop that committed: the commit passed
         the fence, so the actor was still this instance's at some moment after then."""
@@ -91,7 +92,12 @@ class ActorDb:
         await anyio.to_thread.run_sync(self.database.close, limiter=self._limiter)
 
     def death(self) -> Exception:
-        cause = self.database.take_last_kv_error()
+        """The error for a hop that met the dead database: the same for every hop, so that
+        each call that meets a fenced-off database learns it was taken over (the database
+        hands its cause out once)."""
+        if self._death_cause is None:
+            self._death_cause = self.database.take_last_kv_error()
+        cause = self._death_cause
         if isinstance(cause, FenceMismatch):
             return ActorTakenOver(f"another instance took this actor over: {cause}")
         return ActorStopped(f"the actor's database failed: {cause!r}")

@@ -281,6 +281,7 @@ class ActorInstance:
         async with self._serving():
             self.registry.counters["actions"] += 1
             ended: float | None = None
+            commits = self.ctx.db.database.commits
             with tracking_writes() as writes:
                 try:
                     async with self.gate.shared():
@@ -294,7 +295,7 @@ class ActorInstance:
                             ended = time.monotonic()
                             await self.ctx.db.save_state()
                 except ActorTakenOver as e:
-                    if writes.state() is False:  # refused by the fence, nothing written
+                    if self._wrote_nothing(writes, commits):  # the fence refused it all
                         self.registry.counters["takeovers"] += 1
                         raise NotServing(f"actor {self.actor_id}: {e}") from e
                     raise
@@ -302,10 +303,10 @@ class ActorInstance:
                     raise
                 except Exception:
                     if ended is not None and answered:
-                        await self._answer_current(ended, writes)
+                        await self._answer_current(ended, writes, commits)
                     raise
             if answered:
-                await self._answer_current(ended, writes)
+                await self._answer_current(ended, writes, commits)
             return result
 
     async def send(self, message: Outgoing) -> int:
@@ -354,7 +355,13 @@ class ActorInstance:
         except Exception:
             log.exception("actor %s: state of a failed action not saved", self.actor_id)
 
-    async def _answer_current(self, ended: float, writes: Writes) -> None:
+    def _wrote_nothing(self, writes: Writes, commits: int) -> bool:
+        """Nothing of the call can have landed: it committed nothing, and neither did anything
+        else on this instance while it ran (another call's commit saves the shared state, with
+        this call's changes to it)."""
+        return writes.state() is False and self.ctx.db.database.commits == commits
+
+    async def _answer_current(self, ended: float, writes: Writes, commits: int) -> None:
         """Acknowledge a call only if the actor was still this instance's after the call's code
         ended: a commit since then passed the fence, or a generation check (one KV read, shared
         by the calls that wait for one) proves it. Else the answer may come from stale memory:
@@ -376,7 +383,7 @@ class ActorInstance:
             if generation != self.ctx.db.database.generation:
                 self._requested = "crash"
                 self.registry.counters["takeovers"] += 1
-                if writes.state() is not False:
+                if not self._wrote_nothing(writes, commits):
                     raise ActorTakenOver(
                         f"actor {self.actor_id} was taken over elsewhere while this call ran, "
                         "after writes of this instance committed; its answer may be stale"

@@ -16,7 +16,7 @@ import anyio
 import pytest
 from actor_defs import ledger
 
-from pagekv.actor import ActorContext, ActorNotFound, Client, Registry, actor
+from pagekv.actor import ActorContext, ActorNotFound, ActorTakenOver, Client, Registry, actor
 from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -335,3 +335,73 @@ async def test_sends_through_two_registries_used_in_turn_all_arrive() -> None:
         queued = await client.get("ledger", "k").queued("inbox")  # the last one to send
     assert len(sent) == 40 and takeovers >= 20, takeovers
     assert queued == list(range(40))
+
+
+async def test_a_call_whose_state_change_another_call_committed_is_not_run_twice() -> None:
+    """`inc` changed the state and awaited; a concurrent read's save committed that change;
+    then registry two took over. inc had committed nothing itself, so it was run again on a
+    fresh instance: n == 2 for one acknowledged inc. Any commit on the instance while a call
+    runs may hold its changes, so that call is now refused, never run again."""
+    a = actor("cnt", state={"n": 0})
+    runs: list[int] = []
+    gate = anyio.Event()
+
+    @a.action
+    async def inc(ctx: ActorContext) -> int:
+        runs.append(1)
+        ctx.state["n"] += 1
+        if len(runs) == 1:
+            await gate.wait()
+        return ctx.state["n"]
+
+    @a.action
+    async def peek(ctx: ActorContext) -> int:
+        return ctx.state["n"]
+
+    store = MemoryStore()
+    async with Registry([a], kv=store).run() as first, Registry([a], kv=store).run() as second:
+        await first.get_or_create("cnt", "k").peek()
+        outcome: list[Any] = []
+
+        async def do_inc() -> None:
+            try:
+                outcome.append(await first.get("cnt", "k").inc())
+            except ActorTakenOver as e:
+                outcome.append(e)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(do_inc)
+            await anyio.sleep(0.05)
+            assert await first.get("cnt", "k").peek() == 1  # its save commits inc's change
+            assert await second.get("cnt", "k").peek() == 1  # the takeover
+            gate.set()
+        final = await second.get("cnt", "k").peek()
+    assert final == 1 and len(runs) == 1, (final, runs, outcome)
+    assert isinstance(outcome[0], ActorTakenOver), outcome
+
+
+async def test_every_call_that_met_a_fenced_off_instance_runs_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three calls on a stale instance: the fence refused each write, but only the first
+    learnt of the takeover (the database hands its cause out once); the other two failed with
+    ActorStopped instead of running again on a fresh instance. (The instance trusts itself
+    for an hour, so the calls reach its database rather than its check before the action.)"""
+    monkeypatch.setattr("pagekv.actor.instance.FRESHNESS_S", 3600.0)
+    store = MemoryStore()
+    async with (
+        Registry([ledger], kv=store).run() as first,
+        Registry([ledger], kv=store).run() as second,
+    ):
+        await first.get_or_create("ledger", "k").add(1)
+        await second.get("ledger", "k").add(2)  # takes it over; first's instance is stale
+        results: list[Any] = []
+
+        async def add(n: int) -> None:
+            results.append((await first.get("ledger", "k").add(n))["count"])
+
+        async with anyio.create_task_group() as tg:
+            for n in (3, 4, 5):
+                tg.start_soon(add, n)
+        view = await second.get("ledger", "k").read()
+    assert sorted(results) == [3, 4, 5] and sorted(view["rows"]) == [1, 2, 3, 4, 5], results

@@ -17,7 +17,7 @@ import pytest
 from actor_defs import SAGA_STEPS, saga
 from flows import settle
 
-from pagekv.actor import ActorHandle, Registry
+from pagekv.actor import ActorError, ActorHandle, Registry
 from pagekv.actor.workflow import WorkflowState
 from pagekv.kv import KvStore, MemoryStore, open_kv
 from pagekv.vfs import open_database
@@ -96,7 +96,7 @@ async def test_every_handler_runs_once_after_a_graceful_restart(
 _RUN_SAGA = """
 import anyio, sys
 from actor_defs import saga
-from pagekv.actor import ActorHandle, Registry
+from pagekv.actor import ActorError, ActorHandle, Registry
 async def main():
     async with Registry([saga], kv=sys.argv[1]).run() as client:
         await client.get_or_create("saga", "k").saga_rows()
@@ -130,4 +130,25 @@ async def test_every_handler_runs_once_after_a_sigkill(tmp_path: Path, kill_at: 
     async with Registry([saga], kv=url).run() as client:
         handle = client.get("saga", "k")
         status = await settle(handle, timeout=30)
+        _check(await handle.saga_rows(), status)
+
+
+@pytest.mark.parametrize("operation", ["cancel", "replay"])
+async def test_a_rollback_under_way_cannot_be_cancelled_or_replayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operation: str
+) -> None:
+    """Both were accepted mid-rollback: cancel left completed steps never undone, replay
+    forgot which handlers had run. Now they are refused, and the rollback finishes, each
+    handler once (the one they interrupted rolled back and ran again)."""
+    monkeypatch.setenv("SAGA_STOP_AT", "block:loop1")
+    monkeypatch.setenv("SAGA_MARKER", str(tmp_path / "marker"))
+    async with Registry([saga], kv=MemoryStore()).run() as client:
+        handle = client.get_or_create("saga", "k")
+        await handle.saga_rows()
+        with anyio.fail_after(15):
+            while not (tmp_path / "marker").exists():
+                await anyio.sleep(0.01)
+        with pytest.raises(ActorError, match="rolling back"):
+            await getattr(handle.workflow, operation)()
+        status = await settle(handle)
         _check(await handle.saga_rows(), status)

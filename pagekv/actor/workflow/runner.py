@@ -435,8 +435,7 @@ class Runner:
     async def cancel(self) -> None:
         """Stop the workflow for good: once this returns no step runs, and later wakes do not
         run it (a wake while it cancels finds the run handler held)."""
-        async with self.instance.run_held():
-            await self.load()
+        async with self._changing("cancel"):
             self.history.set_outcome(WorkflowState.CANCELLED)
             await self._settle()
 
@@ -445,8 +444,7 @@ class Runner:
         inside a loop, the outermost loop holding it: an outer loop's entry records its current
         iteration, so forgetting only an inner loop resumed the outer one past the entry) and
         every entry created after it, then run again. None replays the whole workflow."""
-        async with self.instance.run_held():
-            await self.load()
+        async with self._changing("replay"):
             history = self.history
             if location is None:
                 history.delete_from(0)
@@ -456,6 +454,23 @@ class Runner:
             history.set_outcome(WorkflowState.PENDING)
             await self._settle()
         self.instance.start_run()
+
+    @asynccontextmanager
+    async def _changing(self, what: str) -> AsyncIterator[None]:
+        """Around `cancel` and `replay`: the run handler held off and the history loaded. A
+        rollback under way is refused and goes on (the handler it interrupted rolled back and
+        runs again, once): cancelling it would leave completed steps never undone, replaying
+        would forget which handlers ran."""
+        async with self.instance.run_held():
+            await self.load()
+            if self.history.state is not WorkflowState.ROLLING_BACK:
+                yield
+                return
+        self.instance.start_run()
+        raise ActorError(
+            f"the workflow is rolling back; {what} it once it has failed "
+            "(handle.workflow.status() says when)"
+        )
 
     def _reopen_branches(self, forgotten: list[str]) -> None:
         """Mark every join and race branch that lost entries (`forgotten`) as not run: a join or
