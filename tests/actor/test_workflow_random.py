@@ -21,8 +21,8 @@ start or from a recorded entry (exactly the forgotten steps run again, each once
 child process SIGKILLed at random points, then finished here. Every completed step's row lands
 exactly once, and after a failure `undone` holds exactly the undoable rows, newest first.
 
-The engine bugs the fuzzer found are at the end, each as its shrunk program; they fail until the
-engine is fixed (the seed lists are ones that pass).
+The engine bugs the fuzzer found are at the end, each as its shrunk program (a regression test
+now that the engine is fixed), with the seeds that found them.
 """
 
 from __future__ import annotations
@@ -486,11 +486,11 @@ async def settled(handle: Any, timeout: float = 30) -> WorkflowStatus:
 
 # -- in-process runs ----------------------------------------------------------------------------
 
-FAULT_SEEDS = [*range(1, 18), 19, 20]
+FAULT_SEEDS = list(range(1, 21))
 OTHER_SEEDS = [22, 23, 24, 26, 27, 28, 30, 31]
 KILL_SEEDS = [21, 25, 29, 32, 40, 47]
-"""Seeds whose programs pass today (18 and 37 hit a known bug: see the end of the file), and
-hold every shape between them (`_check_coverage`); the SIGKILL ones kill in rollbacks too."""
+"""They hold every shape between them (`_check_coverage`); the SIGKILL ones kill in rollbacks
+too. Sweeps of seeds 1-400 (faults, replays), 1-200 (cancel) and 1-120 (SIGKILL) pass."""
 
 
 async def _run(case: Case, fault: tuple[FaultKind, int] | None) -> tuple[int, WorkflowStatus]:
@@ -744,40 +744,41 @@ async def test_sigkill_at_random_points_then_another_process_finishes(
 
 
 # -- engine bugs the fuzzer found, each as its shrunk program --------------------------------------
-# (The seed lists above are ones that pass today; these fail until the engine is fixed. The
-# seeds named are `make_case` seeds that hit the bug in the test above, shrunk here.)
+# (The seeds named are `make_case` seeds that hit the bug in the tests above, shrunk here; each
+# docstring says what the engine did before its fix.)
 
 _NO_FLAGS = (False, False)
 
 
 async def test_a_message_a_kept_race_loser_gave_back_is_not_given_back_twice() -> None:
-    """Seeds 608, 911 (shrunk). An inner race in the outer race's loser ends: its loser
-    is kept (it completed a step with a rollback handler), and what it had received, pool
-    message p0, goes back to the queue (its entry is marked `returned`). The outer winner then
-    receives p0. When the outer race ends, its loser's history holds that same kept entry, and
-    `return_messages` puts p0 back into the queue again, `returned` or not: p0 is delivered
-    twice (here got by the outer winner and left in the queue)."""
+    """Seeds 608, 911 (shrunk). An inner race in the outer race's loser ends: its loser is
+    kept (it completed a step with a rollback handler), and what it had received, pool message
+    p0, goes back to the queue (its entry marked `returned`). The outer winner then receives p0.
+    When the outer race ended, its loser's history held that same kept entry, and
+    `return_messages` put p0 back into the queue again, `returned` or not: p0 was delivered
+    twice (got by the outer winner, and left in the queue)."""
     inner = ("race", "op0", [], [("take", "op0", True, "plain")], "sleep", _NO_FLAGS)
     outer = ("race", "op1", [("take", "op0", False, "plain")], [inner], "sleep", _NO_FLAGS)
     await _run(Case(0, [("checkpoint", "cp"), outer], False), None)
 
 
-async def test_what_a_race_loser_received_in_pruned_loop_iterations_is_given_back() -> None:
-    """Seeds 129, 220, 363 (shrunk). A race's loser runs a loop (history_size=1)
-    receiving a pool message per iteration; pruning deletes the history of the old iterations,
-    their receives with it, so when the loser loses only what the last iterations received
-    goes back to the queue: p0 is in no history and not in the queue, lost."""
+async def test_what_a_race_loser_received_in_a_pruned_iteration_stays_consumed() -> None:
+    """Seeds 129, 220, 363 (shrunk). A race's loser runs a loop (history_size=1) receiving a
+    pool message per iteration; pruning deletes the history of the old iterations, their
+    receives with it, so when the loser loses only what the iterations still recorded
+    received goes back to the queue (p1, p2). The fuzzer reported p0 lost; the README now says
+    such a message stays consumed, "as a finished iteration's" (`Expected.consumed`)."""
     loop = ("loop", "op0", 3, 1, 1, [("take", "op0", False, "plain")])
     await _run(Case(0, [("race", "op0", [], [loop], "sleep", _NO_FLAGS)], False), None)
 
 
 async def test_a_race_ends_in_one_commit_with_what_its_losers_give_back() -> None:
     """Seeds 58, 151, 231 (shrunk), with a KV write failing at any point. A race that ends
-    deletes its loser's history and marks itself completed in memory (pending), then gives the
+    deletes its loser's history and marks itself completed in memory (pending); it then gave the
     loser's messages back in a transaction of its own (`return_messages`). A join branch
-    committing in between (here the other race's receive) writes the pending history, completed
-    race and deleted loser, without the messages; when the race's own commit then fails, the
-    loser's token is in no history and not in the queue: the receive after the race times
+    committing in between (here the other race's receive) wrote the pending history, completed
+    race and deleted loser, without the messages; when the race's own commit then failed, the
+    loser's token was in no history and not in the queue: the receive after the race timed
     out."""
     race = ("race", "op0", [], [], "sleep", _NO_FLAGS)
     case = Case(0, [("join", "op0", [race], [race])], False)
@@ -788,12 +789,11 @@ async def test_a_race_ends_in_one_commit_with_what_its_losers_give_back() -> Non
 
 
 async def test_two_branches_never_receive_the_same_completable_message() -> None:
-    """Seeds 18, 37 (clean) and 237 (after a fault), shrunk. Branch a receives p0 completable (it
-    stays queued, held) while branch b's receive, woken from a sleep, is already under way:
+    """Seeds 18, 37 (clean) and 237 (after a fault), shrunk. Branch a receives p0 completable
+    (it stays queued, held) while branch b's receive, woken from a sleep, is already under way:
     `Runner._take` built its `id NOT IN held` filter before awaiting the database, and `_held`
-    learns of p0 only after a's receive committed. So b takes p0 too, and both complete it: one
-    message delivered twice (a plain receive in b would delete it under a's hold the same
-    way)."""
+    learnt of p0 only after a's receive committed. So b took p0 too, and both completed it: one
+    message delivered twice (a plain receive in b deleted it under a's hold the same way)."""
     a = [("take", "op0", False, "complete")]
     b = [("sleep", "op0"), ("take", "op1", False, "complete")]
     await _run(Case(0, [("join", "op0", a, b)], False), None)
@@ -801,9 +801,9 @@ async def test_two_branches_never_receive_the_same_completable_message() -> None
 
 async def test_replay_in_a_join_branch_reruns_what_it_forgot_in_the_other_one() -> None:
     """Seeds 110, 144. `replay("op0/a/op0")` forgets that step and every entry created after it,
-    here branch b's sleep and step, and reopens branch a only: b stays settled, so b's step is
-    never run again and the history no longer records the step that wrote b's row (a rollback
-    could never undo it), while the join still reports b's output."""
+    here branch b's sleep and step; it reopened branch a only: b stayed settled, so b's step
+    never ran again and the history no longer recorded the step that wrote b's row (a rollback
+    could never undo it), while the join still reported b's output."""
     ops = [("join", "op0", [("step", "op0", False)], [("sleep", "op0"), ("step", "op1", False)])]
     case = Case(0, ops, False)
     async with Registry([flow_actor(ops)], kv=MemoryStore()).run() as client:
@@ -821,11 +821,11 @@ async def test_replay_in_a_join_branch_reruns_what_it_forgot_in_the_other_one() 
 
 async def test_replay_in_a_nested_loop_reruns_the_iteration_holding_it() -> None:
     """Seeds 24, 38, 47, 62, 115 (with targets in a nested loop). `replay` of a step in
-    iteration 1 of the inner loop of the outer loop's iteration 0 rewinds to the innermost loop
-    (`_target`): it forgets that inner loop and every later entry, outer iteration 1 included.
-    But the outer loop's own entry, older, still records iteration 1 (completed), so the re-run
-    runs outer iteration 1 only: the replayed step never runs again and the history loses outer
-    iteration 0."""
+    iteration 1 of the inner loop of the outer loop's iteration 0 rewound to the innermost loop
+    (`_target`): it forgot that inner loop and every later entry, outer iteration 1 included.
+    But the outer loop's own entry, older, still recorded iteration 1 (completed), so the re-run
+    ran outer iteration 1 only: the replayed step never ran again and the history lost outer
+    iteration 0. It now rewinds to the outermost loop: all of it runs again."""
     ops = [("loop", "op0", 2, 3, 1, [("loop", "op0", 2, 3, 1, [("step", "op0", False)])])]
     target = "op0/~0/op0/~1/op0"
     async with Registry([flow_actor(ops)], kv=MemoryStore()).run() as client:
@@ -838,6 +838,7 @@ async def test_replay_in_a_nested_loop_reruns_the_iteration_holding_it() -> None
     assert status.output == expect(ops).outcome
     assert rows.count(target) == 2, f"the replayed step ran again: {rows}"
     assert set(rows) <= set(recorded), f"ran, and not in the history: {set(rows) - set(recorded)}"
+    assert Counter(rows) == {p: 2 for p, _ in expect(ops).rows}, "the whole outer loop reran"
 
 
 def _check_coverage() -> None:
@@ -845,7 +846,7 @@ def _check_coverage() -> None:
     would quietly stop testing some of them): checked as the file is imported."""
     every = set().union(*(shape(make_case(s).ops) for s in FAULT_SEEDS + OTHER_SEEDS + KILL_SEEDS))
     wanted = {"race-sleep", "race-fail", "kept-loser", "loop1/1", "undoable", "checkpoint"}
-    wanted |= {"take-plain", "take-complete", "take-hold"}
+    wanted |= {"take-plain", "take-complete", "take-hold", "pruned"}
     assert wanted <= every, f"the seeds miss {wanted - every}"
     killed = set().union(*(shape(make_case(seed).ops) for seed in KILL_SEEDS))
     assert {"race", "checkpoint", "loop"} <= killed, f"the SIGKILL seeds hold only {killed}"
