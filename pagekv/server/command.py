@@ -46,12 +46,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     _configure_logging(args.log_level)
     shown = redact_url(args.kv)
+    pool_log = logging.getLogger("psycopg.pool")  # its retries: the error below says it all
+    level = pool_log.level
+    pool_log.setLevel(logging.ERROR)
     try:
         store = open_kv(args.kv)
     except (KvError, OSError, ValueError) as e:
         reason = " ".join(str(e).split())  # one line: a driver's message may span several
         print(f"pagekv serve: cannot open the store {shown}: {reason}", file=sys.stderr)
         return 1
+    finally:
+        pool_log.setLevel(level)
     auth = "unauthenticated" if config.unauthenticated else "token required"
     print(
         f"pagekv serve: {len(registry.definitions)} actor type(s) "

@@ -203,6 +203,7 @@ def test_serve_on_an_unreachable_store_is_one_line_without_its_password() -> Non
     assert result.returncode == 1, result.stderr
     assert "s3cret-pw" not in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # no pool retries
     last = result.stderr.strip().splitlines()[-1]
     assert "unreachable" in last and last.startswith(
         "pagekv serve: cannot open the store postgresql://ada:***@127.0.0.1:1/"
