@@ -508,3 +508,4 @@ def test_json_alone_prints_the_document_as_every_commands_json_does(
     doc = json.loads(out)
     assert doc["command"].endswith("--json")
     assert [w["name"] for w in doc["workloads"]] == ["commit-1"]
+    assert doc["machine"]["build"].startswith(("compiled", "interpreted")), "which build ran"

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 import apsw
 
-from pagekv import __version__
+from pagekv import __version__, build_description
 from pagekv.bench.runner import MEMORY_METHOD, SystemResult, WorkloadResult
 from pagekv.bench.targets import MET, MISSED, TargetResult, fmt_ratio
 
@@ -44,6 +44,9 @@ class Machine:
     sqlite: str
     pagekv: str
     load_average_start: list[float]
+    build: str = ""
+    """Whether the compiled modules ran (`pagekv.build_description()`): that halves a
+    commit's cost, so a figure means little without it."""
     load_average_end: list[float] = field(default_factory=list)
 
     @classmethod
@@ -58,6 +61,7 @@ class Machine:
             sqlite=apsw.sqlite_lib_version(),
             pagekv=__version__,
             load_average_start=_load(),
+            build=build_description(),
         )
 
 
@@ -332,14 +336,12 @@ def targets_table(targets: Sequence[TargetResult], width: int | None = None) -> 
 
 
 def header(report: BenchReport) -> str:
-    from pagekv import build_description  # compiled or not: that halves a commit's cost
-
     m, c = report.machine, report.config
     latency = f", +{c.latency_ms:g} ms simulated latency per KV round trip" if c.latency_ms else ""
     return "\n".join(
         [
             f"pagekv bench — {report.command}",
-            f"  pagekv {m.pagekv} ({build_description()})",
+            f"  pagekv {m.pagekv} ({m.build})",
             f"  store {c.kv}{latency}; native files in {c.scratch_dir} ({c.scratch_filesystem})",
             f"  Python {m.python} ({m.implementation}), apsw {m.apsw}, SQLite {m.sqlite}, "
             f"{m.cpu_count} CPUs ({m.cpu_model}), load average {m.load_average_start}",
