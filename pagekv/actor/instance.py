@@ -89,6 +89,8 @@ class ActorInstance:
         """When this instance last knew it was current (its takeover at start, then checks)."""
         self._checking: anyio.Event | None = None
         """Set when the generation check under way ends; None while none is."""
+        self._taken_over = False
+        """A generation check found another instance's takeover."""
         self.next_due: float | None = None
         self._wake_written: object = _UNSET
         self._lease = registry.wake_lease
@@ -363,13 +365,34 @@ class ActorInstance:
 
     async def _answer_current(self, ended: float, writes: Writes, commits: int) -> None:
         """Acknowledge a call only if the actor was still this instance's after the call's code
-        ended: a commit since then passed the fence, or a generation check (one KV read, shared
-        by the calls that wait for one) proves it. Else the answer may come from stale memory:
-        a no-op write (`state["v"] = 1` when memory holds 1 and the store 2) or a read. A call
-        that wrote nothing runs again on a fresh instance (`NotServing`); one whose writes may
-        have landed is refused with `ActorTakenOver`, as running it again could apply them
-        twice."""
-        while max(self._checked_at, self.ctx.db.proven_at) < ended:
+        ended (`_owned_since`). Else the answer may come from stale memory: a no-op write
+        (`state["v"] = 1` when memory holds 1 and the store 2) or a read. A call that wrote
+        nothing runs again on a fresh instance (`NotServing`); one whose writes may have landed
+        is refused with `ActorTakenOver`, as running it again could apply them twice."""
+        if await self._owned_since(ended):
+            return
+        if not self._wrote_nothing(writes, commits):
+            raise ActorTakenOver(
+                f"actor {self.actor_id} was taken over elsewhere while this call ran, "
+                "after writes of this instance committed; its answer may be stale"
+            )
+        raise NotServing(f"actor {self.actor_id} was taken over elsewhere")
+
+    async def _check_current(self) -> None:
+        """Refuse the call before it runs (`NotServing`: the registry wakes a fresh instance,
+        which takes the actor back) unless this instance was known to own the actor less than
+        `FRESHNESS_S` ago."""
+        if not await self._owned_since(time.monotonic() - FRESHNESS_S):
+            raise NotServing(f"actor {self.actor_id} was taken over elsewhere")
+
+    async def _owned_since(self, since: float) -> bool:
+        """Whether this instance owned the actor at some moment after `since`: a commit since
+        then passed the fence, or a generation read begun since then says so (one KV read,
+        shared by the calls that wait for it). False once a takeover was found, which tears the
+        instance down (counted once)."""
+        while max(self._checked_at, self.ctx.db.proven_at) < since:
+            if self._taken_over:
+                return False
             if self._checking is not None:
                 await self._checking.wait()
                 continue
@@ -381,28 +404,11 @@ class ActorInstance:
                 self._checking = None
                 checking.set()
             if generation != self.ctx.db.database.generation:
-                self._requested = "crash"
+                self._taken_over, self._requested = True, "crash"
                 self.registry.counters["takeovers"] += 1
-                if not self._wrote_nothing(writes, commits):
-                    raise ActorTakenOver(
-                        f"actor {self.actor_id} was taken over elsewhere while this call ran, "
-                        "after writes of this instance committed; its answer may be stale"
-                    )
-                raise NotServing(f"actor {self.actor_id} was taken over elsewhere")
+                return False
             self._checked_at = max(self._checked_at, started)
-
-    async def _check_current(self) -> None:
-        """Refuse the call (`NotServing`: the registry wakes a fresh instance, which takes the
-        actor back) if another instance took the actor over since this one last checked."""
-        now = time.monotonic()
-        if now - self._checked_at < FRESHNESS_S:
-            return
-        generation = await anyio.to_thread.run_sync(self.kv.generation)
-        self._checked_at = now
-        if generation != self.ctx.db.database.generation:
-            self._requested = "crash"
-            self.registry.counters["takeovers"] += 1
-            raise NotServing(f"actor {self.actor_id} was taken over elsewhere")
+        return True
 
     def serving(self) -> bool:
         """Running, not torn down by a failure, and its database alive (it may have died in a
