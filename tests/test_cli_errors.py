@@ -12,6 +12,8 @@ import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.client import HttpClient, ServerUnreachable
+from pagekv.fuzz import cli
+from pagekv.fuzz.runner import Coverage
 
 
 def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -69,3 +71,19 @@ async def test_the_client_names_the_server_it_cannot_reach() -> None:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def test_fuzz_progress_off_a_terminal_is_a_line_every_few_seconds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Off a terminal it printed nothing until the end; on one, a line rewritten in place."""
+    clock = [0.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    progress = cli._Progress(terminal=False)
+    for second in range(1, 31):  # a call per second for 30 s
+        clock[0] = float(second)
+        progress(Coverage())
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 6 and all(line.startswith("pagekv fuzz: runs ") for line in lines), lines
+    cli._Progress(terminal=True)(Coverage())
+    assert capsys.readouterr().err.startswith("\r  runs ")
