@@ -93,7 +93,7 @@ class ActorInstance:
         """A generation check found another instance's takeover."""
         self.next_due: float | None = None
         self._wake_written: object = _UNSET
-        self._lease = registry.wake_lease
+        self._lease = registry.lease
         """Seconds ahead that the published wake time stays while this instance holds the
         actor; 0 once it gives the lease up to sleep (see `_wake_time`)."""
         self._publishing = anyio.Lock()

@@ -43,7 +43,7 @@ from pagekv.kv import DEFAULT_URL, KeyTooLarge, KvStore, open_kv, prefix_end
 REGISTRY_NAMESPACE = "pagekv-registry"
 _IDLE_CHECK_S = 0.05
 _WAKE_POLL_S = 0.5
-WAKE_LEASE_S = 10.0
+LEASE_S = 10.0
 """Default lease of a live instance on its wake entry (see `ActorInstance._wake_time`): other
 registries leave the actor alone while the lease runs, and the owner renews it with half of it
 to go. It is how late, at most, a schedule of an actor whose process died runs elsewhere; it
@@ -57,19 +57,19 @@ log = logging.getLogger("pagekv.actor")
 
 
 class Registry:
-    """Serves `actors` on the store `kv`. `wake_lease` (seconds) bounds how late a schedule of
-    an actor whose process died runs on another registry of the store; see `WAKE_LEASE_S`."""
+    """Serves `actors` on the store `kv`. `lease` (seconds) bounds how late a schedule of
+    an actor whose process died runs on another registry of the store; see `LEASE_S`."""
 
     def __init__(
         self,
         actors: Iterable[ActorDefinition],
         kv: str | KvStore = DEFAULT_URL,
         *,
-        wake_lease: float = WAKE_LEASE_S,
+        lease: float = LEASE_S,
     ) -> None:
-        if wake_lease <= 0:
-            raise ValueError(f"wake_lease must be > 0 seconds, got {wake_lease}")
-        self.wake_lease = wake_lease
+        if lease <= 0:
+            raise ValueError(f"lease must be > 0 seconds, got {lease}")
+        self.lease = lease
         self.definitions: dict[str, ActorDefinition] = {}
         for definition in actors:
             if definition.name in self.definitions:

@@ -91,7 +91,7 @@ def create_app(
         try:
             meter = KvMeter()
             registry = Registry(
-                definitions, kv=MeteredStore(store, meter), wake_lease=config.wake_lease_s
+                definitions, kv=MeteredStore(store, meter), lease=config.lease_s
             )
             async with registry.run():
                 index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)

@@ -40,7 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_header_bytes=args.max_header_bytes,
         )
         registry = load_registry(args.app)
-        config = replace(config, wake_lease_s=registry.wake_lease)
+        config = replace(config, lease_s=registry.lease)
     except (ConfigError, AppNotFound) as e:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagekv.actor.registry import WAKE_LEASE_S
+from pagekv.actor.registry import LEASE_S
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 
 DEFAULT_INSPECT_MAX_BYTES = 16 * 2**20
@@ -45,8 +45,8 @@ class ServerConfig:
     """The most bytes a request's headers may hold (431 beyond)."""
     max_connections: int = 1024
     """Connections (and requests in flight) served at once; more are answered 503."""
-    wake_lease_s: float = WAKE_LEASE_S
-    """The registry's `wake_lease` (`pagekv serve` takes the app's registry's)."""
+    lease_s: float = LEASE_S
+    """The registry's `lease` (`pagekv serve` takes the app's registry's)."""
 
     def __post_init__(self) -> None:
         if self.token is None and not self.unauthenticated:
@@ -81,5 +81,5 @@ class ServerConfig:
             raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.query_timeout_s <= 0:
             raise ConfigError(f"query_timeout_s must be > 0, got {self.query_timeout_s}")
-        if self.wake_lease_s <= 0:
-            raise ConfigError(f"wake_lease_s must be > 0, got {self.wake_lease_s}")
+        if self.lease_s <= 0:
+            raise ConfigError(f"lease_s must be > 0, got {self.lease_s}")

@@ -44,6 +44,14 @@ class ErrorCode(enum.StrEnum):
     ACTOR_EXISTS = "actor_exists"
     ACTOR_TAKEN_OVER = "actor_taken_over"
     ACTOR_STOPPED = "actor_stopped"
+    NOT_OWNER = "not_owner"
+    """A forwarded call reached a registry that does not own the actor (it just went to sleep
+    there, was taken over, or the registry is draining): nothing was written; retry."""
+    OWNER_UNREACHABLE = "owner_unreachable"
+    """Another registry owns the actor under a live lease but could not be reached in time:
+    nothing was written; retry (the actor moves once the lease runs out)."""
+    OWNER_TIMEOUT = "owner_timeout"
+    """The owner got the forwarded call but sent no answer in time: it may have run."""
     STORAGE_UNAVAILABLE = "storage_unavailable"
     KV_LIMIT = "kv_limit"
     QUEUE_FULL = "queue_full"

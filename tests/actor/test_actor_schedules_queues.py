@@ -515,15 +515,15 @@ async def test_a_due_schedule_runs_once_while_its_owner_runs_it(
     assert pending == 0 and takeovers == 0
 
 
-async def test_the_owner_renews_its_wake_lease_while_a_schedule_runs_long(
+async def test_the_owner_renews_its_lease_while_a_schedule_runs_long(
     wait_for: WaitFor, attempt: Attempt
 ) -> None:
     """The scheduled action outlasts the wake lease several times over; the owner's
     housekeeping renews the lease meanwhile, so the other registry never finds it due."""
     held = _Held()
     store = MemoryStore()
-    owner = Registry([held.definition], kv=store, wake_lease=1.0)
-    other = Registry([held.definition], kv=store, wake_lease=1.0)
+    owner = Registry([held.definition], kv=store, lease=1.0)
+    other = Registry([held.definition], kv=store, lease=1.0)
     async with owner.run() as client, other.run():
         await client.get_or_create("held", "k").arm(0.1)
         await wait_for(lambda: bool(held.started), what="the owner running the due schedule")
@@ -623,7 +623,7 @@ async def test_a_schedule_cut_short_by_a_killed_owner_runs_again_elsewhere(
                 f.write("started\\n")
             await anyio.sleep_forever()
         async def main():
-            async with Registry([a], kv="file://{store}", wake_lease=1.0).run() as client:
+            async with Registry([a], kv="file://{store}", lease=1.0).run() as client:
                 await client.get_or_create("held", "k").arm(0.1)
                 await anyio.sleep_forever()
         anyio.run(main)

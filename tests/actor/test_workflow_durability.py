@@ -169,7 +169,7 @@ import anyio, signal, sys
 from actor_defs import stepper
 from pagekv.actor import Registry
 async def main():
-    registry = Registry([stepper], kv=sys.argv[1], wake_lease=float(sys.argv[2]))
+    registry = Registry([stepper], kv=sys.argv[1], lease=float(sys.argv[2]))
     with anyio.open_signal_receiver(signal.SIGTERM) as signals:
         async with registry.run() as client:
             await client.get_or_create("stepper", "k").progress()
@@ -210,7 +210,7 @@ async def test_a_workflow_cut_off_by_its_process_resumes_with_no_request(
         cut_at = await anyio.to_thread.run_sync(_committed, store)
         assert code == (0 if stop == signal.SIGTERM else -signal.SIGKILL), (code, cut_at)
         assert cut_at < STEPS, "the workflow finished before the stop"
-        async with Registry([stepper], kv=url, wake_lease=lease).run():
+        async with Registry([stepper], kv=url, lease=lease).run():
             with anyio.fail_after(within):
                 while (done := await anyio.to_thread.run_sync(_committed, store)) < STEPS:
                     assert done >= cut_at, (done, cut_at)

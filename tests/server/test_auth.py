@@ -42,16 +42,16 @@ def test_the_server_config_fails_closed() -> None:
     with pytest.raises(ConfigError, match="exact origin"):
         ServerConfig(token="t", cors_origins=("*",))
     assert ServerConfig(unauthenticated=True).token is None
-    with pytest.raises(ConfigError, match="wake_lease_s"):
-        ServerConfig(unauthenticated=True, wake_lease_s=0)
+    with pytest.raises(ConfigError, match="lease_s"):
+        ServerConfig(unauthenticated=True, lease_s=0)
 
 
-async def test_the_served_registry_takes_the_configured_wake_lease() -> None:
+async def test_the_served_registry_takes_the_configured_lease() -> None:
     """`pagekv serve` passes the app's registry's lease this way."""
-    config = ServerConfig(unauthenticated=True, wake_lease_s=2.5)
+    config = ServerConfig(unauthenticated=True, lease_s=2.5)
     app = create_app(Registry([]).definitions.values(), kv=MemoryStore(), config=config)
     async with app.router.lifespan_context(app) as state:
-        assert state["runtime"].registry.wake_lease == 2.5
+        assert state["runtime"].registry.lease == 2.5
 
 
 BAD_CREDENTIALS = [
