@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -66,10 +67,15 @@ class Registry:
         kv: str | KvStore = DEFAULT_URL,
         *,
         lease: float = LEASE_S,
+        address: str | None = None,
     ) -> None:
         if lease <= 0:
             raise ValueError(f"lease must be > 0 seconds, got {lease}")
         self.lease = lease
+        self.address = address
+        """Where other registries of the store forward calls for the actors this one owns."""
+        self.id = uuid.uuid4().hex
+        """This registry's identity in the store's ownership entries; new on every start."""
         self.definitions: dict[str, ActorDefinition] = {}
         for definition in actors:
             if definition.name in self.definitions:
@@ -87,6 +93,7 @@ class Registry:
     @asynccontextmanager
     async def run(self) -> AsyncIterator[Client]:
         """Serve the actors while the block runs; put every live instance to sleep at the end."""
+        self.id = uuid.uuid4().hex
         self.store = open_kv(self._kv) if isinstance(self._kv, str) else self._kv
         self._index = self.store.namespace(REGISTRY_NAMESPACE)
         try:

@@ -44,6 +44,13 @@ async def health(request: Request) -> Response:
     return answer(request, {"status": "stopped"}, status=503)
 
 
+async def member(request: Request) -> Response:
+    """Which registry answers at this address: how a `serve` process checks that the address it
+    advertises to the others reaches itself."""
+    registry = runtime(request).registry
+    return answer(request, {"registry": registry.id, "address": registry.address})
+
+
 async def metrics(exposition: Exposition, request: Request) -> Response:
     rt = runtime(request)
     instances = rt.registry.live()
@@ -91,7 +98,10 @@ def create_app(
         try:
             meter = KvMeter()
             registry = Registry(
-                definitions, kv=MeteredStore(store, meter), lease=config.lease_s
+                definitions,
+                kv=MeteredStore(store, meter),
+                lease=config.lease_s,
+                address=config.advertise_url,
             )
             async with registry.run():
                 index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)
@@ -109,6 +119,7 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
+            Route("/cluster/member", member, methods=["GET"]),
             # an Exposition per app: apps in one process share no metric
             Route("/metrics", partial(metrics, Exposition()), methods=["GET"]),
             *gateway.ROUTES,

@@ -45,6 +45,10 @@ class ServerConfig:
     """The most bytes a request's headers may hold (431 beyond)."""
     max_connections: int = 1024
     """Connections (and requests in flight) served at once; more are answered 503."""
+    advertise_url: str | None = None
+    """Where the other registries of the store reach this server to forward calls for the
+    actors it owns (`pagekv serve --advertise-url`); None: it owns actors nobody can forward
+    to, so the others take them over, as a process without placement would."""
     lease_s: float = LEASE_S
     """The registry's `lease` (`pagekv serve` takes the app's registry's)."""
 
