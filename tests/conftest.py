@@ -101,10 +101,12 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 def _stored_actors(store: MemoryStore) -> tuple[list[str], list[bytes]]:
-    """What `store` holds of actors: their namespaces, and the registry's entries (index, wake
-    and due entries). Both are empty on a store where no actor was ever created."""
+    """What `store` holds of actors: their namespaces, and the registry's entries of actors
+    (index, lease and due entries; not the registries' own member entries). Both are empty on
+    a store where no actor was ever created."""
     namespaces = [n for n in store.actor_ids() if n != REGISTRY_NAMESPACE]
-    entries = [key for key, _ in store.namespace(REGISTRY_NAMESPACE).list()]
+    listed = store.namespace(REGISTRY_NAMESPACE).list()
+    entries = [key for key, _ in listed if not key.startswith(b"member/")]
     return namespaces, entries
 
 

@@ -92,6 +92,22 @@ class ActorStopped(ActorError):
     """The instance stopped (slept, was destroyed or crashed) while the call was in flight."""
 
 
+class OwnedElsewhere(ActorError):
+    """Another live registry owns the actor (`owner`, an `ownership.Owner`): the call is for it.
+    Raised before anything is woken or written; a server forwards the call to `owner.address`.
+    """
+
+    def __init__(self, message: str, owner: Any) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+class NotOwner(ActorStopped):
+    """A forwarded call reached a registry that does not own the actor (it went to sleep or was
+    taken over there, or the registry is draining): nothing was written; the sender routes the
+    call again."""
+
+
 class ReservedName(ActorError):
     """User SQL touched a `_pagekv_` table, which the runtime reserves."""
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, assert_never
+from typing import Any, Literal, TypeVar, assert_never
 
 import anyio
 import cbor2
@@ -24,7 +24,9 @@ from pagekv.actor.database import ActorDb
 from pagekv.actor.definition import ActorDefinition, Hook
 from pagekv.actor.errors import STORAGE_ERRORS, ActorNotFound, ActorStopped, ActorTakenOver
 from pagekv.actor.gate import Gate
+from pagekv.actor.host import InstanceHost
 from pagekv.actor.internal import encode_state, is_initialized, load, mark_initialized, migrate
+from pagekv.actor.ownership import Lease
 from pagekv.actor.queue import Outgoing, Queue
 from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
@@ -34,12 +36,8 @@ from pagekv.actor.writes import Writes, tracking_writes
 from pagekv.kv import ActorKv, FenceMismatch, KvError
 from pagekv.vfs import open_database
 
-if TYPE_CHECKING:
-    from pagekv.actor.registry import Registry
-
 T = TypeVar("T")
 log = logging.getLogger("pagekv.actor")
-_UNSET = object()
 FRESHNESS_S = 0.05
 """A call first checks that no other instance took the actor over (one KV read) unless this
 instance checked less than this long ago, so a stale instance rarely runs user code at all. The
@@ -60,7 +58,12 @@ class Phase(enum.Enum):
 
 class ActorInstance:
     def __init__(
-        self, registry: Registry, definition: ActorDefinition, actor_id: str, key: str, kv: ActorKv
+        self,
+        registry: InstanceHost,
+        definition: ActorDefinition,
+        actor_id: str,
+        key: str,
+        kv: ActorKv,
     ) -> None:
         self.registry = registry
         self.definition = definition
@@ -92,10 +95,11 @@ class ActorInstance:
         self._taken_over = False
         """A generation check found another instance's takeover."""
         self.next_due: float | None = None
-        self._wake_written: object = _UNSET
+        self._published: Lease | None = None
+        """What the lease entry holds, once this instance wrote it."""
         self._lease = registry.lease
-        """Seconds ahead that the published wake time stays while this instance holds the
-        actor; 0 once it gives the lease up to sleep (see `_wake_time`)."""
+        """Seconds its lease on the actor runs from each renewal while this instance holds it;
+        0 once it gives the lease up to sleep (see `_lease_target`)."""
         self._publishing = anyio.Lock()
         self._stopping: Stop | None = None
         """How `stop` is stopping this instance, once it began."""
@@ -152,7 +156,7 @@ class ActorInstance:
             )
             self.created = not initialized
             cell.restore((stored, encode_state(stored) if initialized else None))
-            await self.publish_wake()  # the lease, before any hook runs (see `_wake_time`)
+            await self.publish_wake()  # the lease, before any hook runs (`_lease_target`)
             hooks = definition.hooks
             if "on_migrate" in hooks:
                 async with db.transaction():
@@ -469,47 +473,50 @@ class ActorInstance:
 
     # -- schedules --------------------------------------------------------------------------
 
-    def _wake_time(self, next_due: float | None, now: float) -> float | None:
-        """The time to publish at `now` in the registry's wake index (`Registry.write_wake`,
-        which every registry of the store polls) for a next schedule at `next_due`: the one
-        published already if it still does (no write), else a fresh one.
+    def _lease_target(self, next_run: float | None, now: float) -> Lease:
+        """The lease entry to publish at `now` (`ownership.py`, which every registry of the
+        store reads) for a next run at `next_run`: the one published already if it still does
+        (no write), else a fresh one.
 
-        Invariant, while this instance holds a lease (from its takeover, before any hook runs,
-        until it goes to sleep) and a schedule is pending, the published time lies in
-        [now + lease / 2, max(next_due, now + lease)]:
-        - the lower bound keeps a healthy owner's entry from ever being due, so no other
-          registry's poll takes the actor over from it, not even while a due schedule runs (it
-          would run it a second time). The registry's housekeeping renews the lease
-          (`wake_lapsing`) with half of it still to go: only an event loop stalled that long,
-          or clocks that disagree by as much, let another registry find it due;
-        - the upper bound means that if this process dies, the actor is woken on time for its
-          schedule or at most one lease after the death, whichever is later. Schedules stay at
-          least once across crashes: one cut short by the crash runs again.
-        Without a lease (going to sleep), the time is exactly `next_due`.
+        Invariants, while this instance holds a lease (from its takeover, before any hook runs,
+        until it goes to sleep):
+        - `until` lies in [now + lease / 2, now + lease]: the registry's housekeeping renews it
+          (`lease_lapsing`) with half of it still to go, so other registries forward calls here
+          rather than take the actor over. Only an event loop stalled that long, or clocks that
+          disagree by as much, let another registry find it run out;
+        - with a run pending, `due` is `max(next_run, until)`: never due while the lease is
+          live, so no other registry's poll takes the actor from a healthy owner (it would run
+          a due schedule a second time); and if this process dies, the actor is woken on time
+          for its schedule or at most one lease after the death, whichever is later. Schedules
+          stay at least once across crashes: one cut short by the crash runs again.
+        Without a lease (going to sleep), `due` is exactly `next_run` and there is no owner.
         """
         lease = self._lease
-        if next_due is None or not lease:
-            return next_due
-        latest = max(next_due, now + lease)
-        written = self._wake_written
-        if isinstance(written, int | float) and now + lease / 2 <= written <= latest:
-            return written
-        return latest
+        if not lease:
+            return Lease(next_run, None)
+        kept = self._published.until if self._published is not None else None
+        until = kept if kept is not None and now + lease / 2 <= kept <= now + lease else now + lease
+        return Lease(None if next_run is None else max(next_run, until), until)
 
-    async def _publish(self, next_due: float | None) -> None:
-        """Write the wake time for `next_due` to the wake index unless it is there already.
-        One write at a time, so what `_wake_written` says is what the index holds."""
+    async def _publish(self, next_run: float | None) -> None:
+        """Write the lease entry for `next_run` unless it is there already. One write at a
+        time, so what `_published` says is what the index holds."""
         async with self._publishing:
-            target = self._wake_time(next_due, time.time())
-            if target != self._wake_written:
-                await self.registry.write_wake(self, target)
-                self._wake_written = target
+            target = self._lease_target(next_run, time.time())
+            if target != self._published:
+                ownership, definition = self.registry.ownership, self.definition
+                await anyio.to_thread.run_sync(
+                    lambda: ownership.publish(
+                        self.actor_id, self.generation, definition.name, self.key, target
+                    )
+                )
+                self._published = target
 
     def _next_run(self, now: float, run_pending: bool | None = None) -> float | None:
         """When the actor must run next: its next schedule, or `now` while its run handler has
         work (`_run_pending`, or `run_pending` as it was before a stop), so that a workflow or
         a busy run handler cut off by a graceful stop resumes on the next registry at once, and
-        after a crash within one lease (`_wake_time`)."""
+        after a crash within one lease (`_lease_target`)."""
         pending = self._run_pending() if run_pending is None else run_pending
         if pending:
             return now if self.next_due is None else min(self.next_due, now)
@@ -517,7 +524,7 @@ class ActorInstance:
 
     async def announce_wake(self, due: float) -> None:
         """Before committing a schedule row due at `due`: make sure the wake index covers it
-        should this instance die (see `_wake_time`). Written ahead of the commit, so a crash in
+        should this instance die (see `_lease_target`). Written ahead of the commit, so a crash in
         between can only cause an early (harmless) wake, never a missed one; `refresh_wake` sets
         the time after the commit."""
         next_run = self._next_run(time.time())
@@ -532,26 +539,35 @@ class ActorInstance:
         await self.publish_wake()
 
     async def publish_wake(self) -> None:
-        """Write the wake time for `_next_run` to the wake index unless it is there already; the
-        registry's housekeeping calls it to renew the lease."""
+        """Write the lease entry for `_next_run` unless it is there already."""
         await self._publish(self._next_run(time.time()))
 
-    def wake_lapsing(self, now: float) -> bool:
-        """The published wake time must move on (its lease runs short) and no write of it is
-        under way. Only an instance that serves or goes to sleep renews (it may still finish a
-        due schedule): one torn down by a crash leaves its lease to run out, so the actor is
-        woken elsewhere for its schedules, and a destroyed one must not write its entry back."""
+    async def renew_lease(self) -> None:
+        """The registry's housekeeping renews the lease with this, once this instance proves it
+        still owns the actor (one generation read at most): an instance that was taken over
+        while it could not renew (its process stopped longer than the lease) finds out here
+        and is torn down, rather than believe it owns the actor until a call shows otherwise."""
+        if await self._owned_since(time.monotonic() - FRESHNESS_S):
+            await self.publish_wake()
+        elif self.active == 0 and not self._run_active:
+            await self.stop("crash")
+
+    def lease_lapsing(self, now: float) -> bool:
+        """The lease entry must move on (its lease runs short, or the next run changed) and no
+        write of it is under way. Only an instance that serves or goes to sleep renews (it may
+        still finish a due schedule): one torn down by a crash leaves its lease to run out, so
+        the actor is woken elsewhere, and a destroyed one must not write its entry back."""
         return (
             self._stopping in (None, "sleep")
             and self.stop_reason() != "crash"
             and not self._publishing.locked()
-            and self._wake_time(self._next_run(now), now) != self._wake_written
+            and self._lease_target(self._next_run(now), now) != self._published
         )
 
     async def _release_wake(self, run_pending: bool) -> None:
-        """Going to sleep: give the lease up, publishing exactly the time the actor must run
-        next (`_next_run`, with the run handler as it was before the stop), so the actor is
-        woken on time rather than a lease late."""
+        """Going to sleep: give the lease up, so the next call is served wherever it arrives,
+        and publish exactly the time the actor must run next (`_next_run`, with the run handler
+        as it was before the stop), so the actor is woken on time rather than a lease late."""
         self._lease = 0.0
         await self._publish_logged(self._next_run(time.time(), run_pending))
 
@@ -561,7 +577,7 @@ class ActorInstance:
         try:
             await self._publish(next_run)
         except KvError:
-            log.exception("actor %s: wake time not written; woken a lease late", self.actor_id)
+            log.exception("actor %s: lease entry not written; woken a lease late", self.actor_id)
 
     async def dispatch_due(self) -> None:
         """Run every due schedule (at least once), then move the wake time on."""

@@ -1,14 +1,24 @@
-"""The registry: actor definitions, live instances, addressing by (name, key), idle sleep.
+"""The registry: actor definitions, live instances, addressing by (name, key), idle sleep, and
+ownership: which registry of the store runs each awake actor.
 
 Which actors exist is recorded in a registry namespace of the same KV store, so several
 registries (processes, hosts) sharing a store agree on it; each actor's data lives in its own
-namespace, `actor_id = name/quoted-key`.
+namespace, `actor_id = name/quoted-key`. Who owns an awake actor, and when a sleeping one
+wakes, is its lease entry there (`ownership.py`).
+
+Placement: a call goes to the actor's owner. A registry with an `address` (one that others can
+forward calls to: a server's) that receives a call for an actor another live registry owns
+raises `OwnedElsewhere` before it wakes or writes anything, and its server forwards the call.
+Otherwise the actor wakes where the call arrived: when it sleeps, when its owner's lease ran
+out, when the owner cannot be forwarded to (no address), or when this registry has no address
+itself (in-process use: nobody could forward to it either, so it takes the actor over, as
+every registry did before ownership). A forwarded call (`via`) is never forwarded again: it is
+served here or refused with `NotOwner`, and the sender routes it afresh.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections import Counter
@@ -17,7 +27,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import cbor2
 from anyio.abc import TaskGroup
 
 from pagekv.actor.definition import ActorDefinition
@@ -26,6 +35,8 @@ from pagekv.actor.errors import (
     ActorNotFound,
     ActorStopped,
     ActorTakenOver,
+    NotOwner,
+    OwnedElsewhere,
     UnknownActor,
 )
 from pagekv.actor.index import (
@@ -37,29 +48,30 @@ from pagekv.actor.index import (
     records_of,
 )
 from pagekv.actor.instance import ActorInstance, NotServing
+from pagekv.actor.ownership import Forwarded, Member, Ownership, Sleeper
 from pagekv.actor.queue import prepare_message
 from pagekv.actor.workflow.handle import WorkflowHandle
-from pagekv.kv import DEFAULT_URL, KeyTooLarge, KvStore, open_kv, prefix_end
+from pagekv.kv import DEFAULT_URL, KvStore, open_kv
 
 REGISTRY_NAMESPACE = "pagekv-registry"
 _IDLE_CHECK_S = 0.05
 _WAKE_POLL_S = 0.5
 LEASE_S = 10.0
-"""Default lease of a live instance on its wake entry (see `ActorInstance._wake_time`): other
-registries leave the actor alone while the lease runs, and the owner renews it with half of it
-to go. It is how late, at most, a schedule of an actor whose process died runs elsewhere; it
-must exceed twice the clock difference between hosts."""
+"""Default lease of an awake actor's owner (`ownership.py`): other registries forward calls to
+the owner while it runs and take the actor over once it ran out, so it is also how late, at
+most, an actor whose process died is served elsewhere and runs its schedules. The owner renews
+it with half of it to go. It must exceed twice the clock difference between hosts."""
 _CALL_ATTEMPTS = 3
 """Wakes a call may take when an instance stops before the call reaches it (e.g. its run
 handler crashed right after the wake)."""
-_WAKE = b"wake/"
-_DUE = b"due/"
 log = logging.getLogger("pagekv.actor")
 
 
 class Registry:
-    """Serves `actors` on the store `kv`. `lease` (seconds) bounds how late a schedule of
-    an actor whose process died runs on another registry of the store; see `LEASE_S`."""
+    """Serves `actors` on the store `kv`. `lease` (seconds) bounds how long an actor whose
+    owner died stays unavailable (and how late its schedules run) before another registry of
+    the store takes it over; see `LEASE_S`. `address` is where other registries reach this one
+    to forward calls for the actors it owns (a server's URL); see the module's docstring."""
 
     def __init__(
         self,
@@ -83,34 +95,50 @@ class Registry:
             self.definitions[definition.name] = definition
         self._kv = kv
         self.store: KvStore
+        self.ownership: Ownership
         self._instances: dict[str, ActorInstance] = {}
         self._locks: dict[str, anyio.Lock] = {}
-        self._wake_lock = threading.Lock()
         self._tg: TaskGroup | None = None
+        self.draining = False
+        """Stopping: forwarded calls are refused (`NotOwner`) so their senders take over."""
         self.counters: Counter[str] = Counter()
-        """Wakes, sleeps, destroys, crashes, takeovers, actions, and startup phase times."""
+        """Wakes, sleeps, destroys, crashes, takeovers, actions, calls owned elsewhere, and
+        startup phase times."""
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[Client]:
-        """Serve the actors while the block runs; put every live instance to sleep at the end."""
+        """Serve the actors while the block runs; put every live instance to sleep at the end,
+        which releases their leases, so the next call for each is served elsewhere at once."""
         self.id = uuid.uuid4().hex
+        self.draining = False
         self.store = open_kv(self._kv) if isinstance(self._kv, str) else self._kv
-        self._index = self.store.namespace(REGISTRY_NAMESPACE)
+        index = await anyio.to_thread.run_sync(self.store.namespace, REGISTRY_NAMESPACE)
+        self.ownership = Ownership(index, self.id, self.address)
+        self._index = index
         try:
+            await anyio.to_thread.run_sync(self.ownership.join, time.time() + self.lease)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._housekeeping)
                 try:
                     yield Client(self)
                 finally:
+                    self.draining = True
                     with anyio.CancelScope(shield=True):
                         for instance in list(self._instances.values()):
                             await instance.stop(instance.stop_reason())
+                        await self._leave()
                     tg.cancel_scope.cancel()
         finally:
             self._tg = None
             if isinstance(self._kv, str):
                 self.store.close()
+
+    async def _leave(self) -> None:
+        try:
+            await anyio.to_thread.run_sync(self.ownership.leave)
+        except Exception:
+            log.exception("registry %s: member entry not removed; it expires", self.id)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run `fn(*args)` in the background; its failure is logged, never the registry's."""
@@ -129,8 +157,14 @@ class Registry:
         """Serving: inside `run()` and its background loop alive."""
         return self._tg is not None
 
+    async def peers(self) -> list[Member]:
+        """The other registries of the store with a live member lease."""
+        members = await anyio.to_thread.run_sync(self.ownership.members, time.time())
+        return [m for m in members if m.id != self.id]
+
     async def _housekeeping(self) -> None:
-        """Put idle instances to sleep, dispatch due schedules, wake sleeping actors on time.
+        """Put idle instances to sleep, renew leases, dispatch due schedules, wake sleeping
+        actors on time.
 
         A round that fails (the store unreachable for a moment, say) is logged and counted
         (`housekeeping_errors`), and the next round tries again: the loop outlives any error,
@@ -138,131 +172,56 @@ class Registry:
         """
         indexed = False
         last_poll = 0.0
+        member_until = time.time() + self.lease
         while True:
             await anyio.sleep(_IDLE_CHECK_S)
             poll = time.monotonic() - last_poll >= _WAKE_POLL_S
             if poll:
                 last_poll = time.monotonic()
             try:
-                self._tend_instances(time.time())
+                now = time.time()
+                self._tend_instances(now)
+                if member_until - now < self.lease / 2:
+                    member_until = now + self.lease
+                    await anyio.to_thread.run_sync(self.ownership.join, member_until)
                 if poll:
                     if not indexed:
-                        await anyio.to_thread.run_sync(self._index_due_times)
+                        await anyio.to_thread.run_sync(self.ownership.index_due_times)
                         indexed = True
-                    for name, key in await self._due_sleepers(time.time()):
-                        self.spawn(self._wake, name, key)
+                    for sleeper in await self._due_sleepers(time.time()):
+                        self.spawn(self._wake, sleeper.name, sleeper.key)
             except Exception:
                 self.counters["housekeeping_errors"] += 1
                 log.exception("housekeeping failed; the next round tries again")
 
+    async def _due_sleepers(self, now: float) -> list[Sleeper]:
+        """The actors not awake here whose wake is due (`Ownership.due_sleepers`)."""
+        awake = set(self._instances)
+        return await anyio.to_thread.run_sync(self.ownership.due_sleepers, now, awake)
+
     def _tend_instances(self, now: float) -> None:
-        """Dispatch the due schedules of live instances, renew their wake leases, and put idle
-        ones to sleep."""
+        """Dispatch the due schedules of live instances, renew their leases, and put idle ones
+        to sleep."""
         for instance in list(self._instances.values()):
             if instance.next_due is not None and instance.next_due <= now:
                 self.spawn(instance.dispatch_due)
-            if instance.wake_lapsing(now):
-                self.spawn(instance.publish_wake)
+            if instance.lease_lapsing(now):
+                self.spawn(instance.renew_lease)
             if instance.sleepy():
                 self.spawn(instance.sleep_if_idle)
 
-    async def _due_sleepers(self, now: float) -> list[tuple[str, str]]:
-        """Actors not live here with a wake entry that is due.
-
-        Reads only the due entries up to `now`, so a poll costs the same with ten sleeping
-        actors or a million. A due entry counts only if the wake entry it names still holds that
-        time. One whose wake entry is gone (a newer generation removed it, or the actor was
-        destroyed) is deleted: only a stale writer of that generation could write the wake entry
-        again, and the newer generation's own entries decide the wake then.
-        """
-        rows = await anyio.to_thread.run_sync(
-            lambda: self._index.list(
-                start=_DUE, end=_due_key(now, _WAKE + b"\xff"), limit=_MAX_WAKES
-            )
-        )
-        due: dict[str, tuple[str, str]] = {}
-        keys = [key for key, _ in rows]
-        step = self._index.limits.max_batch_entries
-        for part in (keys[i : i + step] for i in range(0, len(keys), step)):
-            values = await anyio.to_thread.run_sync(self._index.get, list(map(_wake_key, part)))
-            orphans = []
-            for due_key, value in zip(part, values, strict=True):
-                if value is None:
-                    orphans.append(due_key)
-                    continue
-                entry = cbor2.loads(value)
-                if entry["due"] is None or _due_key(entry["due"], _wake_key(due_key)) != due_key:
-                    continue  # a later time replaced it; the write that did removes it
-                aid = actor_id(entry["name"], entry["key"])
-                if aid not in self._instances:
-                    due[aid] = (entry["name"], entry["key"])
-            if orphans:
-                await anyio.to_thread.run_sync(self._index.delete, orphans)
-        return list(due.values())
-
-    def _index_due_times(self) -> None:
-        """Give every wake entry with a due time its due entry (at start: the index may have been
-        written by a pagekv that kept no due entries, which then read every wake entry per poll)."""
-        present = {key for key, _ in self._index.list(prefix=_DUE)}
-        wakes = self._index.list(prefix=_WAKE)
-        missing = [(key, b"") for key in _due_keys(wakes) if key not in present]
-        step = self._index.limits.max_batch_entries
-        for i in range(0, len(missing), step):
-            self._index.put(missing[i : i + step])
-
     async def _wake(self, name: str, key: str) -> None:
-        """Wake an actor the poll found due, if it still is (see `_still_due`)."""
+        """Wake an actor the poll found due, if it still is (`Ownership.still_due`)."""
+        aid = actor_id(name, key)
         try:
-            if await anyio.to_thread.run_sync(self._still_due, actor_id(name, key), time.time()):
+            if await anyio.to_thread.run_sync(self.ownership.still_due, aid, time.time()):
                 await self.instance(name, key, create=False)
         except ActorNotFound:
             log.info("actor %s/%s was destroyed; its wake entries are removed", name, key)
+        except OwnedElsewhere:
+            log.debug("actor %s/%s due, but another registry took it first", name, key)
         except Exception:
             log.exception("could not wake actor %s/%s for its schedule", name, key)
-
-    def _still_due(self, aid: str, now: float) -> bool:
-        """Whether the newest generation's wake entry of `aid` is due at `now`.
-
-        Only the newest generation's entry decides: an older one is what a stale instance
-        wrote after a newer one took the actor over (a lease it renewed, or its time at
-        sleep), and it must not take the actor from the newer owner; it is deleted here with its
-        due entry. Read again just before the takeover, so an owner that took the actor, or
-        renewed its lease, since the poll read the index is left alone.
-        """
-        entries = self._index.list(prefix=_wake_prefix(aid))
-        if not entries:
-            return False
-        *older, (_, newest) = entries
-        if older:
-            self._index.write(delete=[*_due_keys(older), *(key for key, _ in older)])
-        due = cbor2.loads(newest)["due"]
-        return due is not None and due <= now
-
-    async def write_wake(self, instance: ActorInstance, due: float | None) -> None:
-        """Record `instance`'s next wake time under its own generation.
-
-        Entries are per generation, so a stale instance that writes late can never replace a
-        newer instance's wake time (no compare-and-set needed), and a poll heeds only the newest
-        generation's entry (`_still_due`). Older generations' entries are removed. The due entries
-        of this and older generations' wake times go in the same batch as the new one arrives, so
-        no due entry outlives its time unless a newer generation wrote it (the poll never has to
-        guess what is stale).
-        """
-        prefix = _wake_prefix(instance.actor_id)
-        generation = instance.ctx.db.database.generation
-        entry = cbor2.dumps({"due": due, "name": instance.definition.name, "key": instance.key})
-        wake_key = prefix + b"%020d" % generation
-        puts = {wake_key: entry}
-        if due is not None:
-            puts[_due_key(due, wake_key)] = b""
-
-        def write() -> None:
-            with self._wake_lock:  # the list and the write below see no other writer of ours
-                older = _due_keys(self._index.list(start=prefix, end=prefix_end(wake_key)))
-                self._index.write(put=puts, delete=[k for k in older if k not in puts])
-                self._index.delete_range(prefix, wake_key)
-
-        await anyio.to_thread.run_sync(write)
 
     # -- addressing -------------------------------------------------------------------------
 
@@ -289,17 +248,31 @@ class Registry:
             self._drop_unused_lock(aid)
 
     async def instance(
-        self, name: str, key: str, *, create: bool, must_be_new: bool = False, input: Any = None
+        self,
+        name: str,
+        key: str,
+        *,
+        create: bool,
+        must_be_new: bool = False,
+        input: Any = None,
+        via: Forwarded | None = None,
     ) -> ActorInstance:
-        """The live instance of (name, key), woken (taken over) if needed."""
+        """The live instance of (name, key), woken (taken over) if needed, unless another live
+        registry owns it (`OwnedElsewhere`, or `NotOwner` for a forwarded call)."""
         definition = self.definition(name)
         aid = actor_id(name, key)
-        self._check_fits(aid)
+        self.ownership.check_fits(aid)
         async with self._exclusive(aid):
-            return await self._instance(definition, key, create, must_be_new, input)
+            return await self._instance(definition, key, create, must_be_new, input, via)
 
     async def _instance(
-        self, definition: ActorDefinition, key: str, create: bool, must_be_new: bool, input: Any
+        self,
+        definition: ActorDefinition,
+        key: str,
+        create: bool,
+        must_be_new: bool,
+        input: Any,
+        via: Forwarded | None,
     ) -> ActorInstance:
         """`instance`, the actor's lock held."""
         name, aid = definition.name, actor_id(definition.name, key)
@@ -310,6 +283,7 @@ class Registry:
                     raise ActorExists(f"actor {name!r} with key {key!r} already exists")
                 return live
             await live.stop(live.stop_reason())
+        await self._route(aid, via)
         recorded = await anyio.to_thread.run_sync(records_of, self._index, aid)
         if recorded and must_be_new:
             raise ActorExists(f"actor {name!r} with key {key!r} already exists")
@@ -330,6 +304,25 @@ class Registry:
         self._instances[aid] = instance
         return instance
 
+    async def _route(self, aid: str, via: Forwarded | None) -> None:
+        """Before a wake here: refuse it if another live registry that can be forwarded to owns
+        the actor (see the module's docstring). A forwarded call naming an owner that is not
+        this registry but that advertised this same address is the call for a registry that
+        died here (this process took its address): its lease is as good as run out."""
+        if via is not None and self.draining:
+            raise NotOwner(f"actor {aid}: this registry is stopping")
+        if self.address is None:
+            return
+        owner = await anyio.to_thread.run_sync(self.ownership.owner, aid, time.time())
+        if owner is None or owner.registry == self.id or owner.address is None:
+            return
+        if via is None:
+            self.counters["owned_elsewhere"] += 1
+            raise OwnedElsewhere(f"actor {aid} is owned by the registry at {owner.address}", owner)
+        if via.owner == owner.registry and owner.address == self.address:
+            return
+        raise NotOwner(f"actor {aid} is owned by the registry at {owner.address}, not this one")
+
     def _record(self, instance: ActorInstance, recorded: list[ActorRecord]) -> None:
         """Record an actor this instance created (or found without a record), before it serves
         anything; records of older generations describe data that is gone if it created it."""
@@ -337,16 +330,6 @@ class Registry:
         value = encode_record(instance.definition.name, instance.key, generation)
         stale = [record_key(aid, r.generation) for r in recorded if instance.created]
         self._index.write(put={record_key(aid, generation): value}, delete=stale)
-
-    def _check_fits(self, aid: str) -> None:
-        """Refuse an actor whose registry entries would not fit the store's keys before anything
-        is written: found at the wake write, after the takeover, it left a namespace behind that
-        no index entry names. The longest entry is the due entry (its numbers have fixed
-        widths)."""
-        longest = len(_due_key(0.0, _wake_prefix(aid) + b"%020d" % 0))
-        limit = self._index.limits.max_key_bytes
-        if longest > limit:
-            raise KeyTooLarge(f"registry entry of {longest} bytes for this key", longest, limit)
 
     def _drop_unused_lock(self, aid: str) -> None:
         """Forget the lock of an actor that is not awake here and that no call waits for, so
@@ -370,14 +353,9 @@ class Registry:
 
     def _erase(self, aid: str, generation: int) -> None:
         """Remove what the index holds of an actor whose data is gone, as of `generation`: its
-        records and wake entries of that generation and older ones. Newer ones belong to an
+        records and lease entries of that generation and older ones. Newer ones belong to an
         actor created again since (see `index.py`), and stay."""
-        prefix = _wake_prefix(aid)
-        end = prefix + b"%020d" % (generation + 1)
-        dues = _due_keys(self._index.list(start=prefix, end=end))
-        self._index.delete_range(prefix, end)
-        if dues:
-            self._index.delete(dues)
+        self.ownership.erase(aid, generation)
         delete_records_up_to(self._index, aid, generation)
 
     def live(self) -> list[ActorInstance]:
@@ -397,29 +375,31 @@ class Registry:
         *,
         create: bool,
         input: Any = None,
+        via: Forwarded | None = None,
     ) -> Any:
         """Call an action, waking (or creating) the actor; an unknown action, or arguments
         that do not bind to it, are refused before the actor is woken or created."""
         fn = self.definition(name).resolve(action, args, kwargs)
         for _ in range(_CALL_ATTEMPTS - 1):
-            instance = await self.instance(name, key, create=create, input=input)
+            instance = await self.instance(name, key, create=create, input=input, via=via)
             try:
                 return await instance.call(fn, args, kwargs)
             except NotServing:
                 continue
-        instance = await self.instance(name, key, create=create, input=input)
+        instance = await self.instance(name, key, create=create, input=input, via=via)
         return await instance.call(fn, args, kwargs)
 
-    async def destroy(self, name: str, key: str) -> None:
+    async def destroy(self, name: str, key: str, *, via: Forwarded | None = None) -> None:
         """Destroy an actor, under its lock: a wake or create of it in this registry waits, and
         finds it destroyed. An instance that was already stopping another way (going to sleep)
         is woken again to be destroyed, and one taken over elsewhere meanwhile is taken back,
         up to `_CALL_ATTEMPTS` times."""
         definition = self.definition(name)
         aid = actor_id(name, key)
+        self.ownership.check_fits(aid)
         async with self._exclusive(aid):
             for attempt in range(_CALL_ATTEMPTS):
-                instance = await self._instance(definition, key, False, False, None)
+                instance = await self._instance(definition, key, False, False, None, via)
                 try:
                     if await instance.stop("destroy") == "destroy":
                         return
@@ -429,14 +409,22 @@ class Registry:
         raise ActorStopped(f"actor {aid} kept stopping another way; not destroyed")
 
     async def send(
-        self, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any = None
+        self,
+        name: str,
+        key: str,
+        queue: str,
+        body: Any,
+        *,
+        create: bool,
+        input: Any = None,
+        via: Forwarded | None = None,
     ) -> int:
         """Enqueue a message for an actor, waking it if it sleeps; a message the queue refuses
         is refused before the actor is woken or created. An instance found taken over by
         another process hands the message to a fresh one, as a call does."""
         message = prepare_message(queue, body)
         for attempt in range(_CALL_ATTEMPTS):
-            instance = await self.instance(name, key, create=create, input=input)
+            instance = await self.instance(name, key, create=create, input=input, via=via)
             try:
                 return await instance.send(message)
             except NotServing:
@@ -445,34 +433,6 @@ class Registry:
                 if attempt == _CALL_ATTEMPTS - 1:
                     raise
         raise ActorStopped(f"actor {actor_id(name, key)} kept stopping; message not sent")
-
-
-def _wake_prefix(aid: str) -> bytes:
-    return _WAKE + aid.encode() + b"/"
-
-
-_DUE_DIGITS = 16
-_MAX_WAKES = 1000
-"""Due entries read per poll; the next poll, 0.5 s later, reads on."""
-
-
-def _due_key(due: float, wake_key: bytes) -> bytes:
-    """The due entry of wake entry `wake/<actor id>/<generation>` due at `due`:
-    `due/<milliseconds>/<actor id>/<generation>`. Due entries sort by time, so a poll reads only
-    the due ones. Rounded down: a wake can come up to 1 ms early, which is harmless (the actor
-    runs only the schedules that are due)."""
-    millis = max(0, int(due * 1000))
-    return b"%s%0*d/%s" % (_DUE, _DUE_DIGITS, millis, wake_key[len(_WAKE) :])
-
-
-def _due_keys(wakes: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
-    """The due entries that wake entries `(key, value)` call for."""
-    dues = ((key, cbor2.loads(value)["due"]) for key, value in wakes)
-    return [_due_key(due, key) for key, due in dues if due is not None]
-
-
-def _wake_key(due_key: bytes) -> bytes:
-    return _WAKE + due_key[len(_DUE) + _DUE_DIGITS + 1 :]
 
 
 class ActorHandle:

@@ -10,13 +10,13 @@ import textwrap
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
 
 from pagekv.actor import ActionNotFound, ActorContext, InvalidArguments, Registry, actor
+from pagekv.actor.ownership import Lease, Sleeper
 from pagekv.actor.queue import (
     MAX_MESSAGE_BYTES,
     MAX_QUEUE_NAME_BYTES,
@@ -150,22 +150,21 @@ async def test_a_wake_poll_reads_only_the_due_entries(wait_for: WaitFor) -> None
             await client.get_or_create("ticker", key).arm(3600)
         await wait_for(lambda: not registry.live(), what="every actor asleep")
         counting = CountingKv(registry._index)
-        registry._index = counting
+        registry.ownership._index = counting
         assert await registry._due_sleepers(time.time()) == []
         assert counting.stats.entries_read == 0, "no wake entry is due, so none is read"
         due = await registry._due_sleepers(time.time() + 3601)
-        assert sorted(due) == [("ticker", key) for key in sorted(keys)]
+        assert sorted((s.name, s.key) for s in due) == [("ticker", key) for key in sorted(keys)]
         assert counting.stats.round_trips["list"] == 2
 
 
-def _writer(generation: int) -> Any:
-    """What `Registry.write_wake` reads of an instance of ticker/k with this generation."""
-    return SimpleNamespace(
-        actor_id=actor_id("ticker", "k"),
-        key="k",
-        definition=SimpleNamespace(name="ticker"),
-        ctx=SimpleNamespace(db=SimpleNamespace(database=SimpleNamespace(generation=generation))),
-    )
+def _publish(registry: Registry, generation: int, due: float | None) -> None:
+    """Publish a released lease of ticker/k for an instance of this generation."""
+    registry.ownership.publish(actor_id("ticker", "k"), generation, "ticker", "k", Lease(due, None))
+
+
+def _sleepers(registry: Registry, now: float) -> list[tuple[str, str]]:
+    return [(s.name, s.key) for s in registry.ownership.due_sleepers(now, set())]
 
 
 async def test_each_wake_time_replaces_the_due_entries_it_supersedes() -> None:
@@ -178,23 +177,23 @@ async def test_each_wake_time_replaces_the_due_entries_it_supersedes() -> None:
         return [key for key, _ in registry._index.list(prefix=b"due/")]
 
     async with registry.run():
-        await registry.write_wake(_writer(2), hour)
-        await registry.write_wake(_writer(2), hour + 60)
+        _publish(registry, 2, hour)
+        _publish(registry, 2, hour + 60)
         assert len(due_entries()) == 1, "generation 2's earlier time is gone"
-        await registry.write_wake(_writer(1), hour + 120)  # a stale instance, writing late
+        _publish(registry, 1, hour + 120)  # a stale instance, writing late
         assert len(due_entries()) == 2, "a stale generation leaves the newer one's entry alone"
-        assert await registry._due_sleepers(hour + 3600) == [("ticker", "k")], "once"
-        await registry.write_wake(_writer(2), None)
+        assert _sleepers(registry, hour + 3600) == [("ticker", "k")], "once"
+        _publish(registry, 2, None)
         assert due_entries() == [], "no wake time: every older due entry is gone"
-        assert await registry._due_sleepers(hour + 3600) == []
+        assert _sleepers(registry, hour + 3600) == []
 
 
 async def test_a_due_entry_whose_wake_entry_is_gone_is_deleted_by_the_poll() -> None:
     registry = Registry([_ticker()], kv=MemoryStore())
     async with registry.run():
-        await registry.write_wake(_writer(1), time.time() + 3600)
+        _publish(registry, 1, time.time() + 3600)
         registry._index.delete_range(b"wake/", b"wake0")  # as a newer generation's write does
-        assert await registry._due_sleepers(time.time() + 7200) == []
+        assert _sleepers(registry, time.time() + 7200) == []
         assert registry._index.list(prefix=b"due/") == []
 
 
@@ -471,7 +470,7 @@ def _count_polls(registry: Registry, polls: int = 2) -> Callable[[], bool]:
     ended = waking = 0
     poll, wake = registry._due_sleepers, registry._wake
 
-    async def counted_poll(now: float) -> list[tuple[str, str]]:
+    async def counted_poll(now: float) -> list[Sleeper]:
         nonlocal ended
         try:
             return await poll(now)
