@@ -29,6 +29,7 @@ from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
+from pagekv.server.forward import Forwarder
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
@@ -103,10 +104,19 @@ def create_app(
                 lease=config.lease_s,
                 address=config.advertise_url,
             )
-            async with registry.run():
-                index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)
-                inspector = anyio.CapacityLimiter(config.inspect_concurrency)
-                yield {"runtime": Runtime(config, registry, store, index, meter, inspector)}
+            app.state.registry = registry  # for the process serving the app (`process.py`)
+            forwarder = Forwarder(config, registry)
+            try:
+                async with registry.run():
+                    index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)
+                    inspector = anyio.CapacityLimiter(config.inspect_concurrency)
+                    yield {
+                        "runtime": Runtime(
+                            config, registry, store, index, meter, inspector, forwarder
+                        )
+                    }
+            finally:
+                await forwarder.aclose()
         finally:
             if isinstance(kv, str):
                 store.close()

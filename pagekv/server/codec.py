@@ -34,6 +34,12 @@ def _media_type(request: Request) -> str:
 async def read_body(request: Request, config: ServerConfig) -> Any:
     """The decoded body; `{}` when it is empty. Raises `HttpError` for every bad body, and
     408 for one that does not arrive whole within `body_timeout_s`."""
+    return decode_body(request, await read_raw_body(request, config))
+
+
+async def read_raw_body(request: Request, config: ServerConfig) -> bytes:
+    """The body's bytes, read within `max_body_bytes` and `body_timeout_s` (`HttpError`
+    past either)."""
     max_bytes = config.max_body_bytes
     too_large = HttpError(
         413,
@@ -56,6 +62,11 @@ async def read_body(request: Request, config: ServerConfig) -> Any:
             ErrorCode.REQUEST_TIMEOUT,
             f"the request body did not arrive within {config.body_timeout_s:g} s (body_timeout_s)",
         )
+    return bytes(data)
+
+
+def decode_body(request: Request, data: bytes) -> Any:
+    """`data` decoded as the request's media type says; `{}` when empty."""
     if not data:
         return {}
     media_type = _media_type(request)
@@ -66,7 +77,7 @@ async def read_body(request: Request, config: ServerConfig) -> Any:
             f"unsupported Content-Type {media_type!r}; send {JSON} or {CBOR}",
         )
     try:
-        return decode(bytes(data), media_type)
+        return decode(data, media_type)
     except BodyError as e:
         raise HttpError(400, ErrorCode.MALFORMED_BODY, str(e)) from e
 

@@ -22,6 +22,7 @@ from pagekv.actor import (
     ActorStopped,
     ActorTakenOver,
     InvalidArguments,
+    NotOwner,
     UnknownActor,
     UserError,
 )
@@ -68,6 +69,7 @@ _KNOWN: tuple[tuple[type[BaseException], int, ErrorCode, str | None], ...] = (
     (ActorExists, 409, ErrorCode.ACTOR_EXISTS, None),
     (InvalidArguments, 400, ErrorCode.INVALID_ARGUMENTS, None),
     (ActorTakenOver, 503, ErrorCode.ACTOR_TAKEN_OVER, None),
+    (NotOwner, 503, ErrorCode.NOT_OWNER, None),
     (ActorStopped, 503, ErrorCode.ACTOR_STOPPED, None),
     (QueueFull, 429, ErrorCode.QUEUE_FULL, "MAX_MESSAGES"),
     (TooManySchedules, 429, ErrorCode.TOO_MANY_SCHEDULES, "MAX_SCHEDULES"),

@@ -35,8 +35,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from pagekv.actor import OwnedElsewhere
+from pagekv.actor.ownership import Forwarded
 from pagekv.actor.writes import tracking_writes
-from pagekv.server.codec import answer, query_params, read_body, read_fields
+from pagekv.server.codec import answer, decode_body, query_params, read_fields, read_raw_body
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
@@ -115,73 +117,106 @@ def _arguments(body: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 async def _request(
     request: Request, fields: frozenset[str]
-) -> tuple[Runtime, str, dict[str, str], dict[str, Any]]:
+) -> tuple[Runtime, str, dict[str, str], bytes, dict[str, Any]]:
     rt = runtime(request)
     params = query_params(request, _ROUTING)
-    body = read_fields(await read_body(request, rt.config), fields)
-    return rt, params["key"], params, body
+    raw = await read_raw_body(request, rt.config)
+    body = read_fields(decode_body(request, raw), fields)
+    return rt, params["key"], params, raw, body
 
 
 async def call_action(request: Request) -> Response:
-    rt, key, params, body = await _request(request, _ACTION_FIELDS)
+    rt, key, params, raw, body = await _request(request, _ACTION_FIELDS)
     name, action = request.path_params["name"], request.path_params["action"]
     create = _create_flag(params, body)
     args, kwargs = _arguments(body)
-    with tracking_writes() as writes:
-        try:
-            started = time.perf_counter()
-            result = await rt.registry.call(
-                name, key, action, args, kwargs, create=create, input=body.get("input")
-            )
-            rt.latency.observe((name, action), time.perf_counter() - started)
-        except Exception as e:
-            failure = classify(e, in_action=True, writes=writes)
-            raise _failed("action", action, name, key, e, failure) from e
-    return answer(request, {"result": result}, writes=writes)
+
+    async def serve(via: Forwarded | None) -> Response:
+        with tracking_writes() as writes:
+            try:
+                started = time.perf_counter()
+                result = await rt.registry.call(
+                    name, key, action, args, kwargs, create=create, input=body.get("input"), via=via
+                )
+                rt.latency.observe((name, action), time.perf_counter() - started)
+            except OwnedElsewhere:
+                raise
+            except Exception as e:
+                failure = classify(e, in_action=True, writes=writes)
+                raise _failed("action", action, name, key, e, failure) from e
+        return answer(request, {"result": result}, writes=writes)
+
+    return await rt.forwarder.route(request, raw, serve)
 
 
 async def send_message(request: Request) -> Response:
-    rt, key, params, body = await _request(request, _SEND_FIELDS)
+    rt, key, params, raw, body = await _request(request, _SEND_FIELDS)
     name, queue = request.path_params["name"], request.path_params["queue"]
     create = _create_flag(params, body)
-    with tracking_writes() as writes:
-        try:
-            message_id = await rt.registry.send(
-                name, key, queue, body.get("body"), create=create, input=body.get("input")
-            )
-        except Exception as e:
-            failure = classify(e, in_action=True, writes=writes)
-            raise _failed("send", queue, name, key, e, failure) from e
-    return answer(request, {"id": message_id})
+
+    async def serve(via: Forwarded | None) -> Response:
+        with tracking_writes() as writes:
+            try:
+                message_id = await rt.registry.send(
+                    name,
+                    key,
+                    queue,
+                    body.get("body"),
+                    create=create,
+                    input=body.get("input"),
+                    via=via,
+                )
+            except OwnedElsewhere:
+                raise
+            except Exception as e:
+                failure = classify(e, in_action=True, writes=writes)
+                raise _failed("send", queue, name, key, e, failure) from e
+        return answer(request, {"id": message_id})
+
+    return await rt.forwarder.route(request, raw, serve)
 
 
 async def create_actor(request: Request) -> Response:
     rt = runtime(request)
     key = query_params(request, {"key": True})["key"]
-    body = read_fields(await read_body(request, rt.config), _CREATE_FIELDS)
+    raw = await read_raw_body(request, rt.config)
+    body = read_fields(decode_body(request, raw), _CREATE_FIELDS)
     name = request.path_params["name"]
-    with tracking_writes() as writes:
-        try:
-            await rt.registry.instance(
-                name, key, create=True, must_be_new=True, input=body.get("input")
-            )
-        except Exception as e:
-            failure = classify(e, in_action=True, writes=writes)
-            raise _failed("create", None, name, key, e, failure) from e
-    return answer(request, {"result": {"name": name, "key": key}}, status=201)
+
+    async def serve(via: Forwarded | None) -> Response:
+        with tracking_writes() as writes:
+            try:
+                await rt.registry.instance(
+                    name, key, create=True, must_be_new=True, input=body.get("input"), via=via
+                )
+            except OwnedElsewhere:
+                raise
+            except Exception as e:
+                failure = classify(e, in_action=True, writes=writes)
+                raise _failed("create", None, name, key, e, failure) from e
+        return answer(request, {"result": {"name": name, "key": key}}, status=201)
+
+    return await rt.forwarder.route(request, raw, serve)
 
 
 async def destroy_actor(request: Request) -> Response:
     rt = runtime(request)
     key = query_params(request, {"key": True})["key"]
+    raw = await read_raw_body(request, rt.config)
     name = request.path_params["name"]
-    with tracking_writes() as writes:
-        try:
-            await rt.registry.destroy(name, key)
-        except Exception as e:
-            failure = classify(e, in_action=True, writes=writes)
-            raise _failed("destroy", None, name, key, e, failure) from e
-    return answer(request, {"result": None})
+
+    async def serve(via: Forwarded | None) -> Response:
+        with tracking_writes() as writes:
+            try:
+                await rt.registry.destroy(name, key, via=via)
+            except OwnedElsewhere:
+                raise
+            except Exception as e:
+                failure = classify(e, in_action=True, writes=writes)
+                raise _failed("destroy", None, name, key, e, failure) from e
+        return answer(request, {"result": None})
+
+    return await rt.forwarder.route(request, raw, serve)
 
 
 ROUTES = [

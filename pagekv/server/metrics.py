@@ -121,6 +121,8 @@ _REGISTRY_COUNTERS = {
     "crashes": "Instances torn down after a failure.",
     "takeovers": "Calls that found their instance taken over by another process.",
     "actions": "Actions run (gateway calls and schedules).",
+    "owned_elsewhere": "Calls for actors another server owned (each then forwarded to it).",
+    "forwarded": "Calls forwarded to the server owning their actor, and answered by it.",
     "housekeeping_errors": "Rounds of the registry's background loop that failed (retried).",
 }
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -13,6 +13,7 @@ from pagekv.actor import Registry
 from pagekv.actor.instance import ActorInstance
 from pagekv.kv import ActorKv, KvStore
 from pagekv.server.config import ServerConfig
+from pagekv.server.forward import Forwarder
 from pagekv.server.metrics import LATENCY_BUCKETS_S, Histogram, KvMeter
 
 
@@ -27,6 +28,8 @@ class Runtime:
     meter: KvMeter
     inspector: anyio.CapacityLimiter
     """The inspector's own worker threads (`ServerConfig.inspect_concurrency`)."""
+    forwarder: Forwarder
+    """Sends calls for actors another server owns to it."""
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
 
     def live(self, actor_id: str) -> ActorInstance | None:

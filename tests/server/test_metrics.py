@@ -40,6 +40,14 @@ CATALOG = {
         "Calls that found their instance taken over by another process.",
     ),
     "pagekv_actions_total": ("counter", "Actions run (gateway calls and schedules)."),
+    "pagekv_owned_elsewhere_total": (
+        "counter",
+        "Calls for actors another server owned (each then forwarded to it).",
+    ),
+    "pagekv_forwarded_total": (
+        "counter",
+        "Calls forwarded to the server owning their actor, and answered by it.",
+    ),
     "pagekv_housekeeping_errors_total": (
         "counter",
         "Rounds of the registry's background loop that failed (retried).",

@@ -1,0 +1,165 @@
+"""Forwarding a call to the server whose registry owns the actor, so that every call of an actor
+runs on its one awake instance, wherever the call arrived.
+
+The receiving server sends the request on as it came (method, path, query, body bytes,
+`Content-Type`, `Accept` and `Authorization`: the owner checks the same token and the same body
+limit, and encodes its answer as the client asked), with `X-Pagekv-Forwarded: <sender>
+<owner>` naming the sending registry and the owner it meant. The owner relays nothing further:
+a forwarded call is served there or refused with 503 `not_owner`, never forwarded again, so
+calls cannot loop. The client gets the owner's answer byte for byte.
+
+`route` runs a call locally unless the registry says another registry owns the actor
+(`OwnedElsewhere`, raised before anything was woken or written), and then forwards it. An owner
+that cannot be reached (nothing was sent) or that refuses (`not_owner`: it just let the actor
+go) is routed again after a short pause, since the lease entry moves on; past
+`forward_wait_s`, the answer is a retryable 503 `owner_unreachable` with `written: false`. An
+owner that took the request but sent no answer in time makes a 503 `owner_timeout` whose
+`written` is unknown: the call may have run there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pagekv.actor import OwnedElsewhere, Registry
+from pagekv.actor.ownership import Forwarded, Owner
+from pagekv.actor.writes import Writes
+from pagekv.server.config import ServerConfig
+from pagekv.server.errors import HttpError
+from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode
+
+FORWARDED_HEADER = "x-pagekv-forwarded"
+_PASSED_HEADERS = ("content-type", "accept", "authorization")
+_RELAYED_HEADERS = ("content-type", "retry-after", "www-authenticate")
+_FIRST_PAUSE_S = 0.02
+_LONGEST_PAUSE_S = 0.25
+log = logging.getLogger("pagekv.server")
+
+
+@dataclass(frozen=True)
+class _Unreached:
+    """The owner could not be reached, or refused the call: nothing was written."""
+
+    why: str
+
+
+class Forwarder:
+    """The HTTP client one server forwards calls with (its connections are pooled per owner).
+    Idle connections are dropped before the owner's server would close them (uvicorn: 5 s), so
+    a call is never sent on a connection the owner is closing, where it could not tell whether
+    the call arrived."""
+
+    def __init__(self, config: ServerConfig, registry: Registry) -> None:
+        self._config = config
+        self._registry = registry
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.forward_timeout_s, connect=config.forward_connect_s),
+            limits=httpx.Limits(
+                max_connections=config.max_connections,
+                max_keepalive_connections=100,
+                keepalive_expiry=2.0,
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def route(
+        self,
+        request: Request,
+        body: bytes,
+        serve: Callable[[Forwarded | None], Awaitable[Response]],
+    ) -> Response:
+        """`serve` the call here, or forward it to its actor's owner (see the module)."""
+        via = forwarded(request)
+        if via is not None:
+            return await serve(via)
+        deadline = time.monotonic() + self._config.forward_wait_s
+        pause = _FIRST_PAUSE_S
+        while True:
+            try:
+                return await serve(None)
+            except OwnedElsewhere as e:
+                owner: Owner = e.owner
+            outcome = await self._send(request, body, owner)
+            if isinstance(outcome, Response):
+                self._registry.counters["forwarded"] += 1
+                return outcome
+            if time.monotonic() + pause > deadline:
+                raise HttpError(
+                    503,
+                    ErrorCode.OWNER_UNREACHABLE,
+                    f"the actor is owned by the server at {owner.address} under a lease of "
+                    f"{max(0.0, owner.until - time.time()):.1f} s more, which {outcome.why} "
+                    f"for {self._config.forward_wait_s:g} s; nothing was written, retry",
+                    writes=Writes(),
+                )
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _LONGEST_PAUSE_S)
+
+    async def _send(self, request: Request, body: bytes, owner: Owner) -> Response | _Unreached:
+        assert owner.address is not None, "the registry forwards only to owners with an address"
+        headers = {
+            name: request.headers[name] for name in _PASSED_HEADERS if name in request.headers
+        }
+        headers[FORWARDED_HEADER] = f"{self._registry.id} {owner.registry}"
+        url = owner.address.rstrip("/") + request.url.path
+        try:
+            response = await self._http.request(
+                request.method,
+                url,
+                params=request.url.query or None,
+                content=body,
+                headers=headers,
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+            log.debug("forward to %s: not reached: %r", owner.address, e)
+            return _Unreached("could not be reached")
+        except httpx.TransportError as e:
+            raise HttpError(
+                503,
+                ErrorCode.OWNER_TIMEOUT,
+                f"the actor's owner at {owner.address} took the call but sent no answer "
+                f"({type(e).__name__}); it may have run there",
+                writes=Writes(unknown=True),
+            ) from e
+        if response.status_code == 503 and _code(response) == ErrorCode.NOT_OWNER:
+            return _Unreached("refused the call as not its owner any more")
+        headers = {k: response.headers[k] for k in _RELAYED_HEADERS if k in response.headers}
+        return Response(response.content, status_code=response.status_code, headers=headers)
+
+
+def forwarded(request: Request) -> Forwarded | None:
+    """The forwarding a request carries, or None; a malformed header is a 400."""
+    value = request.headers.get(FORWARDED_HEADER)
+    if value is None:
+        return None
+    sender, _, owner = value.partition(" ")
+    if not sender or not owner or " " in owner:
+        raise HttpError(
+            400,
+            ErrorCode.INVALID_PARAMETER,
+            f"{FORWARDED_HEADER} must be '<sender registry> <owner registry>'",
+        )
+    return Forwarded(sender, owner)
+
+
+def _code(response: httpx.Response) -> str | None:
+    """The error code of a pagekv error answer, or None."""
+    media_type = response.headers.get("content-type", "").split(";")[0]
+    if media_type not in (JSON, CBOR):
+        return None
+    try:
+        payload = decode(response.content, media_type)
+    except BodyError:
+        return None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
