@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from pagekv.actor.registry import LEASE_S
+from pagekv.kv import redact_url
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 
 DEFAULT_INSPECT_MAX_BYTES = 16 * 2**20
@@ -47,8 +49,16 @@ class ServerConfig:
     """Connections (and requests in flight) served at once; more are answered 503."""
     advertise_url: str | None = None
     """Where the other registries of the store reach this server to forward calls for the
-    actors it owns (`pagekv serve --advertise-url`); None: it owns actors nobody can forward
-    to, so the others take them over, as a process without placement would."""
+    actors it owns (`pagekv serve --advertise-url`): `http(s)://HOST[:PORT]` and nothing more,
+    since they append the route to it. None: it owns actors nobody can forward to, so the
+    others take them over, as a process without placement would."""
+    forward_timeout_s: float = 30.0
+    """How long a forwarded call may take at its owner (503 `owner_timeout` past it)."""
+    forward_connect_s: float = 1.0
+    """How long connecting to an actor's owner may take before it counts as unreachable."""
+    forward_wait_s: float = 2.0
+    """How long a call keeps being routed again while its actor's owner cannot be reached or
+    refuses it (503 `owner_unreachable` past it: the client retries)."""
     lease_s: float = LEASE_S
     """The registry's `lease` (`pagekv serve` takes the app's registry's)."""
 
@@ -85,5 +95,38 @@ class ServerConfig:
             raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.query_timeout_s <= 0:
             raise ConfigError(f"query_timeout_s must be > 0, got {self.query_timeout_s}")
+        for name in ("forward_timeout_s", "forward_connect_s", "forward_wait_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.lease_s <= 0:
             raise ConfigError(f"lease_s must be > 0, got {self.lease_s}")
+        if self.advertise_url is not None:
+            _check_advertise_url(self.advertise_url)
+
+
+def _check_advertise_url(url: str) -> None:
+    """An address other servers can append `/actors/...` to: a scheme they speak, a host, at
+    most a port. A user or password is refused (and never shown: `redact_url`)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        problem = "it must start with http:// or https://"
+    elif not parts.hostname:
+        problem = "it needs a host"
+    elif any(c.isspace() or not c.isprintable() for c in parts.netloc):
+        problem = "its host must not hold spaces or control characters"
+    elif "@" in parts.netloc:
+        problem = "it must not hold a user or password"
+    elif url.partition("://")[2] != parts.netloc:
+        problem = "it must have no path, query or fragment (not even a trailing /)"
+    else:
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            problem = "its port must be 1..65535"
+        else:
+            return
+    raise ConfigError(
+        f"advertise URL {redact_url(url)!r}: {problem}; expected http(s)://HOST[:PORT]"
+    )
