@@ -12,15 +12,33 @@ actor anew). Bodies travel as CBOR so bytes and every other CBOR value round-tri
 Errors the runtime defines come back as the same exception types (`ActorNotFound`,
 `ActionNotFound`, `InvalidArguments`, ...); any other failure raises `RemoteError` with the
 server's code.
+
+A call the server did not run is sent again, for up to `retry_for` seconds (`RETRY_FOR_S`),
+waiting 50-100 ms at first and twice as long each time up to 1 s (each wait jittered, so clients
+refused together do not come back together). Only answers that say nothing ran or was written
+are retried:
+
+- a 503 with `written: false` and a code documented as nothing-written (`RETRIED_CODES`: a
+  failover or hand-off under way, a registry stopping, a store that refused the commit);
+- uvicorn's own plain-text 503 beyond `--max-connections`, sent before the app saw the request;
+- a connection that could not be opened (`ConnectError`, `ConnectTimeout`): nothing was sent.
+
+Never retried: `owner_timeout` (the owner may have run the call), `written` true or null, any
+other error, and a failure after the request went out (a read timeout: the call may have run).
+A `Retry-After` in seconds is the least wait; one that reaches past the budget ends the retries
+at once. Past the budget the last error is raised, as it would be without retries.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+import anyio
 import httpx
 
 from pagekv.actor import (
@@ -32,6 +50,7 @@ from pagekv.actor import (
     InvalidArguments,
     UnknownActor,
 )
+from pagekv.actor.registry import LEASE_S
 from pagekv.server.protocol import CBOR, JSON, ErrorCode, decode, encode
 
 _ACTOR_ERRORS: dict[str, type[Exception]] = {
@@ -43,6 +62,25 @@ _ACTOR_ERRORS: dict[str, type[Exception]] = {
     ErrorCode.ACTOR_STOPPED: ActorStopped,
     ErrorCode.INVALID_ARGUMENTS: InvalidArguments,
 }
+
+RETRY_FOR_S = 1.5 * LEASE_S
+"""How long a call is retried by default: longer than the default lease, so a call refused while
+the owner of its actor died is still retried once the lease has run out and another registry
+has taken the actor over (a server given a longer `lease_s` wants a longer `retry_for`)."""
+RETRIED_CODES = frozenset(
+    {
+        ErrorCode.ACTOR_TAKEN_OVER,
+        ErrorCode.ACTOR_STOPPED,
+        ErrorCode.NOT_OWNER,
+        ErrorCode.OWNER_UNREACHABLE,
+        ErrorCode.STORAGE_UNAVAILABLE,
+    }
+)
+"""The codes of the 503s retried when they say `written: false`. Not `owner_timeout`: the owner
+may have run the call, whatever the server that forwarded it knows of its writes."""
+_FIRST_WAIT_S = 0.1
+_MAX_WAIT_S = 1.0
+_UVICORN_REFUSAL = b"Service Unavailable"
 
 
 class RemoteError(Exception):
@@ -57,8 +95,47 @@ class RemoteError(Exception):
 
 
 class ServerUnreachable(ConnectionError):
-    """The server could not be reached (nothing was sent), or its answer never came (the call
-    may have run: read before you retry a write); names the URL."""
+    """The server could not be reached (nothing was sent; raised once the retries are spent), or
+    its answer never came (the call may have run: read before you retry a write); names the
+    URL."""
+
+
+def _media_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").split(";")[0]
+
+
+def _payload(response: httpx.Response) -> Any:
+    """The decoded body; None for an empty one, or one neither CBOR nor JSON."""
+    media_type = _media_type(response)
+    if response.content and media_type in (CBOR, JSON):
+        return decode(response.content, media_type)
+    return None
+
+
+def _error_of(response: httpx.Response) -> dict[str, Any]:
+    """The `error` map of a failed answer; empty when the body has none."""
+    payload = _payload(response)
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def _did_not_run(response: httpx.Response, error: dict[str, Any]) -> bool:
+    """Whether a failed answer says the call did not run (or wrote nothing), so that sending it
+    again is safe. uvicorn's refusal beyond `--max-connections` (`limit_concurrency`) replaces
+    the app's answer, so it has no pagekv body: it is recognised exactly, plain text and all, so
+    that a 503 of a proxy in front, which may have forwarded the call, is not taken for it."""
+    if response.status_code != 503:
+        return False
+    if _media_type(response) == "text/plain" and response.content == _UVICORN_REFUSAL:
+        return True
+    return error.get("code") in RETRIED_CODES and error.get("written") is False
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The answer's `Retry-After` in seconds; None without one, or for a date (not sent by
+    pagekv; the client's own backoff applies)."""
+    value = response.headers.get("retry-after", "").strip()
+    return float(value) if value.isascii() and value.isdigit() else None
 
 
 def _path(*parts: str) -> str:
@@ -74,8 +151,19 @@ class HttpClient:
         *,
         token: str | None = None,
         timeout: float = 30.0,
+        retry_for: float = RETRY_FOR_S,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """`retry_for`: the seconds a call the server did not run is retried for (0: never; see
+        the module's docstring). `timeout` is httpx's, for each attempt."""
+        if not retry_for >= 0:
+            raise ValueError(f"retry_for must be >= 0 seconds, got {retry_for}")
+        self.retry_for = retry_for
+        self.retries = 0
+        """How many times a call was sent again, over this client's life."""
+        # The retries' clock and sleep, which a test may replace to see the waits asked for.
+        self._clock: Callable[[], float] = time.monotonic
+        self._sleep: Callable[[float], Awaitable[None]] = anyio.sleep
         headers = {"accept": CBOR, "content-type": CBOR}
         if token is not None:
             headers["authorization"] = f"Bearer {token}"
@@ -86,35 +174,57 @@ class HttpClient:
     async def request(
         self, method: str, path: str, params: dict[str, str], body: dict[str, Any] | None = None
     ) -> Any:
-        """One request; returns the decoded answer or raises the error it carries."""
+        """One call, sent again while its answer says it did not run and `retry_for` lasts;
+        returns the decoded answer or raises the error the last attempt carries."""
         content = encode(body, CBOR) if body is not None else None
-        try:
-            response = await self._http.request(method, path, params=params, content=content)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise ServerUnreachable(
-                f"cannot reach the pagekv server at {self._http.base_url}: {e or type(e).__name__}"
-                "; nothing was sent"
-            ) from e
-        except httpx.TransportError as e:
-            raise ServerUnreachable(
-                f"no answer from the pagekv server at {self._http.base_url} "
-                f"({type(e).__name__}: {e}); the call may have run"
-            ) from e
-        media_type = response.headers.get("content-type", "").split(";")[0]
-        payload = (
-            decode(response.content, media_type)
-            if response.content and media_type in (CBOR, JSON)
-            else None
-        )
-        if response.is_success:
-            return payload
-        error = payload.get("error", {}) if isinstance(payload, dict) else {}
-        code = error.get("code", "unknown")
-        message = error.get("message", response.text)
-        kind = _ACTOR_ERRORS.get(code)
-        if kind is not None:
-            raise kind(message)
-        raise RemoteError(response.status_code, code, message, error.get("limit"))
+        give_up_at = self._clock() + self.retry_for
+        retried = 0
+        while True:
+            try:
+                response = await self._http.request(method, path, params=params, content=content)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                if await self._wait_to_retry(retried, None, give_up_at):
+                    retried += 1
+                    continue
+                raise ServerUnreachable(
+                    f"cannot reach the pagekv server at {self._http.base_url}: "
+                    f"{e or type(e).__name__}; nothing was sent"
+                ) from e
+            except httpx.TransportError as e:
+                raise ServerUnreachable(
+                    f"no answer from the pagekv server at {self._http.base_url} "
+                    f"({type(e).__name__}: {e}); the call may have run"
+                ) from e
+            if response.is_success:
+                return _payload(response)
+            error = _error_of(response)
+            if _did_not_run(response, error) and await self._wait_to_retry(
+                retried, _retry_after(response), give_up_at
+            ):
+                retried += 1
+                continue
+            code = error.get("code", "unknown")
+            message = error.get("message", response.text)
+            kind = _ACTOR_ERRORS.get(code)
+            if kind is not None:
+                raise kind(message)
+            raise RemoteError(response.status_code, code, message, error.get("limit"))
+
+    async def _wait_to_retry(
+        self, retried: int, retry_after: float | None, give_up_at: float
+    ) -> bool:
+        """Wait before sending a call again for the `retried + 1`-th time, and count it; False,
+        without waiting, once the budget is spent or the server asks for a longer wait than is
+        left of it. The last wait is cut to what is left, so the last attempt is at the end."""
+        left = give_up_at - self._clock()
+        if left <= 0 or (retry_after is not None and retry_after > left):
+            return False
+        # The exponent is bounded: 2**n of a long budget's retries would overflow a float.
+        longest = min(_MAX_WAIT_S, _FIRST_WAIT_S * 2 ** min(retried, 10))
+        wait = max(random.uniform(longest / 2, longest), retry_after or 0.0)
+        self.retries += 1
+        await self._sleep(min(wait, left))
+        return True
 
     def get(self, name: str, key: str) -> ActorHandle:
         """A handle to an existing actor (calls raise `ActorNotFound` if it does not exist)."""

@@ -63,7 +63,7 @@ def test_inspect_into_a_pipe_closed_early_ends_quietly(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_the_client_names_the_server_it_cannot_reach() -> None:
-    async with HttpClient("http://127.0.0.1:1") as client:
+    async with HttpClient("http://127.0.0.1:1", retry_for=0) as client:
         with pytest.raises(ServerUnreachable, match=r"http://127\.0\.0\.1:1.*nothing was sent"):
             await client.get("counter", "k").increment(1)
 
