@@ -93,12 +93,13 @@ class ActorStopped(ActorError):
 
 
 class OwnedElsewhere(ActorError):
-    """Another live registry owns the actor (`owner`, an `ownership.Owner`): the call is for it.
-    Raised before anything is woken or written; a server forwards the call to `owner.address`.
-    """
+    """Another live registry owns actor `actor_id` (`owner`, an `ownership.Owner`): the call is
+    for it. Raised before anything is woken or written; a server forwards the call to
+    `owner.address`."""
 
-    def __init__(self, message: str, owner: Any) -> None:
+    def __init__(self, message: str, actor_id: str, owner: Any) -> None:
         super().__init__(message)
+        self.actor_id = actor_id
         self.owner = owner
 
 

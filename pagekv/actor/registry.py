@@ -306,22 +306,20 @@ class Registry:
 
     async def _route(self, aid: str, via: Forwarded | None) -> None:
         """Before a wake here: refuse it if another live registry that can be forwarded to owns
-        the actor (see the module's docstring). A forwarded call naming an owner that is not
-        this registry but that advertised this same address is the call for a registry that
-        died here (this process took its address): its lease is as good as run out."""
+        the actor (see the module's docstring). An owner that advertised this registry's own
+        address is a registry that died here (one process listens at an address, and this one
+        took it over): its lease is as good as run out."""
         if via is not None and self.draining:
             raise NotOwner(f"actor {aid}: this registry is stopping")
         if self.address is None:
             return
         owner = await anyio.to_thread.run_sync(self.ownership.owner, aid, time.time())
-        if owner is None or owner.registry == self.id or owner.address is None:
+        if owner is None or owner.address is None or owner.address == self.address:
             return
-        if via is None:
-            self.counters["owned_elsewhere"] += 1
-            raise OwnedElsewhere(f"actor {aid} is owned by the registry at {owner.address}", owner)
-        if via.owner == owner.registry and owner.address == self.address:
-            return
-        raise NotOwner(f"actor {aid} is owned by the registry at {owner.address}, not this one")
+        if via is not None:
+            raise NotOwner(f"actor {aid} is owned by the registry at {owner.address}, not here")
+        self.counters["owned_elsewhere"] += 1
+        raise OwnedElsewhere(f"actor {aid} is owned by the registry at {owner.address}", aid, owner)
 
     def _record(self, instance: ActorInstance, recorded: list[ActorRecord]) -> None:
         """Record an actor this instance created (or found without a record), before it serves

@@ -88,8 +88,8 @@ class Forwarder:
             try:
                 return await serve(None)
             except OwnedElsewhere as e:
-                owner: Owner = e.owner
-            outcome = await self._send(request, body, owner)
+                aid, owner = e.actor_id, e.owner
+            outcome = await self._send(request, body, aid, owner)
             if isinstance(outcome, Response):
                 self._registry.counters["forwarded"] += 1
                 return outcome
@@ -105,36 +105,82 @@ class Forwarder:
             await anyio.sleep(pause)
             pause = min(pause * 2, _LONGEST_PAUSE_S)
 
-    async def _send(self, request: Request, body: bytes, owner: Owner) -> Response | _Unreached:
+    async def _send(
+        self, request: Request, body: bytes, aid: str, owner: Owner
+    ) -> Response | _Unreached:
         assert owner.address is not None, "the registry forwards only to owners with an address"
-        headers = {
-            name: request.headers[name] for name in _PASSED_HEADERS if name in request.headers
-        }
+        headers = {k: request.headers[k] for k in _PASSED_HEADERS if k in request.headers}
         headers[FORWARDED_HEADER] = f"{self._registry.id} {owner.registry}"
-        url = owner.address.rstrip("/") + request.url.path
+        sent = self._http.request(
+            request.method,
+            owner.address.rstrip("/") + request.url.path,
+            params=request.url.query or None,
+            content=body,
+            headers=headers,
+        )
         try:
-            response = await self._http.request(
-                request.method,
-                url,
-                params=request.url.query or None,
-                content=body,
-                headers=headers,
-            )
+            response = await self._unless_lease_lost(sent, aid, owner)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
             log.debug("forward to %s: not reached: %r", owner.address, e)
             return _Unreached("could not be reached")
-        except httpx.TransportError as e:
+        except (httpx.TransportError, _LeaseLost) as e:
             raise HttpError(
                 503,
                 ErrorCode.OWNER_TIMEOUT,
                 f"the actor's owner at {owner.address} took the call but sent no answer "
-                f"({type(e).__name__}); it may have run there",
+                f"({e}); it may have run there",
                 writes=Writes(unknown=True),
             ) from e
         if response.status_code == 503 and _code(response) == ErrorCode.NOT_OWNER:
             return _Unreached("refused the call as not its owner any more")
         headers = {k: response.headers[k] for k in _RELAYED_HEADERS if k in response.headers}
         return Response(response.content, status_code=response.status_code, headers=headers)
+
+    async def _unless_lease_lost(
+        self, sent: Awaitable[httpx.Response], aid: str, owner: Owner
+    ) -> httpx.Response:
+        """The owner's answer, unless its lease on the actor runs out (or passes to another
+        instance) first: an owner that stopped (SIGSTOP, a stalled machine) may have accepted
+        the connection and never answer, and a wait longer than its lease helps nobody, since
+        the actor is served elsewhere after it (`_LeaseLost`)."""
+        answer: httpx.Response | None = None
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def send() -> None:
+                nonlocal answer, failure
+                try:
+                    answer = await sent
+                except Exception as e:
+                    failure = e
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(send)
+            await self._watch(aid, owner)
+            tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        if answer is None:
+            raise _LeaseLost("its lease on the actor ran out meanwhile")
+        return answer
+
+    async def _watch(self, aid: str, owner: Owner) -> None:
+        """Return once `owner` no longer holds a live lease on `aid`."""
+        ownership, interval = self._registry.ownership, min(1.0, self._registry.lease / 4)
+        while True:
+            await anyio.sleep(max(interval, owner.until - time.time()))
+            now = time.time()
+            held = await anyio.to_thread.run_sync(ownership.owner, aid, now)
+            if held is None or (held.registry, held.generation) != (
+                owner.registry,
+                owner.generation,
+            ):
+                return
+            owner = held
+
+
+class _LeaseLost(Exception):
+    """The owner's lease ran out while a forwarded call waited for its answer."""
 
 
 def forwarded(request: Request) -> Forwarded | None:

@@ -1,0 +1,180 @@
+"""Forwarding between servers of one store, in-process on loopback: a call reaching a server
+that does not own its actor is answered by the owner, exactly as if sent there (auth, body
+limits, error codes, media types), and never forwarded twice."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+import cbor2
+import httpx
+import pytest
+from server_defs import registry
+from server_helpers import TOKEN
+
+from pagekv.kv import KvStore, MemoryStore
+from pagekv.server import ServerConfig, uvicorn_server
+from pagekv.server.forward import FORWARDED_HEADER
+
+pytestmark = pytest.mark.anyio
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@asynccontextmanager
+async def _server(store: KvStore, **config: Any) -> AsyncIterator[tuple[str, Any]]:
+    """A server on a loopback port of its own, advertising it; yields (url, registry)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    settings = ServerConfig(token=config.pop("token", TOKEN), advertise_url=url, **config)
+    server = uvicorn_server(
+        registry.definitions.values(),
+        kv=store,
+        config=settings,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: server.serve(sockets=[sock]))
+        with anyio.fail_after(10):
+            while not server.started:
+                await anyio.sleep(0.01)
+        try:
+            yield url, server.config.loaded_app
+        finally:
+            server.should_exit = True
+
+
+@asynccontextmanager
+async def cluster(count: int = 2, **config: Any) -> AsyncIterator[list[str]]:
+    store = MemoryStore()
+    async with AsyncExitStack() as stack:
+        urls = [
+            (await stack.enter_async_context(_server(store, **config)))[0] for _ in range(count)
+        ]
+        yield urls
+
+
+async def _metric(url: str, name: str) -> int:
+    async with httpx.AsyncClient(base_url=url, headers=AUTH) as http:
+        text = (await http.get("/metrics")).text
+    line = next(line for line in text.splitlines() if line.startswith(f"pagekv_{name}_total "))
+    return int(float(line.split()[1]))
+
+
+async def _call(url: str, action: str, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url, headers=kwargs.pop("headers", AUTH)) as http:
+        return await http.post(
+            f"/actors/ledger/actions/{action}", params={"key": "k", **kwargs}, json=body
+        )
+
+
+async def test_a_call_at_a_server_that_does_not_own_the_actor_is_answered_by_its_owner() -> None:
+    async with cluster(3) as (owner, *others):
+        assert (await _call(owner, "add", {"args": [1]})).json()["result"]["count"] == 1
+        for n, url in enumerate(others * 2, start=2):
+            answer = await _call(url, "add", {"args": [n]})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"]["rows"] == list(range(1, n + 1))
+        assert [await _metric(url, "wakes") for url in (owner, *others)] == [1, 0, 0]
+        assert [await _metric(url, "forwarded") for url in others] == [2, 2]
+        assert sum([await _metric(url, "takeovers") for url in (owner, *others)]) == 0
+
+
+async def test_forwarding_keeps_error_codes_written_and_media_types() -> None:
+    async with cluster() as (owner, other):
+        await _call(owner, "add", {"args": [1]})
+        failed = await _call(other, "fail", {"args": ["boom"]})
+        assert failed.status_code == 500, failed.text
+        assert failed.json()["error"]["code"] == "action_error"
+        assert failed.json()["error"]["written"] is False
+        unbound = await _call(other, "add", {"args": [1, 2]})
+        assert unbound.status_code == 400 and unbound.json()["error"]["code"] == "invalid_arguments"
+        missing = await _call(other, "add", {"args": [1]}, key="nobody", mode="get")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "actor_not_found"
+        async with httpx.AsyncClient(base_url=other, headers=AUTH) as http:
+            answer = await http.post(
+                "/actors/ledger/actions/blob",
+                params={"key": "k"},
+                content=cbor2.dumps({"args": [b"\x00\xffab"]}),
+                headers={"content-type": "application/cbor", "accept": "application/cbor"},
+            )
+            assert answer.headers["content-type"] == "application/cbor"
+            assert cbor2.loads(answer.content) == {"result": b"ba\xff\x00"}
+            as_json = await http.post(
+                "/actors/ledger/actions/echo", params={"key": "k"}, json={"args": [1.5, "é"]}
+            )
+            created = await http.post("/actors/ledger", params={"key": "k"}, json={})
+            queued = await http.post(
+                "/actors/ledger/queues/inbox", params={"key": "k"}, json={"body": 1}
+            )
+        assert as_json.headers["content-type"] == "application/json"
+        assert as_json.json()["result"]["args"] == [1.5, "é"]
+        assert created.status_code == 409 and created.json()["error"]["code"] == "actor_exists"
+        assert queued.status_code == 200 and isinstance(queued.json()["id"], int)
+        # refused where they arrived, before routing: the unbound call; local: the missing actor
+        assert await _metric(other, "forwarded") == 5
+        assert await _metric(other, "wakes") == 0
+
+
+async def test_the_owner_checks_the_token_and_the_body_limit_itself() -> None:
+    """A forwarded call is authenticated and bounded by each server it reaches: the forwarding
+    header opens nothing, and the receiver passes the client's token on."""
+    store = MemoryStore()
+    async with (
+        _server(store, max_body_bytes=4096) as (owner, _),
+        _server(store) as (other, _),
+        _server(store, token="another-token-of-this-receiver") as (third, _),
+    ):
+        await _call(owner, "add", {"args": [1]})
+        refused = await _call(
+            third,
+            "add",
+            {"args": [2]},
+            headers={"authorization": "Bearer another-token-of-this-receiver"},
+        )
+        assert refused.status_code == 401, "the owner refused the receiver's token"
+        sneaked = await _call(owner, "add", {"args": [2]}, headers={FORWARDED_HEADER: "a b"})
+        assert sneaked.status_code == 401
+        big = await _call(other, "echo", {"args": ["x" * 8000]})
+        assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
+        assert big.json()["error"]["limit"] == "max_body_bytes"
+        assert (await _call(owner, "read", {})).json()["result"]["count"] == 1
+        assert await _metric(other, "forwarded") == 1, "the owner's 413 is the answer"
+
+
+async def test_a_forwarded_call_is_never_forwarded_again() -> None:
+    async with cluster() as (owner, other):
+        await _call(owner, "add", {"args": [1]})
+        headers = {**AUTH, FORWARDED_HEADER: "sender-id owner-id"}
+        refused = await _call(other, "add", {"args": [2]}, headers=headers)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"] | {"message": ""} == {
+            "code": "not_owner",
+            "message": "",
+            "written": False,
+        }
+        malformed = await _call(
+            other, "add", {"args": [2]}, headers={**AUTH, FORWARDED_HEADER: "x"}
+        )
+        assert malformed.status_code == 400
+        assert await _metric(other, "forwarded") == 0
+        assert (await _call(owner, "read", {})).json()["result"]["count"] == 1
+
+
+async def test_an_actor_that_sleeps_is_woken_where_the_next_call_arrives() -> None:
+    async with cluster() as (one, two):
+        async with httpx.AsyncClient(base_url=one, headers=AUTH) as http:
+            answer = await http.post("/actors/napper/actions/bump", params={"key": "n"}, json={})
+            assert answer.json()["result"] == 1
+        await anyio.sleep(0.6)  # napper sleeps after 0.2 s idle: its lease is released
+        async with httpx.AsyncClient(base_url=two, headers=AUTH) as http:
+            answer = await http.post("/actors/napper/actions/bump", params={"key": "n"}, json={})
+            assert answer.json()["result"] == 2
+        assert (await _metric(one, "wakes"), await _metric(two, "wakes")) == (1, 1)
+        assert await _metric(two, "forwarded") == 0
