@@ -34,7 +34,7 @@ from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.runner import Runner
 from pagekv.actor.writes import Writes, tracking_writes
 from pagekv.kv import ActorKv, FenceMismatch, KvError
-from pagekv.vfs import open_database
+from pagekv.vfs import DatabaseDead, open_database
 
 T = TypeVar("T")
 log = logging.getLogger("pagekv.actor")
@@ -121,8 +121,10 @@ class ActorInstance:
 
     @property
     def generation(self) -> int:
-        """The generation this instance took the actor over with (its database's)."""
-        return self.ctx.db.database.generation
+        """The generation this instance took the actor over with (its database's); -1 if its
+        database never opened."""
+        ctx = getattr(self, "ctx", None)
+        return -1 if ctx is None else ctx.db.database.generation
 
     async def start(self, input: Any, *, create: bool = True) -> None:
         """Open (take over) the database and run the start hooks; tear down on any failure.
@@ -130,9 +132,14 @@ class ActorInstance:
         An actor whose database holds none (never created, or destroyed meanwhile) is created,
         unless `create` is false: then `ActorNotFound`, before anything is written."""
         definition = self.definition
-        database = await self._timed(
-            "open_database", anyio.to_thread.run_sync(lambda: open_database(self.kv))
-        )
+        try:
+            database = await self._timed(
+                "open_database", anyio.to_thread.run_sync(lambda: open_database(self.kv))
+            )
+        except DatabaseDead as e:
+            if _fenced_off(e):  # what it wrote as it opened (recovery) was fenced off
+                raise ActorTakenOver(f"actor {self.actor_id} was woken elsewhere meanwhile") from e
+            raise
         cell = StateCell(None, None)
         db = ActorDb(database, cell, self.gate)
         self.ctx = ActorContext(
@@ -157,6 +164,7 @@ class ActorInstance:
             self.created = not initialized
             cell.restore((stored, encode_state(stored) if initialized else None))
             await self.publish_wake()  # the lease, before any hook runs (`_lease_target`)
+            await self._check_won()
             hooks = definition.hooks
             if "on_migrate" in hooks:
                 async with db.transaction():
@@ -182,6 +190,16 @@ class ActorInstance:
         if definition.workflow_fn is not None:
             self.workflow = Runner(self, definition.workflow_fn)
         self.start_run()
+
+    async def _check_won(self) -> None:
+        """After the lease is published, before any hook runs: refuse to start if another
+        registry woke the actor since this instance's takeover (two calls for an actor nobody
+        owned, arriving at two registries at once). The loser's hooks never run, and it steps
+        aside for the winner, whose lease entry the registry then finds (`ActorTakenOver`)."""
+        started = time.monotonic()
+        if await anyio.to_thread.run_sync(self.kv.generation) != self.generation:
+            raise ActorTakenOver(f"actor {self.actor_id} was woken elsewhere at the same time")
+        self._checked_at = started
 
     async def _create(self, input: Any) -> None:
         hooks, ctx = self.definition.hooks, self.ctx
@@ -692,6 +710,18 @@ class ActorInstance:
         ctx = getattr(self, "ctx", None)
         if ctx is not None:
             await ctx.db.close()
+
+
+def _fenced_off(error: DatabaseDead) -> bool:
+    """Whether a database died of a takeover elsewhere. Its cause is in the chain when the
+    write that met the fence raised it, but only named in the message when a later page read
+    found the database dead already (as `PageStore._dead_error` words it)."""
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, FenceMismatch):
+            return True
+        current = current.__cause__ or current.__context__
+    return str(error).startswith(f"database is dead after {FenceMismatch.__name__}:")
 
 
 def _still_scheduled(connection: Any, event_id: str, due: float) -> bool:

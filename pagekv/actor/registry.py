@@ -48,7 +48,7 @@ from pagekv.actor.index import (
     records_of,
 )
 from pagekv.actor.instance import ActorInstance, NotServing
-from pagekv.actor.ownership import Forwarded, Member, Ownership, Sleeper
+from pagekv.actor.ownership import Forwarded, Member, Owner, Ownership, Sleeper
 from pagekv.actor.queue import prepare_message
 from pagekv.actor.workflow.handle import WorkflowHandle
 from pagekv.kv import DEFAULT_URL, KvStore, open_kv
@@ -64,6 +64,9 @@ it with half of it to go. It must exceed twice the clock difference between host
 _CALL_ATTEMPTS = 3
 """Wakes a call may take when an instance stops before the call reaches it (e.g. its run
 handler crashed right after the wake)."""
+_MAX_OWNERS = 10_000
+_AWAIT_OWNER_POLLS = 20
+"""Polls, `_IDLE_CHECK_S` apart, for the lease entry of a registry that won a wake."""
 log = logging.getLogger("pagekv.actor")
 
 
@@ -98,6 +101,8 @@ class Registry:
         self.ownership: Ownership
         self._instances: dict[str, ActorInstance] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        self._owners: dict[str, Owner] = {}
+        """Owners `_route` found elsewhere, oldest first (at most `_MAX_OWNERS`)."""
         self._tg: TaskGroup | None = None
         self.draining = False
         """Stopping: forwarded calls are refused (`NotOwner`) so their senders take over."""
@@ -283,19 +288,27 @@ class Registry:
                     raise ActorExists(f"actor {name!r} with key {key!r} already exists")
                 return live
             await live.stop(live.stop_reason())
-        await self._route(aid, via)
-        recorded = await anyio.to_thread.run_sync(records_of, self._index, aid)
-        if recorded and must_be_new:
-            raise ActorExists(f"actor {name!r} with key {key!r} already exists")
-        if not recorded and not create:
-            raise ActorNotFound(f"no actor {name!r} with key {key!r}")
-        namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
-        instance = ActorInstance(self, definition, aid, key, namespace)
-        try:
-            await instance.start(input, create=create)
-        except ActorNotFound:  # recorded, but destroyed: its destroyer died before the index
-            await anyio.to_thread.run_sync(self._erase, aid, instance.generation)
-            raise
+        await self._route(aid, via, cached=True)
+        for attempt in range(_CALL_ATTEMPTS):
+            recorded = await anyio.to_thread.run_sync(records_of, self._index, aid)
+            if recorded and must_be_new:
+                raise ActorExists(f"actor {name!r} with key {key!r} already exists")
+            if not recorded and not create:
+                raise ActorNotFound(f"no actor {name!r} with key {key!r}")
+            namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
+            await self._route(aid, via)  # just before the takeover (`ActorInstance._check_won`)
+            instance = ActorInstance(self, definition, aid, key, namespace)
+            try:
+                await instance.start(input, create=create)
+                break
+            except ActorNotFound:  # recorded, but destroyed: its destroyer died before the index
+                await anyio.to_thread.run_sync(self._erase, aid, instance.generation)
+                raise
+            except ActorTakenOver:  # another registry woke it at the same time
+                self.counters["lost_wakes"] += 1
+                if attempt == _CALL_ATTEMPTS - 1 or self.address is None:
+                    raise
+                await self._await_owner(aid, instance.generation)
         self.counters["wakes"] += 1
         for phase, ms in instance.metrics.items():
             self.counters[f"{phase}_total"] += ms
@@ -304,22 +317,49 @@ class Registry:
         self._instances[aid] = instance
         return instance
 
-    async def _route(self, aid: str, via: Forwarded | None) -> None:
+    async def _await_owner(self, aid: str, generation: int) -> None:
+        """After losing a wake to another registry: wait (briefly) for the winner's lease entry,
+        which it writes right after its takeover, so that the call is routed to it rather than
+        take the actor back. A winner that never writes it died: the call wakes it again."""
+        for _ in range(_AWAIT_OWNER_POLLS):
+            owner = await anyio.to_thread.run_sync(self.ownership.owner, aid, time.time())
+            if owner is not None and owner.generation > generation:
+                return
+            await anyio.sleep(_IDLE_CHECK_S)
+
+    async def _route(self, aid: str, via: Forwarded | None, *, cached: bool = False) -> None:
         """Before a wake here: refuse it if another live registry that can be forwarded to owns
         the actor (see the module's docstring). An owner that advertised this registry's own
         address is a registry that died here (one process listens at an address, and this one
-        took it over): its lease is as good as run out."""
+        took it over): its lease is as good as run out.
+
+        `cached`: an owner found less than half a lease ago may be believed without a read
+        (`_owners`), as a call forwarded to an owner that let the actor go is refused or
+        served there; the forwarder drops it when it fails (`forget_owner`). The check just
+        before a takeover always reads."""
         if via is not None and self.draining:
             raise NotOwner(f"actor {aid}: this registry is stopping")
         if self.address is None:
             return
-        owner = await anyio.to_thread.run_sync(self.ownership.owner, aid, time.time())
+        now = time.time()
+        owner = self._owners.get(aid) if cached and via is None else None
+        if owner is None or owner.until - now < self.lease / 2:
+            owner = await anyio.to_thread.run_sync(self.ownership.owner, aid, now)
         if owner is None or owner.address is None or owner.address == self.address:
+            self._owners.pop(aid, None)
             return
         if via is not None:
             raise NotOwner(f"actor {aid} is owned by the registry at {owner.address}, not here")
+        self._owners.pop(aid, None)
+        self._owners[aid] = owner
+        if len(self._owners) > _MAX_OWNERS:
+            del self._owners[next(iter(self._owners))]
         self.counters["owned_elsewhere"] += 1
         raise OwnedElsewhere(f"actor {aid} is owned by the registry at {owner.address}", aid, owner)
+
+    def forget_owner(self, aid: str) -> None:
+        """A call forwarded to the owner `_route` named did not get through: read it again."""
+        self._owners.pop(aid, None)
 
     def _record(self, instance: ActorInstance, recorded: list[ActorRecord]) -> None:
         """Record an actor this instance created (or found without a record), before it serves

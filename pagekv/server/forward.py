@@ -93,6 +93,7 @@ class Forwarder:
             if isinstance(outcome, Response):
                 self._registry.counters["forwarded"] += 1
                 return outcome
+            self._registry.forget_owner(aid)
             if time.monotonic() + pause > deadline:
                 raise HttpError(
                     503,
