@@ -357,6 +357,14 @@ class Registry:
         self.counters["owned_elsewhere"] += 1
         raise OwnedElsewhere(f"actor {aid} is owned by the registry at {owner.address}", aid, owner)
 
+    async def locate(self, name: str, key: str) -> None:
+        """Raise `OwnedElsewhere` if another live registry owns the actor and it is not awake
+        here: for reads that want the owner's view of it (the inspector's)."""
+        aid = actor_id(name, key)
+        live = self._instances.get(aid)
+        if live is None or not live.serving():
+            await self._route(aid, None, cached=True)
+
     def forget_owner(self, aid: str) -> None:
         """A call forwarded to the owner `_route` named did not get through: read it again."""
         self._owners.pop(aid, None)

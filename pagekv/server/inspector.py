@@ -15,12 +15,13 @@ Data is read from a read-only snapshot of the actor's database (see `pagekv.acto
 committed data only, never a takeover, never a write, whether the actor is awake here, awake in
 another process or asleep. A snapshot is opened per request on a worker thread, so a slow read
 never blocks the event loop or the actor. Runtime facts (awake, in-flight calls, wake timings)
-come from the live instance when it is awake in this process.
+come from the live instance: the per-actor reads of an actor another server owns are forwarded
+to that server (`forward.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pagekv.actor import inspect
+from pagekv.actor.ownership import Forwarded
 from pagekv.server.codec import answer, int_param, query_params, read_body, read_fields
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.protocol import ErrorCode
@@ -223,15 +225,38 @@ async def actor_metrics(request: Request) -> Response:
     return answer(request, {"live": True, "storage": storage, "wake_ms": live.metrics})
 
 
+def _at_owner(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[..., Any]:
+    """`endpoint`, answered by the server owning the actor when another one does, so that
+    the runtime facts (awake, in-flight calls, timings) are the owner's. Reads of the data
+    would be the same anywhere; the query route, which has a body, is answered where it
+    arrives."""
+
+    async def routed(request: Request) -> Response:
+        rt, name, key = (
+            runtime(request),
+            request.path_params["name"],
+            request.query_params.get("key"),
+        )
+
+        async def serve(via: Forwarded | None) -> Response:
+            if via is None and key is not None:
+                await rt.registry.locate(name, key)
+            return await endpoint(request)
+
+        return await rt.forwarder.route(request, b"", serve)
+
+    return routed
+
+
 ROUTES = [
     Route("/inspect/actors", list_actors, methods=["GET"]),
-    Route("/inspect/actors/{name}", actor_summary, methods=["GET"]),
-    Route("/inspect/actors/{name}/state", actor_state, methods=["GET"]),
-    Route("/inspect/actors/{name}/tables", actor_tables, methods=["GET"]),
-    Route("/inspect/actors/{name}/tables/{table:path}", table_rows, methods=["GET"]),
+    Route("/inspect/actors/{name}", _at_owner(actor_summary), methods=["GET"]),
+    Route("/inspect/actors/{name}/state", _at_owner(actor_state), methods=["GET"]),
+    Route("/inspect/actors/{name}/tables", _at_owner(actor_tables), methods=["GET"]),
+    Route("/inspect/actors/{name}/tables/{table:path}", _at_owner(table_rows), methods=["GET"]),
     Route("/inspect/actors/{name}/query", run_query, methods=["POST"]),
-    Route("/inspect/actors/{name}/queue", actor_queue, methods=["GET"]),
-    Route("/inspect/actors/{name}/schedules", actor_schedules, methods=["GET"]),
-    Route("/inspect/actors/{name}/workflow", actor_workflow, methods=["GET"]),
-    Route("/inspect/actors/{name}/metrics", actor_metrics, methods=["GET"]),
+    Route("/inspect/actors/{name}/queue", _at_owner(actor_queue), methods=["GET"]),
+    Route("/inspect/actors/{name}/schedules", _at_owner(actor_schedules), methods=["GET"]),
+    Route("/inspect/actors/{name}/workflow", _at_owner(actor_workflow), methods=["GET"]),
+    Route("/inspect/actors/{name}/metrics", _at_owner(actor_metrics), methods=["GET"]),
 ]

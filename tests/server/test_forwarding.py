@@ -178,3 +178,20 @@ async def test_an_actor_that_sleeps_is_woken_where_the_next_call_arrives() -> No
             assert answer.json()["result"] == 2
         assert (await _metric(one, "wakes"), await _metric(two, "wakes")) == (1, 1)
         assert await _metric(two, "forwarded") == 0
+
+
+async def test_the_inspector_answers_for_an_actor_with_its_owners_view() -> None:
+    """Data reads are the same anywhere, but whether the actor is awake, and its runtime facts,
+    only its owner knows: per-actor inspector reads are forwarded to it."""
+    async with cluster() as (owner, other):
+        await _call(owner, "add", {"args": [1]})
+        async with httpx.AsyncClient(base_url=other, headers=AUTH) as http:
+            summary = (await http.get("/inspect/actors/ledger", params={"key": "k"})).json()
+            state = (await http.get("/inspect/actors/ledger/state", params={"key": "k"})).json()
+            bad = await http.get("/inspect/actors/ledger/state", params={"key": "k", "x": "1"})
+            listing = (await http.get("/inspect/actors")).json()
+        assert summary["live"] is True and summary["instance"]["phase"] == "running"
+        assert state["state"]["count"] == 1
+        assert bad.status_code == 400, "the owner checks the parameters as it would its own"
+        assert [a["live"] for a in listing["actors"]] == [False], "listings are local"
+        assert await _metric(other, "forwarded") == 3
