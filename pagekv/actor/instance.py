@@ -561,11 +561,15 @@ class ActorInstance:
         await self._publish(self._next_run(time.time()))
 
     async def renew_lease(self) -> None:
-        """The registry's housekeeping renews the lease with this, once this instance proves it
-        still owns the actor (one generation read at most): an instance that was taken over
-        while it could not renew (its process stopped longer than the lease) finds out here
-        and is torn down, rather than believe it owns the actor until a call shows otherwise."""
-        if await self._owned_since(time.monotonic() - FRESHNESS_S):
+        """The registry's housekeeping renews the lease with this. A renewal that comes after
+        the lease ran out (the process was stopped, or its event loop stalled, that long) first
+        proves this instance still owns the actor (one generation read): one taken over
+        meanwhile finds out here and is torn down, rather than believe it owns the actor until
+        a call shows otherwise. On time, no registry that routes takes a leased actor, so no
+        read is needed."""
+        published = self._published
+        late = published is None or published.until is None or published.until <= time.time()
+        if not late or await self._owned_since(time.monotonic() - FRESHNESS_S):
             await self.publish_wake()
         elif self.active == 0 and not self._run_active:
             await self.stop("crash")
