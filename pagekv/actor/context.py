@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pagekv.actor.database import ActorDb
+from pagekv.actor.part_hosts import ContextHost
 from pagekv.actor.queue import Queue
 from pagekv.actor.schedule import Schedule
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
-
-if TYPE_CHECKING:
-    from pagekv.actor.instance import ActorInstance
 
 
 @dataclass
@@ -30,7 +28,7 @@ class ActorContext:
     schedule: Schedule
     queue: Queue
     _cell: StateCell
-    _instance: ActorInstance
+    _instance: ContextHost
     vars: Any = None
     input: Any = field(default=None, repr=False)
 

@@ -13,15 +13,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import cbor2
 
 from pagekv.actor.errors import ActorError
-
-if TYPE_CHECKING:
-    from pagekv.actor.instance import ActorInstance
+from pagekv.actor.part_hosts import QueueHost
 
 MAX_MESSAGES = 1000
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -94,7 +92,7 @@ _received: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
 
 
 class Queue:
-    def __init__(self, instance: ActorInstance) -> None:
+    def __init__(self, instance: QueueHost) -> None:
         self._instance = instance
         self._arrived = anyio.Event()
         self._in_flight: set[int] = set()

@@ -16,14 +16,12 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cbor2
 
 from pagekv.actor.errors import ActorError
-
-if TYPE_CHECKING:
-    from pagekv.actor.instance import ActorInstance
+from pagekv.actor.part_hosts import ScheduleHost
 
 MAX_SCHEDULES = 1000
 WORKFLOW_WAKE = "_pagekv.workflow"
@@ -51,7 +49,7 @@ def next_due(due: float, every: float, now: float) -> float:
 
 
 class Schedule:
-    def __init__(self, instance: ActorInstance) -> None:
+    def __init__(self, instance: ScheduleHost) -> None:
         self._instance = instance
 
     async def at(self, timestamp: float, action: str, *args: Any) -> str:

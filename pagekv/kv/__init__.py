@@ -20,7 +20,8 @@ from pagekv.kv.file import FileStore
 from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
 from pagekv.kv.namespace import KvNamespace, prefix_end
-from pagekv.kv.url import DEFAULT_URL, check_kv_url, open_kv, redact_url
+from pagekv.kv.redact import redact_url
+from pagekv.kv.url import DEFAULT_URL, check_kv_url, open_kv
 from pagekv.kv.wrappers import (
     OPS,
     READ_OPS,

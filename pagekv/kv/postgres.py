@@ -53,7 +53,7 @@ from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
-from pagekv.kv.url import redact_url
+from pagekv.kv.redact import redact_url
 
 SCHEMA_VERSION = 1
 """The version of the tables and functions this code reads and writes."""

@@ -6,12 +6,13 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pagekv.kv.api import KvStore
 from pagekv.kv.file import DEFAULT_LOCK_TIMEOUT, DEFAULT_LOG_BYTES, FileStore
 from pagekv.kv.limits import KvLimits
 from pagekv.kv.memory import MemoryStore
+from pagekv.kv.redact import redact_url
 
 DEFAULT_URL = "file:./.pagekv"
 _Number = TypeVar("_Number", int, float)
@@ -34,17 +35,6 @@ def open_kv(
     what tools that only read want, rather than an empty store made where a path was mistyped.
     """
     return _opener(url, limits, create)()
-
-
-def redact_url(url: str) -> str:
-    """`url` with its password, if any, replaced by `***`: the one form in which a store URL is
-    printed, logged or put in an error message."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user, _, host = parts.netloc.rpartition("@")
-    name = user.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
 
 
 def check_kv_url(url: str) -> None:

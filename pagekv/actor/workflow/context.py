@@ -13,12 +13,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, assert_never
+from typing import Any, TypeVar, assert_never
 
 import anyio
 import cbor2
 
 from pagekv.actor.errors import STORAGE_ERRORS, ActorStopped, ActorTakenOver, UserError
+from pagekv.actor.queue import Message
 from pagekv.actor.workflow.errors import (
     Critical,
     EntryInProgress,
@@ -40,15 +41,17 @@ from pagekv.actor.workflow.history import (
     iteration_scope,
     subtree_range,
 )
-from pagekv.actor.workflow.step import FailureKind, StepContext, StepFailure, StepResult
-
-if TYPE_CHECKING:
-    from pagekv.actor.queue import Message
-    from pagekv.actor.workflow.runner import Runner
+from pagekv.actor.workflow.hosts import ScopeHost
+from pagekv.actor.workflow.step import (
+    FailureKind,
+    RollbackFn,
+    StepContext,
+    StepFailure,
+    StepResult,
+)
 
 T = TypeVar("T")
 StepFn = Callable[[StepContext], Awaitable[Any]]
-RollbackFn = Callable[[StepContext, Any], Awaitable[None]]
 BranchFn = Callable[["WorkflowContext"], Awaitable[Any]]
 _FAILURES: dict[str, type[StepError]] = {
     "critical": StepCritical,
@@ -132,7 +135,7 @@ class WorkflowContext:
     concurrently through `join` and `race`, whose branches get contexts of their own.
     """
 
-    def __init__(self, runner: Runner, scope: str) -> None:
+    def __init__(self, runner: ScopeHost, scope: str) -> None:
         self._runner = runner
         self._scope = scope
         self._busy = False
@@ -624,7 +627,7 @@ class WorkflowContext:
 class LoopIteration(WorkflowContext):
     """The context of one loop iteration."""
 
-    def __init__(self, runner: Runner, scope: str, index: int, state: Any) -> None:
+    def __init__(self, runner: ScopeHost, scope: str, index: int, state: Any) -> None:
         super().__init__(runner, scope)
         self.index = index
         self.state = state

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pagekv.actor.errors import ActorError
 from pagekv.actor.queue import prepare_message
+from pagekv.actor.workflow.handle_registry import HandleRegistry
 from pagekv.actor.workflow.history import describe
 from pagekv.actor.workflow.runner import Runner, WorkflowStatus
-
-if TYPE_CHECKING:
-    from pagekv.actor.registry import Registry
 
 
 class WorkflowHandle:
     """Like `ActorHandle`, re-resolves (and wakes) the actor on every call."""
 
-    def __init__(self, registry: Registry, name: str, key: str, *, create: bool, input: Any):
+    def __init__(
+        self, registry: HandleRegistry, name: str, key: str, *, create: bool, input: Any
+    ) -> None:
         self._registry = registry
         self._address = (name, key)
         self._create = create

@@ -17,18 +17,18 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import Any, assert_never
 
 import anyio
 import apsw
 import cbor2
 
+from pagekv.actor.database import ActorDb
 from pagekv.actor.errors import ActorError
 from pagekv.actor.queue import Message
 from pagekv.actor.schedule import WORKFLOW_WAKE
 from pagekv.actor.workflow.context import (
     INFRASTRUCTURE,
-    RollbackFn,
     RollbackStop,
     WorkflowContext,
     check_encodable,
@@ -52,11 +52,8 @@ from pagekv.actor.workflow.history import (
     readable,
     subtree_range,
 )
-from pagekv.actor.workflow.step import StepContext
-
-if TYPE_CHECKING:
-    from pagekv.actor.database import ActorDb
-    from pagekv.actor.instance import ActorInstance
+from pagekv.actor.workflow.hosts import RunHost
+from pagekv.actor.workflow.step import RollbackFn, StepContext
 
 WorkflowFn = Callable[[WorkflowContext], Awaitable[Any]]
 log = logging.getLogger("pagekv.actor.workflow")
@@ -74,7 +71,7 @@ class WorkflowStatus:
 
 
 class Runner:
-    def __init__(self, instance: ActorInstance, fn: WorkflowFn) -> None:
+    def __init__(self, instance: RunHost, fn: WorkflowFn) -> None:
         self.instance = instance
         self.fn = fn
         self.history = History()

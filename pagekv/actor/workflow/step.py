@@ -8,16 +8,15 @@ change the actor outside a recorded step.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from pagekv.actor.context import ActorContext
+from pagekv.actor.database import ActorDb
+from pagekv.actor.schedule import Schedule
+from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.errors import StepContextClosed
-
-if TYPE_CHECKING:
-    from pagekv.actor.context import ActorContext
-    from pagekv.actor.database import ActorDb
-    from pagekv.actor.schedule import Schedule
-    from pagekv.actor.user_kv import UserKv
 
 FailureKind = Literal["critical", "timeout", "exhausted"]
 
@@ -87,6 +86,10 @@ class StepContext:
     @property
     def actor_id(self) -> str:
         return self._actor().actor_id
+
+
+RollbackFn = Callable[[StepContext, Any], Awaitable[None]]
+"""A step's rollback handler: given a context like its step's, and the step's output."""
 
 
 @dataclass(frozen=True)

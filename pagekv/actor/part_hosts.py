@@ -1,0 +1,58 @@
+"""What an actor's parts (`ctx`, `ctx.queue`, `ctx.schedule`) need from the live instance that
+holds them, as protocols: each part depends on these and not on `ActorInstance`, which creates
+the parts, so imports run one way (instance -> parts -> this)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from pagekv.actor.database import ActorDb
+from pagekv.actor.definition import ActorDefinition
+
+
+class HoldsDb(Protocol):
+    """The instance's `ctx`, as far as a queue or a schedule reads it: its database."""
+
+    @property
+    def db(self) -> ActorDb: ...
+
+
+class ContextHost(Protocol):
+    """What `ctx` passes on: the actor's own requests to stop once its current work is done."""
+
+    def request_sleep(self) -> None: ...
+
+    def request_destroy(self) -> None: ...
+
+
+class QueueHost(Protocol):
+    """What `ctx.queue` needs: the actor's id (for errors), its database (the messages' table),
+    and a way to say it waits for a message (so the actor may sleep meanwhile)."""
+
+    @property
+    def actor_id(self) -> str: ...
+
+    @property
+    def ctx(self) -> HoldsDb: ...
+
+    def waiting(self) -> AbstractContextManager[None]: ...
+
+
+class ScheduleHost(Protocol):
+    """What `ctx.schedule` needs: the actor's id (for errors), its definition (an action is
+    refused when scheduled, not when due), its database (the schedules' table), and the wake
+    time the instance publishes, announced before a schedule commits and refreshed after."""
+
+    @property
+    def actor_id(self) -> str: ...
+
+    @property
+    def definition(self) -> ActorDefinition: ...
+
+    @property
+    def ctx(self) -> HoldsDb: ...
+
+    async def announce_wake(self, due: float) -> None: ...
+
+    async def refresh_wake(self) -> None: ...
