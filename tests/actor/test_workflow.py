@@ -655,7 +655,9 @@ async def test_workflow_deadlines_and_ordinary_schedules_do_not_overwrite_each_o
             while not completed():
                 await anyio.sleep(0.01)
         wakes = registry.metrics()["wakes"]
-        status = await handle.workflow.status()
+        with anyio.fail_after(10):  # the history says completed just before it is committed
+            while (status := await handle.workflow.status()).state is not WorkflowState.COMPLETED:
+                await anyio.sleep(0.01)
         assert await handle.view() == {"n": 1}, "the ordinary schedule fired"
     assert status.output - started >= 1.15, "and the workflow's own deadline was kept"
     assert wakes >= 3, "both deadlines woke the sleeping actor (first wake, tick, workflow)"
