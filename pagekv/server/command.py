@@ -3,97 +3,88 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 
 from pagekv.cli_args import add_store_argument, port, positive_int, positive_seconds
-from pagekv.kv import KvError, KvStore, open_kv, redact_url
+from pagekv.kv import redact_url
+from pagekv.server.advertise import ADVERTISE_ENV, default_url, http_url
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
     DEFAULT_INSPECT_MAX_BYTES,
     ConfigError,
-    ServerConfig,
 )
-from pagekv.server.loader import AppNotFound, load_registry
+from pagekv.server.loader import AppNotFound
+from pagekv.server.process import (
+    StartupError,
+    configure_logging,
+    listen,
+    open_store,
+    serve_process,
+    settings,
+)
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, TOKEN_ENV
-from pagekv.server.run import serve
+from pagekv.server.workers import supervise
+
+_FIX = f"pass --advertise-url (or set ${ADVERTISE_ENV}) with an address they can reach"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     try:
-        config = ServerConfig(
-            token=token,
-            unauthenticated=args.unauthenticated,
-            max_body_bytes=args.max_body_bytes,
-            cors_origins=tuple(args.cors_origin),
-            inspect_max_bytes=args.inspect_max_bytes,
-            inspect_concurrency=args.inspect_concurrency,
-            header_timeout_s=args.header_timeout,
-            body_timeout_s=args.body_timeout,
-            max_connections=args.max_connections,
-            max_header_bytes=args.max_header_bytes,
-        )
-        registry = load_registry(args.app)
-        config = replace(config, lease_s=registry.lease)
+        config, registry = settings(args)
+        if args.workers > 1 and urlsplit(args.kv).scheme == "memory":
+            raise ConfigError(
+                "--workers needs a store the processes share (file: or postgresql:), "
+                "not memory://, which each would have to itself"
+            )
     except (ConfigError, AppNotFound) as e:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 2
-    _configure_logging(args.log_level)
-    shown = redact_url(args.kv)
-    pool_log = logging.getLogger("psycopg.pool")  # its retries: the error below says it all
-    level = pool_log.level
-    pool_log.setLevel(logging.ERROR)
+    configure_logging(args.log_level)
     try:
-        store = open_kv(args.kv)
-    except (KvError, OSError, ValueError) as e:
-        reason = " ".join(str(e).split())  # one line: a driver's message may span several
-        print(f"pagekv serve: cannot open the store {shown}: {reason}", file=sys.stderr)
+        store = open_store(args.kv)  # by the supervisor too, only to fail fast
+    except StartupError as e:
+        print(f"pagekv serve: {e}", file=sys.stderr)
         return 1
-    finally:
-        pool_log.setLevel(level)
+    try:
+        public = listen(args.host, args.port)
+    except StartupError as e:
+        store.close()
+        print(f"pagekv serve: {e}", file=sys.stderr)
+        return 1
+    bound = public.getsockname()[1]
     auth = "unauthenticated" if config.unauthenticated else "token required"
+    workers = f", {args.workers} workers" if args.workers > 1 else ""
     print(
         f"pagekv serve: {len(registry.definitions)} actor type(s) "
-        f"({', '.join(sorted(registry.definitions))}) on {shown}, "
-        f"http://{args.host}:{args.port} ({auth})",
+        f"({', '.join(sorted(registry.definitions))}) on {redact_url(args.kv)}, "
+        f"{http_url(args.host, bound)} ({auth}){workers}",
         file=sys.stderr,
         flush=True,
     )
+    if args.workers > 1:
+        store.close()  # each worker opens its own
+        return supervise(args, public)
+    config = replace(config, advertise_url=config.advertise_url or default_url(args.host, bound))
     try:
-        anyio.run(lambda: _run(registry.definitions.values(), store, config, args))
+        problem = anyio.run(
+            lambda: serve_process(
+                registry.definitions.values(), store, config, [public], args, fix=_FIX
+            )
+        )
     except KeyboardInterrupt:
         return 130
     finally:
         store.close()
+    if problem is not None:
+        print(f"pagekv serve: {problem}", file=sys.stderr)
+        return 1
     return 0
-
-
-async def _run(actors: Any, store: KvStore, config: ServerConfig, args: argparse.Namespace) -> None:
-    await serve(
-        actors,
-        kv=store,
-        config=config,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-    )
-
-
-def _configure_logging(level: str) -> None:
-    """One format for pagekv's records and uvicorn's (which then adds no handlers of its own):
-    time, level, logger, message, on stderr."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def add_serve_command(commands: Any, summary: str) -> None:
@@ -125,6 +116,31 @@ def add_serve_command(commands: Any, summary: str) -> None:
     )
     auth.add_argument(
         "--unauthenticated", action="store_true", help="serve without any authentication"
+    )
+    serve_cmd.add_argument(
+        "--advertise-url",
+        default=os.environ.get(ADVERTISE_ENV),
+        metavar="URL",
+        help="http(s)://HOST[:PORT] where the other processes of the store reach this one to "
+        f"forward calls for the actors it owns (default ${ADVERTISE_ENV}, else --host and "
+        "--port, this machine's hostname for a wildcard --host; with --workers, its host and "
+        "each worker's own port)",
+    )
+    serve_cmd.add_argument(
+        "--workers",
+        type=positive_int,
+        default=os.environ.get("PAGEKV_WORKERS", "1"),
+        metavar="N",
+        help="worker processes sharing the store and the port, each owning the actors it woke "
+        "(default $PAGEKV_WORKERS, else 1)",
+    )
+    serve_cmd.add_argument(
+        "--lease",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="how long an actor stays its process's after a renewal: how soon another "
+        "process serves it once that one died (default: the app registry's lease, 10 s "
+        "unless set)",
     )
     serve_cmd.add_argument(
         "--max-body-bytes",

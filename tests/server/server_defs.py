@@ -7,6 +7,7 @@ acknowledged writes; `napper` sleeps after 0.2 s idle, to test wake and schedule
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pagekv.actor import ActorContext, Registry, actor
@@ -83,6 +84,12 @@ async def rewrite(ctx: ActorContext, size: int) -> None:
 @ledger.action
 async def blob(ctx: ActorContext, data: bytes) -> bytes:
     return data[::-1]
+
+
+@ledger.action
+async def pid(ctx: ActorContext) -> int:
+    """The process serving the actor: which worker of `pagekv serve --workers` owns it."""
+    return os.getpid()
 
 
 async def bump(ctx: ActorContext) -> int:

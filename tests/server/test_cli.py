@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -205,6 +206,53 @@ def test_serve_on_an_unreachable_store_is_one_line_without_its_password() -> Non
     )
 
 
+def test_serve_refuses_bad_placement_settings_in_one_line(tmp_path: Path) -> None:
+    """A bad --advertise-url (or $PAGEKV_ADVERTISE_URL), --workers or --lease is a usage error
+    before anything runs, and a taken port one line, never a traceback."""
+    store = f"file:{tmp_path}/store"
+    cases = [
+        ("ftp://h", "must start with http:// or https://", {}),
+        ("http://h:8000/", "no path", {}),
+        ("http://h?x=1", "no path, query or fragment", {}),
+        ("http://ada:s3cret-pw@h", "must not hold a user or password", {}),
+        ("http://h:0", "port must be 1..65535", {}),
+        ("http://", "needs a host", {"PAGEKV_ADVERTISE_URL": "http://"}),
+    ]
+    for url, problem, env in cases:
+        given = [] if env else ["--advertise-url", url]
+        result = pagekv("serve", APP, "--unauthenticated", "--kv", store, *given, env=env)
+        assert result.returncode == 2, (url, result.stderr)
+        assert result.stderr.count("\n") == 1 and problem in result.stderr, result.stderr
+        assert result.stderr.startswith("pagekv serve: advertise URL ")
+        assert "s3cret-pw" not in result.stderr
+    for flag, value in [("--workers", "0"), ("--workers", "two"), ("--lease", "0")]:
+        result = pagekv("serve", APP, "--unauthenticated", flag, value)
+        assert result.returncode == 2 and f"argument {flag}" in result.stderr, result.stderr
+    memory = pagekv("serve", APP, "--unauthenticated", "--kv", "memory://", "--workers", "2")
+    assert memory.returncode == 2 and memory.stderr.count("\n") == 1, memory.stderr
+    assert "--workers needs a store the processes share" in memory.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for workers in ("1", "2"):
+            result = pagekv(
+                "serve",
+                APP,
+                "--unauthenticated",
+                "--kv",
+                store,
+                "--port",
+                port,
+                "--workers",
+                workers,
+            )
+            assert result.returncode == 1, result.stderr
+            assert result.stderr == (
+                f"pagekv serve: cannot listen on http://127.0.0.1:{port}: Address already in use\n"
+            )
+
+
 async def test_serve_takes_its_defaults_from_the_environment_and_logs_with_times(
     tmp_path: Path,
 ) -> None:
@@ -237,7 +285,7 @@ async def test_serve_takes_its_defaults_from_the_environment_and_logs_with_times
     log = "".join(lines) + rest
     assert ok.status_code == 200 and bad.status_code >= 400, (ok.text, bad.text)
     assert (tmp_path / "env-store").is_dir(), "the store of $PAGEKV_KV"
-    assert f"on file:{tmp_path}/env-store, http://127.0.0.1:0 " in log, "the banner"
+    assert f"on file:{tmp_path}/env-store, {url} " in log, "the banner, with the port bound"
     stamped = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) [\w.]+: ")
     assert all(stamped.match(line) for line in log.splitlines()[1:] if line.strip()), log
     assert '"POST /actors/ledger/actions/add?key=k HTTP/1.1" 200' in log, "the access log"

@@ -1,0 +1,161 @@
+"""One `pagekv serve` process: its settings from the command line, its store, its listening
+sockets, and uvicorn serving the app on them until a signal, with the check, once it listens,
+that its advertise URL reaches it.
+
+`pagekv serve` is one such process, or supervises several (`workers.py`); each opens its own
+store and runs its own registry. The sockets are bound here rather than by uvicorn so that the
+address to advertise (whose default has the port actually bound) is known before the app's
+lifespan starts the registry, and so that workers can share one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Iterable
+from dataclasses import replace
+
+import anyio
+
+from pagekv.actor import ActorDefinition, Registry
+from pagekv.kv import KvError, KvStore, open_kv, redact_url
+from pagekv.server.advertise import check_address, http_url
+from pagekv.server.config import ServerConfig
+from pagekv.server.loader import load_registry
+from pagekv.server.protocol import TOKEN_ENV
+from pagekv.server.run import uvicorn_server
+
+log = logging.getLogger("pagekv.server")
+
+
+class StartupError(Exception):
+    """What keeps a process from serving, as its one line for stderr (after `pagekv serve: `)."""
+
+
+def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
+    """The configuration and the app's registry that `args` (of `pagekv serve`) name; raises
+    `ConfigError` or `AppNotFound`. The lease is `--lease`, else the app's registry's."""
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    config = ServerConfig(
+        token=token,
+        unauthenticated=args.unauthenticated,
+        max_body_bytes=args.max_body_bytes,
+        cors_origins=tuple(args.cors_origin),
+        inspect_max_bytes=args.inspect_max_bytes,
+        inspect_concurrency=args.inspect_concurrency,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections,
+        max_header_bytes=args.max_header_bytes,
+        advertise_url=args.advertise_url,
+    )
+    registry = load_registry(args.app)
+    return replace(config, lease_s=registry.lease if args.lease is None else args.lease), registry
+
+
+def configure_logging(level: str) -> None:
+    """One format for pagekv's records and uvicorn's (which then adds no handlers of its own):
+    time, level, logger, message, on stderr."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if level != "debug":  # a line per request it makes: the address check, each forwarded call
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def open_store(url: str) -> KvStore:
+    shown = redact_url(url)
+    pool_log = logging.getLogger("psycopg.pool")  # its retries: the error below says it all
+    level = pool_log.level
+    pool_log.setLevel(logging.ERROR)
+    try:
+        return open_kv(url)
+    except (KvError, OSError, ValueError) as e:
+        reason = " ".join(str(e).split())  # one line: a driver's message may span several
+        raise StartupError(f"cannot open the store {shown}: {reason}") from None
+    finally:
+        pool_log.setLevel(level)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host`:`port` (0: a free port), as uvicorn would bind it."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise StartupError(f"cannot listen on {http_url(host, port)}: {e.strerror or e}") from None
+    return sock
+
+
+async def serve_process(
+    actors: Iterable[ActorDefinition],
+    store: KvStore,
+    config: ServerConfig,
+    sockets: list[socket.socket],
+    args: argparse.Namespace,
+    *,
+    fix: str,
+    supervisor: int | None = None,
+) -> str | None:
+    """Serve `actors` on `sockets` (the public one first) until SIGINT/SIGTERM;
+    None then. Once listening, check `config.advertise_url` (`check_address`): if it must not
+    be served with, stop gracefully and return the one line saying why, ending with `fix`. A
+    worker (`supervisor`: its supervisor's pid) also stops once its supervisor is gone, rather
+    than serve on unsupervised."""
+    assert config.advertise_url is not None, "a serve process always advertises an address"
+    advertised = config.advertise_url
+    server = uvicorn_server(
+        actors,
+        kv=store,
+        config=config,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+    )
+    app = server.config.app
+    host, port = sockets[0].getsockname()[:2]
+    problem: list[str] = []
+
+    async def watch() -> None:
+        while not server.started:
+            await anyio.sleep(0.05)
+        # uvicorn says this itself only when it binds the socket
+        logging.getLogger("uvicorn.error").info(
+            "Uvicorn running on %s (Press CTRL+C to quit)", http_url(host, port)
+        )
+        log.info("advertising %s to the other processes of the store", advertised)
+        try:
+            found = await check_address(app.state.registry, advertised, config.token, fix)
+        except Exception:  # the store, say: the check is advice, the server serves on
+            log.exception("could not check that %s reaches this process", advertised)
+            found = None
+        if found is not None:
+            problem.append(found)
+            server.should_exit = True
+            return
+        if supervisor is not None:
+            while os.getppid() == supervisor:
+                await anyio.sleep(1)
+            log.warning("the supervisor (pid %d) is gone: stopping", supervisor)
+            server.should_exit = True
+
+    ended: BaseException | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        try:
+            await server.serve(sockets=sockets)
+        except (SystemExit, KeyboardInterrupt) as e:  # uvicorn's: a failed startup, a SIGINT
+            ended = e  # raised as is below, not in the task group's exception group
+        tg.cancel_scope.cancel()
+    if ended is not None:
+        raise ended
+    return problem[0] if problem else None
