@@ -66,10 +66,13 @@ class Owner:
 @dataclass(frozen=True)
 class Forwarded:
     """A call another registry (`sender`) forwarded, believing registry `owner` owns the actor
-    (the receiving one, or one that advertised the same address before it)."""
+    (the receiving one, or one that advertised the same address before it) under a lease that
+    ends at `until` (the owner's own clock wrote it): the sender waits for the answer at least
+    that long, and may have given up after it."""
 
     sender: str
     owner: str
+    until: float
 
 
 @dataclass(frozen=True)

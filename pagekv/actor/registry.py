@@ -315,6 +315,8 @@ class Registry:
         if instance.created or not recorded:
             await anyio.to_thread.run_sync(self._record, instance, recorded)
         self._instances[aid] = instance
+        if must_be_new and not instance.created:  # created elsewhere since the index was read
+            raise ActorExists(f"actor {name!r} with key {key!r} already exists")
         return instance
 
     async def _await_owner(self, aid: str, generation: int) -> None:

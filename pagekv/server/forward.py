@@ -3,10 +3,13 @@ runs on its one awake instance, wherever the call arrived.
 
 The receiving server sends the request on as it came (method, path, query, body bytes,
 `Content-Type`, `Accept` and `Authorization`: the owner checks the same token and the same body
-limit, and encodes its answer as the client asked), with `X-Pagekv-Forwarded: <sender>
-<owner>` naming the sending registry and the owner it meant. The owner relays nothing further:
-a forwarded call is served there or refused with 503 `not_owner`, never forwarded again, so
-calls cannot loop. The client gets the owner's answer byte for byte.
+limit, and encodes its answer as the client asked), with `X-Pagekv-Forwarded: <sender> <owner>
+<lease end>` naming the sending registry, the owner it meant and the end of the owner's lease
+as the sender read it. The owner relays nothing further: a forwarded call is served there or
+refused with 503 `not_owner`, never forwarded again, so calls cannot loop. One that arrives
+after that lease end is refused too: its sender may have given up on it (`owner_timeout`) and
+the client retried, so running it late could apply it twice. The client gets the owner's answer
+byte for byte.
 
 `route` runs a call locally unless the registry says another registry owns the actor
 (`OwnedElsewhere`, raised before anything was woken or written), and then forwards it. An owner
@@ -20,6 +23,7 @@ owner that took the request but sent no answer in time makes a 503 `owner_timeou
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -81,6 +85,14 @@ class Forwarder:
         """`serve` the call here, or forward it to its actor's owner (see the module)."""
         via = forwarded(request)
         if via is not None:
+            if time.time() > via.until:
+                raise HttpError(
+                    503,
+                    ErrorCode.NOT_OWNER,
+                    "this forwarded call arrived after the lease its sender saw had run out "
+                    "(this server was stopped or stalled, and its sender may have given up)",
+                    writes=Writes(),
+                )
             return await serve(via)
         deadline = time.monotonic() + self._config.forward_wait_s
         pause = _FIRST_PAUSE_S
@@ -111,7 +123,7 @@ class Forwarder:
     ) -> Response | _Unreached:
         assert owner.address is not None, "the registry forwards only to owners with an address"
         headers = {k: request.headers[k] for k in _PASSED_HEADERS if k in request.headers}
-        headers[FORWARDED_HEADER] = f"{self._registry.id} {owner.registry}"
+        headers[FORWARDED_HEADER] = f"{self._registry.id} {owner.registry} {owner.until!r}"
         sent = self._http.request(
             request.method,
             owner.address.rstrip("/") + request.url.path,
@@ -189,14 +201,23 @@ def forwarded(request: Request) -> Forwarded | None:
     value = request.headers.get(FORWARDED_HEADER)
     if value is None:
         return None
-    sender, _, owner = value.partition(" ")
-    if not sender or not owner or " " in owner:
+    parts = value.split(" ")
+    until = _number(parts[2]) if len(parts) == 3 and all(parts) else None
+    if until is None:
         raise HttpError(
             400,
             ErrorCode.INVALID_PARAMETER,
-            f"{FORWARDED_HEADER} must be '<sender registry> <owner registry>'",
+            f"{FORWARDED_HEADER} must be '<sender registry> <owner registry> <lease end>'",
         )
-    return Forwarded(sender, owner)
+    return Forwarded(parts[0], parts[1], until)
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _code(response: httpx.Response) -> str | None:

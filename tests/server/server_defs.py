@@ -102,9 +102,14 @@ async def later(ctx: ActorContext, seconds: float) -> str:
     return await ctx.schedule.after(seconds, "bump")
 
 
+async def count(ctx: ActorContext) -> int:
+    return ctx.state["count"]
+
+
 for definition in (ledger, napper):
     definition.action(bump)
     definition.action(later)
+    definition.action(count)
 
 
 async def load(step: StepContext) -> dict[str, int]:

@@ -5,7 +5,8 @@ limits, error codes, media types), and never forwarded twice."""
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -16,7 +17,9 @@ import pytest
 from server_defs import registry
 from server_helpers import TOKEN
 
+from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import KvStore, MemoryStore
+from pagekv.kv.wrappers import KvWrapper
 from pagekv.server import ServerConfig, uvicorn_server
 from pagekv.server.forward import FORWARDED_HEADER
 
@@ -139,7 +142,7 @@ async def test_the_owner_checks_the_token_and_the_body_limit_itself() -> None:
             headers={"authorization": "Bearer another-token-of-this-receiver"},
         )
         assert refused.status_code == 401, "the owner refused the receiver's token"
-        sneaked = await _call(owner, "add", {"args": [2]}, headers={FORWARDED_HEADER: "a b"})
+        sneaked = await _call(owner, "add", {"args": [2]}, headers={FORWARDED_HEADER: "a b 1e12"})
         assert sneaked.status_code == 401
         big = await _call(other, "echo", {"args": ["x" * 8000]})
         assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
@@ -151,7 +154,7 @@ async def test_the_owner_checks_the_token_and_the_body_limit_itself() -> None:
 async def test_a_forwarded_call_is_never_forwarded_again() -> None:
     async with cluster() as (owner, other):
         await _call(owner, "add", {"args": [1]})
-        headers = {**AUTH, FORWARDED_HEADER: "sender-id owner-id"}
+        headers = {**AUTH, FORWARDED_HEADER: f"sender-id owner-id {time.time() + 60}"}
         refused = await _call(other, "add", {"args": [2]}, headers=headers)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"] | {"message": ""} == {
@@ -165,6 +168,35 @@ async def test_a_forwarded_call_is_never_forwarded_again() -> None:
         assert malformed.status_code == 400
         assert await _metric(other, "forwarded") == 0
         assert (await _call(owner, "read", {})).json()["result"]["count"] == 1
+
+
+async def test_a_forwarded_call_arriving_after_the_lease_its_sender_saw_is_refused() -> None:
+    """Its sender gave up on it when that lease ran out (an owner stopped with SIGSTOP, then
+    resumed, reads it from its socket late): run now, it could apply a call the client already
+    retried. Refused with nothing written, even by the owner holding the actor."""
+    async with cluster() as (owner, _):
+        await _call(owner, "add", {"args": [1]})
+        for until in (time.time() - 0.01, time.time() - 3600):
+            late = await _call(
+                owner, "add", {"args": [2]}, headers={**AUTH, FORWARDED_HEADER: f"s o {until}"}
+            )
+            assert late.status_code == 503, late.text
+            assert (late.json()["error"]["code"], late.json()["error"]["written"]) == (
+                "not_owner",
+                False,
+            )
+        for malformed in ("s o", "s o nan", "s o inf", "s  o 1", "s o 1 x"):
+            bad = await _call(
+                owner, "add", {"args": [2]}, headers={**AUTH, FORWARDED_HEADER: malformed}
+            )
+            assert bad.status_code == 400, malformed
+        in_time = await _call(
+            owner,
+            "add",
+            {"args": [3]},
+            headers={**AUTH, FORWARDED_HEADER: f"s o {time.time() + 5}"},
+        )
+        assert in_time.json()["result"]["rows"] == [1, 3]
 
 
 async def test_an_actor_that_sleeps_is_woken_where_the_next_call_arrives() -> None:
@@ -195,3 +227,50 @@ async def test_the_inspector_answers_for_an_actor_with_its_owners_view() -> None
         assert bad.status_code == 400, "the owner checks the parameters as it would its own"
         assert [a["live"] for a in listing["actors"]] == [False], "listings are local"
         assert await _metric(other, "forwarded") == 3
+
+
+class _SlowTakeover(KvWrapper):
+    """A namespace whose takeover waits first: the server using it decides to wake the actor
+    (nobody owns it), and only takes it over once another server has created it."""
+
+    def _call(self, op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if op == "takeover":
+            time.sleep(0.3)
+        return fn(*args, **kwargs)
+
+
+class _SlowTakeovers:
+    def __init__(self, inner: KvStore) -> None:
+        self.inner = inner
+
+    def namespace(self, actor_id: str) -> Any:
+        kv = self.inner.namespace(actor_id)
+        return kv if actor_id == REGISTRY_NAMESPACE else _SlowTakeover(kv)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def test_a_create_that_finds_the_actor_created_elsewhere_is_409() -> None:
+    """Two creates of one key at two servers at once; the slow one takes the actor over only
+    after the other created it (a slow store): it must answer 409, not 201, and the actor keeps
+    the input of the create that made it."""
+    store = MemoryStore()
+    answers: dict[str, int] = {}
+
+    async def create(name: str, url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, headers=AUTH) as http:
+            answer = await http.post("/actors/ledger", params={"key": "k"}, json={"input": name})
+        answers[name] = answer.status_code
+
+    async with (
+        _server(_SlowTakeovers(store)) as (slow, _),  # type: ignore[arg-type]
+        _server(store) as (fast, _),
+    ):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(create, "slow", slow)
+            await anyio.sleep(0.05)
+            tg.start_soon(create, "fast", fast)
+        echoed = await _call(fast, "echo", {}, mode="get")
+    assert answers == {"fast": 201, "slow": 409}, answers
+    assert echoed.json()["result"]["input"] == "fast"

@@ -220,3 +220,33 @@ async def test_a_server_shut_down_hands_its_actors_on_at_once(store_url: str) ->
         totals = await _metrics(urls[1])
     assert counts == [2, 2, 2]
     assert totals["wakes"] == 3 and totals.get("forwarded", 0) == 0
+
+
+async def test_a_call_given_up_at_a_stopped_owner_does_not_run_when_it_resumes(
+    tmp_path: Path,
+) -> None:
+    """The owner is stopped; a call forwarded to it waits out its lease and fails as unknown
+    (`owner_timeout`). The client reads (not applied) and retries, successfully. Resumed, the
+    old owner reads the abandoned call from its socket: it must refuse it, not wake the actor
+    again and apply the call a second time."""
+    store = f"file:{tmp_path}/store"
+    async with servers(store, 2, "--lease", LEASE) as (owner, other):
+        urls = [await owner.started(), await other.started()]
+        async with HttpClient(urls[0], token=TOKEN) as first:
+            assert await first.get_or_create("napper", "x").bump() == 1
+        owner.proc.send_signal(signal.SIGSTOP)
+        try:
+            async with HttpClient(urls[1], token=TOKEN) as second:
+                handle = second.get("napper", "x")
+                with pytest.raises(RemoteError) as given_up:
+                    await handle.bump()
+                assert given_up.value.code == "owner_timeout"
+                assert await handle.count() == 1, "not applied: the client retries"
+                assert await handle.bump() == 2
+                await anyio.sleep(0.6)  # napper sleeps after 0.2 s: the other lets it go
+        finally:
+            owner.proc.send_signal(signal.SIGCONT)
+        async with HttpClient(urls[0], token=TOKEN) as first:
+            await first.get("napper", "x").later(60)  # anything the resumed owner serves
+        async with HttpClient(urls[1], token=TOKEN) as second:
+            assert await second.get("napper", "x").count() == 2
