@@ -20,7 +20,8 @@ Every failed call is one line on the `pagekv.server` logger (only emitted: confi
 is the application's business), naming the actor, the operation and the error's type and code,
 never the arguments or the error's message (either may hold what the client sent): ERROR for a
 5xx of the runtime (the store failed, the actor was taken over), WARNING for the rest (the
-action raised, or the call was refused). The record carries them as `extra` fields too
+action raised, or the call was refused), INFO for a forwarded call refused as `not_owner` (a
+hand-off, which its sender routes again). The record carries them as `extra` fields too
 (`actor`, `actor_key`, `operation`, `action`, `queue`, `error_type`, `error_code`, `status`,
 `written`).
 """
@@ -60,8 +61,9 @@ def _failed(
     runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
     written = failure.writes.state() if failure.writes is not None else None
     what = operation if target is None else f"{operation} {_shown(target)}"
+    level = logging.ERROR if runtime_failure else logging.WARNING
     log.log(
-        logging.ERROR if runtime_failure else logging.WARNING,
+        logging.INFO if failure.code == ErrorCode.NOT_OWNER else level,
         "%s of actor %s key %s failed: %s (%d %s, written=%s)",
         what,
         _shown(name),
