@@ -18,6 +18,7 @@ client CPU per call than the server spends (on a 2-core machine the two compete)
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import signal
@@ -25,8 +26,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import anyio
@@ -60,6 +62,10 @@ async def bump_sql(ctx: ActorContext) -> int:
 registry = Registry([bench])
 
 TOKEN = "http-bench-token"
+IDLE_S = 4.0
+"""A connection idle this long is replaced before a request: uvicorn closes idle keep-alive
+connections after 5 s, and a request sent as it does so gets no answer (on a loaded machine the
+warm-up of 64 actors, one after the other, took longer than that)."""
 CASES = [(action, clients) for clients in (1, 50) for action in ("bump", "bump_sql")]
 LABELS = {"bump": "state-only action", "bump_sql": "action with one SQL write"}
 
@@ -75,6 +81,16 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
+class UnexpectedAnswer(RuntimeError):
+    """An answer other than a 200. Its body was read, so the connection can carry on (the
+    placement benchmark counts these instead of stopping)."""
+
+    def __init__(self, head: bytes, body: bytes) -> None:
+        super().__init__(f"unexpected answer: {head!r} {body[:300]!r}")
+        self.status = int(head.split(b" ", 2)[1])
+        self.body = body
+
+
 class RawCaller:
     """One keep-alive connection sending one prebuilt request; checks every answer is a 200."""
 
@@ -87,24 +103,34 @@ class RawCaller:
         ).encode()
         self._stream: anyio.abc.SocketStream | None = None
         self._buffer = b""
+        self._used_at = 0.0
 
-    async def call(self) -> None:
+    async def call(self) -> bytes:
+        """The answer's body; `UnexpectedAnswer` for anything but a 200."""
+        if self._stream is not None and time.monotonic() - self._used_at > IDLE_S:
+            await self.aclose()
         if self._stream is None:
             self._stream = await anyio.connect_tcp(self._address.hostname, self._address.port)
         await self._stream.send(self._request)
         while b"\r\n\r\n" not in self._buffer:
             self._buffer += await self._stream.receive()
         head, _, rest = self._buffer.partition(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"unexpected answer: {head!r}")
         length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
         while len(rest) < length:
             rest += await self._stream.receive()
-        self._buffer = rest[length:]
+        body, self._buffer = rest[:length], rest[length:]
+        self._used_at = time.monotonic()
+        if re.search(rb"(?i)\r\nconnection: close", head):  # the server closes it after this
+            await self.aclose()
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise UnexpectedAnswer(head, body)
+        return body
 
     async def aclose(self) -> None:
+        """Close the connection; a later `call` opens a new one."""
         if self._stream is not None:
-            await self._stream.aclose()
+            stream, self._stream, self._buffer = self._stream, None, b""
+            await stream.aclose()
 
 
 class PagekvCaller:
@@ -153,20 +179,55 @@ async def measure(url: str, action: str, clients: int, seconds: float, tag: str,
     )
 
 
-def start_server(kv: str) -> tuple[subprocess.Popen[str], str]:
+@dataclass
+class Server:
+    """A `pagekv serve` subprocess. Its stderr is read to the end on a thread of its own, so
+    that a server logging a lot (warnings under failures) never blocks on a full pipe."""
+
+    proc: subprocess.Popen[str]
+    url: str = ""
+    log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
+    advertised: list[str] = field(default_factory=list)
+    """The URLs each process (each worker, with `--workers`) advertises to the others."""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait()
+
+
+def start_server(kv: str, *args: str, processes: int = 1) -> Server:
+    """`pagekv serve` on this file's registry at a free port, with `args` added; returns once
+    `processes` processes (`--workers`) listen."""
     env = {**os.environ, "PAGEKV_TOKEN": TOKEN}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pagekv.cli", "serve", __file__, "--kv", kv, "--port", "0"],
+        [sys.executable, "-m", "pagekv.cli", "serve", __file__, "--kv", kv, "--port", "0", *args],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        match = re.search(r"Uvicorn running on (http://\S+)", line)
-        if match:
-            return proc, match.group(1)
-    raise RuntimeError(f"pagekv serve exited with {proc.wait()}")
+    server = Server(proc)
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            server.log.append(line)
+            if match := re.search(r"Uvicorn running on (http://\S+)", line):
+                server.url = match.group(1)
+            # each process says what it advertises once it listens
+            if match := re.search(r"advertising (http://\S+)", line):
+                server.advertised.append(match.group(1))
+                if len(server.advertised) == processes:
+                    ready.set()
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    ready.wait(60)
+    if proc.poll() is not None or not server.url:
+        server.stop()
+        raise RuntimeError(f"pagekv serve exited with {proc.returncode}:\n{''.join(server.log)}")
+    return server
 
 
 def summary(values: list[float], fmt: str) -> tuple[str, str]:
@@ -178,7 +239,8 @@ def summary(values: list[float], fmt: str) -> tuple[str, str]:
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         kv = args.kv or f"file:{tmp}/store"
-        proc, url = start_server(kv)
+        server = start_server(kv)
+        url = server.url
         try:
             runs: dict[tuple[str, int], list[Run]] = {case: [] for case in CASES}
             for round_ in range(args.rounds):
@@ -192,8 +254,7 @@ async def main(args: argparse.Namespace) -> None:
                         file=sys.stderr,
                     )
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait()
+            server.stop()
     store = kv if args.kv else "file: (temporary directory)"
     print(f"\n{store}, {args.client} client, {args.rounds} rounds, medians")
     print("| action | clients | actions/s (min-max) | p50 ms (min-max) | p99 ms (min-max) |")
