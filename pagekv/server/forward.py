@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
-import httpx
+import httpcore
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -41,8 +41,8 @@ from pagekv.server.errors import HttpError
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode
 
 FORWARDED_HEADER = "x-pagekv-forwarded"
-_PASSED_HEADERS = ("content-type", "accept", "authorization")
-_RELAYED_HEADERS = ("content-type", "retry-after", "www-authenticate")
+_PASSED_HEADERS = frozenset({b"content-type", b"accept", b"authorization"})
+_RELAYED_HEADERS = frozenset({b"content-type", b"retry-after", b"www-authenticate"})
 _FIRST_PAUSE_S = 0.02
 _LONGEST_PAUSE_S = 0.25
 log = logging.getLogger("pagekv.server")
@@ -64,14 +64,17 @@ class Forwarder:
     def __init__(self, config: ServerConfig, registry: Registry) -> None:
         self._config = config
         self._registry = registry
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.forward_timeout_s, connect=config.forward_connect_s),
-            limits=httpx.Limits(
-                max_connections=config.max_connections,
-                max_keepalive_connections=100,
-                keepalive_expiry=2.0,
-            ),
+        self._http = httpcore.AsyncConnectionPool(
+            max_connections=config.max_connections,
+            max_keepalive_connections=100,
+            keepalive_expiry=2.0,
         )
+        self._timeouts = {
+            "connect": config.forward_connect_s,
+            "read": config.forward_timeout_s,
+            "write": config.forward_timeout_s,
+            "pool": config.forward_connect_s,
+        }
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -122,41 +125,45 @@ class Forwarder:
         self, request: Request, body: bytes, aid: str, owner: Owner
     ) -> Response | _Unreached:
         assert owner.address is not None, "the registry forwards only to owners with an address"
-        headers = {k: request.headers[k] for k in _PASSED_HEADERS if k in request.headers}
-        headers[FORWARDED_HEADER] = f"{self._registry.id} {owner.registry} {owner.until!r}"
+        headers = [(k, v) for k, v in request.scope["headers"] if k in _PASSED_HEADERS]
+        until = repr(owner.until)
+        forwarding = f"{self._registry.id} {owner.registry} {until}".encode()
+        headers.append((FORWARDED_HEADER.encode(), forwarding))
+        target = request.scope["raw_path"] or request.scope["path"].encode()
+        if request.scope["query_string"]:
+            target += b"?" + request.scope["query_string"]
         sent = self._http.request(
             request.method,
-            owner.address.rstrip("/") + request.url.path,
-            params=request.url.query or None,
-            content=body,
+            owner.address.rstrip("/").encode() + target,
             headers=headers,
+            content=body,
+            extensions={"timeout": self._timeouts},
         )
         try:
             response = await self._unless_lease_lost(sent, aid, owner)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+        except (httpcore.ConnectError, httpcore.ConnectTimeout, httpcore.PoolTimeout) as e:
             log.debug("forward to %s: not reached: %r", owner.address, e)
             return _Unreached("could not be reached")
-        except (httpx.TransportError, _LeaseLost) as e:
-            raise HttpError(
-                503,
-                ErrorCode.OWNER_TIMEOUT,
-                f"the actor's owner at {owner.address} took the call but sent no answer "
-                f"({e}); it may have run there",
-                writes=Writes(unknown=True),
-            ) from e
-        if response.status_code == 503 and _code(response) == ErrorCode.NOT_OWNER:
+        except (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError) as e:
+            raise _no_answer(owner, repr(e)) from e
+        except _LeaseLost as e:
+            raise _no_answer(owner, str(e)) from e
+        media_type = _header(response, b"content-type")
+        if response.status == 503 and _code(response.content, media_type) == ErrorCode.NOT_OWNER:
             return _Unreached("refused the call as not its owner any more")
-        headers = {k: response.headers[k] for k in _RELAYED_HEADERS if k in response.headers}
-        return Response(response.content, status_code=response.status_code, headers=headers)
+        relayed = [(k, v) for k, v in response.headers if k.lower() in _RELAYED_HEADERS]
+        answer = Response(response.content, status_code=response.status)
+        answer.raw_headers[:0] = [(k.lower(), v) for k, v in relayed]
+        return answer
 
     async def _unless_lease_lost(
-        self, sent: Awaitable[httpx.Response], aid: str, owner: Owner
-    ) -> httpx.Response:
+        self, sent: Awaitable[httpcore.Response], aid: str, owner: Owner
+    ) -> httpcore.Response:
         """The owner's answer, unless its lease on the actor runs out (or passes to another
         instance) first: an owner that stopped (SIGSTOP, a stalled machine) may have accepted
         the connection and never answer, and a wait longer than its lease helps nobody, since
         the actor is served elsewhere after it (`_LeaseLost`)."""
-        answer: httpx.Response | None = None
+        answer: httpcore.Response | None = None
         failure: Exception | None = None
         async with anyio.create_task_group() as tg:
 
@@ -220,13 +227,27 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _code(response: httpx.Response) -> str | None:
+def _no_answer(owner: Owner, why: str) -> HttpError:
+    return HttpError(
+        503,
+        ErrorCode.OWNER_TIMEOUT,
+        f"the actor's owner at {owner.address} took the call but sent no answer ({why}); it "
+        "may have run there",
+        writes=Writes(unknown=True),
+    )
+
+
+def _header(response: httpcore.Response, name: bytes) -> str:
+    return next((v.decode("latin-1") for k, v in response.headers if k.lower() == name), "")
+
+
+def _code(content: bytes, content_type: str) -> str | None:
     """The error code of a pagekv error answer, or None."""
-    media_type = response.headers.get("content-type", "").split(";")[0]
+    media_type = content_type.split(";")[0]
     if media_type not in (JSON, CBOR):
         return None
     try:
-        payload = decode(response.content, media_type)
+        payload = decode(content, media_type)
     except BodyError:
         return None
     error = payload.get("error") if isinstance(payload, dict) else None
