@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ import pytest
 from server_helpers import TOKEN
 
 from pagekv.client import HttpClient
+from pagekv.server.process import listen
 
 pytestmark = pytest.mark.anyio
 
@@ -306,3 +308,18 @@ def test_inspect_takes_its_store_from_the_environment_as_serve_does(tmp_path: Pa
     assert listed.returncode == 0, listed.stderr
     missing = pagekv("inspect", env={"PAGEKV_KV": f"file:{tmp_path}/none"})
     assert missing.returncode != 0 and "none" in missing.stderr, missing.stderr
+
+
+def test_serve_listens_with_tcp_nodelay() -> None:
+    """Its connections inherit it; without it each answer's body waited for the client's
+    delayed ACK (40 ms, one client got 21 calls/s instead of over a thousand)."""
+    sock = listen("127.0.0.1", 0)
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        client = socket.create_connection(sock.getsockname())
+        accepted, _ = sock.accept()
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        accepted.close()
+        client.close()
+    finally:
+        sock.close()
