@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import socket
 import subprocess
 import sys
 import threading
