@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from starlette.requests import Request
@@ -38,7 +40,7 @@ from starlette.routing import Route
 
 from pagekv.actor import OwnedElsewhere
 from pagekv.actor.ownership import Forwarded
-from pagekv.actor.writes import tracking_writes
+from pagekv.actor.writes import Writes, tracking_writes
 from pagekv.server.codec import answer, decode_body, query_params, read_fields, read_raw_body
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.protocol import ErrorCode
@@ -127,6 +129,20 @@ async def _request(
     return rt, params["key"], params, raw, body
 
 
+@contextmanager
+def _failures(operation: str, target: str | None, name: str, key: str) -> Iterator[Writes]:
+    """Around the registry call of a route: what it writes, and any failure as its answer
+    (logged, see `_failed`), except `OwnedElsewhere`, which routes it to the owner."""
+    with tracking_writes() as writes:
+        try:
+            yield writes
+        except OwnedElsewhere:
+            raise
+        except Exception as e:
+            failure = classify(e, in_action=True, writes=writes)
+            raise _failed(operation, target, name, key, e, failure) from e
+
+
 async def call_action(request: Request) -> Response:
     rt, key, params, raw, body = await _request(request, _ACTION_FIELDS)
     name, action = request.path_params["name"], request.path_params["action"]
@@ -134,18 +150,12 @@ async def call_action(request: Request) -> Response:
     args, kwargs = _arguments(body)
 
     async def serve(via: Forwarded | None) -> Response:
-        with tracking_writes() as writes:
-            try:
-                started = time.perf_counter()
-                result = await rt.registry.call(
-                    name, key, action, args, kwargs, create=create, input=body.get("input"), via=via
-                )
-                rt.latency.observe((name, action), time.perf_counter() - started)
-            except OwnedElsewhere:
-                raise
-            except Exception as e:
-                failure = classify(e, in_action=True, writes=writes)
-                raise _failed("action", action, name, key, e, failure) from e
+        with _failures("action", action, name, key) as writes:
+            started = time.perf_counter()
+            result = await rt.registry.call(
+                name, key, action, args, kwargs, create=create, input=body.get("input"), via=via
+            )
+            rt.latency.observe((name, action), time.perf_counter() - started)
         return answer(request, {"result": result}, writes=writes)
 
     return await rt.forwarder.route(request, raw, serve)
@@ -157,22 +167,10 @@ async def send_message(request: Request) -> Response:
     create = _create_flag(params, body)
 
     async def serve(via: Forwarded | None) -> Response:
-        with tracking_writes() as writes:
-            try:
-                message_id = await rt.registry.send(
-                    name,
-                    key,
-                    queue,
-                    body.get("body"),
-                    create=create,
-                    input=body.get("input"),
-                    via=via,
-                )
-            except OwnedElsewhere:
-                raise
-            except Exception as e:
-                failure = classify(e, in_action=True, writes=writes)
-                raise _failed("send", queue, name, key, e, failure) from e
+        with _failures("send", queue, name, key):
+            message_id = await rt.registry.send(
+                name, key, queue, body.get("body"), create=create, input=body.get("input"), via=via
+            )
         return answer(request, {"id": message_id})
 
     return await rt.forwarder.route(request, raw, serve)
@@ -186,16 +184,10 @@ async def create_actor(request: Request) -> Response:
     name = request.path_params["name"]
 
     async def serve(via: Forwarded | None) -> Response:
-        with tracking_writes() as writes:
-            try:
-                await rt.registry.instance(
-                    name, key, create=True, must_be_new=True, input=body.get("input"), via=via
-                )
-            except OwnedElsewhere:
-                raise
-            except Exception as e:
-                failure = classify(e, in_action=True, writes=writes)
-                raise _failed("create", None, name, key, e, failure) from e
+        with _failures("create", None, name, key):
+            await rt.registry.instance(
+                name, key, create=True, must_be_new=True, input=body.get("input"), via=via
+            )
         return answer(request, {"result": {"name": name, "key": key}}, status=201)
 
     return await rt.forwarder.route(request, raw, serve)
@@ -208,14 +200,8 @@ async def destroy_actor(request: Request) -> Response:
     name = request.path_params["name"]
 
     async def serve(via: Forwarded | None) -> Response:
-        with tracking_writes() as writes:
-            try:
-                await rt.registry.destroy(name, key, via=via)
-            except OwnedElsewhere:
-                raise
-            except Exception as e:
-                failure = classify(e, in_action=True, writes=writes)
-                raise _failed("destroy", None, name, key, e, failure) from e
+        with _failures("destroy", None, name, key):
+            await rt.registry.destroy(name, key, via=via)
         return answer(request, {"result": None})
 
     return await rt.forwarder.route(request, raw, serve)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -42,9 +43,18 @@ async def serving(
     *,
     kv: KvStore | None = None,
     token: str | None = TOKEN,
+    advertise: bool = False,
     **config: Any,
 ) -> AsyncIterator[Served]:
+    """A server on a loopback port of its own; `advertise`: it tells the other servers of its
+    store its address, so they forward it the calls for the actors it owns."""
     store = kv if kv is not None else MemoryStore()
+    sock = socket.socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    if advertise:
+        config["advertise_url"] = url
     settings = ServerConfig(token=token, unauthenticated=token is None, **config)
     server = uvicorn_server(
         registry.definitions.values() if actors is None else actors,
@@ -55,12 +65,11 @@ async def serving(
         log_level="warning",
     )
     async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve)
+        tg.start_soon(lambda: server.serve(sockets=[sock]))
         with anyio.fail_after(10):
             while not server.started:
                 await anyio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
         try:
-            yield Served(f"http://127.0.0.1:{port}", token, store)
+            yield Served(url, token, store)
         finally:
             server.should_exit = True

@@ -4,7 +4,6 @@ limits, error codes, media types), and never forwarded twice."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -14,13 +13,11 @@ import anyio
 import cbor2
 import httpx
 import pytest
-from server_defs import registry
-from server_helpers import TOKEN
+from server_helpers import TOKEN, serving
 
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import KvStore, MemoryStore
 from pagekv.kv.wrappers import KvWrapper
-from pagekv.server import ServerConfig, uvicorn_server
 from pagekv.server.forward import FORWARDED_HEADER
 
 pytestmark = pytest.mark.anyio
@@ -28,29 +25,10 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
 @asynccontextmanager
-async def _server(store: KvStore, **config: Any) -> AsyncIterator[tuple[str, Any]]:
-    """A server on a loopback port of its own, advertising it; yields (url, registry)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    settings = ServerConfig(token=config.pop("token", TOKEN), advertise_url=url, **config)
-    server = uvicorn_server(
-        registry.definitions.values(),
-        kv=store,
-        config=settings,
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-    )
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: server.serve(sockets=[sock]))
-        with anyio.fail_after(10):
-            while not server.started:
-                await anyio.sleep(0.01)
-        try:
-            yield url, server.config.loaded_app
-        finally:
-            server.should_exit = True
+async def _server(store: KvStore, **config: Any) -> AsyncIterator[tuple[str, KvStore]]:
+    """A server advertising its loopback address; yields (url, store)."""
+    async with serving(kv=store, advertise=True, **config) as served:
+        yield served.url, served.store
 
 
 @asynccontextmanager
