@@ -9,6 +9,8 @@ from pagekv.actor.registry import LEASE_S
 from pagekv.kv import redact_url
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 
+GRACEFUL_S = 10
+"""How long a stopping server lets the requests it began finish before it cancels them."""
 DEFAULT_INSPECT_MAX_BYTES = 16 * 2**20
 DEFAULT_INSPECT_CONCURRENCY = 4
 

@@ -14,10 +14,8 @@ import uvicorn
 from pagekv.actor import ActorDefinition
 from pagekv.kv import KvStore
 from pagekv.server.app import create_app
-from pagekv.server.config import ServerConfig
+from pagekv.server.config import GRACEFUL_S, ServerConfig
 from pagekv.server.http_protocol import http_protocol
-
-GRACEFUL_S = 10
 
 
 def uvicorn_server(

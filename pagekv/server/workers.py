@@ -37,7 +37,7 @@ from types import FrameType
 import anyio
 
 from pagekv.server.advertise import ADVERTISE_ENV, default_url, worker_url
-from pagekv.server.config import ConfigError
+from pagekv.server.config import GRACEFUL_S, ConfigError
 from pagekv.server.loader import AppNotFound
 from pagekv.server.process import (
     StartupError,
@@ -47,7 +47,6 @@ from pagekv.server.process import (
     serve_process,
     settings,
 )
-from pagekv.server.run import GRACEFUL_S
 
 FATAL = 78
 """A worker's exit status that says restarting it cannot help (sysexits' EX_CONFIG): its

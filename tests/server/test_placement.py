@@ -250,3 +250,34 @@ async def test_a_call_given_up_at_a_stopped_owner_does_not_run_when_it_resumes(
             await first.get("napper", "x").later(60)  # anything the resumed owner serves
         async with HttpClient(urls[1], token=TOKEN) as second:
             assert await second.get("napper", "x").count() == 2
+
+
+async def test_a_server_shut_down_under_load_fails_no_call(tmp_path: Path) -> None:
+    """20 clients call an actor through the server that does not own it while its owner gets
+    SIGTERM: a call forwarded on a connection the owner closed as it stopped never ran there,
+    and is routed again (not answered as an unknown outcome); every call succeeds and counts
+    once."""
+    async with servers(f"file:{tmp_path}/store", 2, "--lease", "5") as (owner, other):
+        urls = [await owner.started(), await other.started()]
+        async with HttpClient(urls[0], token=TOKEN) as first:
+            await first.get_or_create("ledger", "hot").bump()
+        acknowledged, stop = 1, anyio.Event()
+        async with HttpClient(urls[1], token=TOKEN) as client:
+
+            async def load() -> None:
+                nonlocal acknowledged
+                while not stop.is_set():
+                    await client.get("ledger", "hot").bump()
+                    acknowledged += 1
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(20):
+                    tg.start_soon(load)
+                await anyio.sleep(0.5)
+                assert await owner.stop() in (0, -signal.SIGTERM)
+                await anyio.sleep(0.5)
+                stop.set()
+            final = await client.get("ledger", "hot").count()
+        totals = await _metrics(urls[1])
+    assert final == acknowledged
+    assert totals["forwarded"] > 0 and totals["wakes"] == 1
