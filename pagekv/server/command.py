@@ -140,7 +140,8 @@ def add_serve_command(commands: Any, summary: str) -> None:
         metavar="SECONDS",
         help="how long an actor stays its process's after a renewal: how soon another "
         "process serves it once that one died (default: the app registry's lease, 10 s "
-        "unless set)",
+        "unless set; under heavy load keep it at 5 s or more, as a renewal waits its turn at "
+        "the store and one that comes too late hands the actor on)",
     )
     serve_cmd.add_argument(
         "--max-body-bytes",
