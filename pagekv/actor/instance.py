@@ -541,7 +541,7 @@ class ActorInstance:
         return self.next_due
 
     async def announce_wake(self, due: float) -> None:
-        """Before committing a schedule row due at `due`: make sure the wake index covers it
+        """Before committing a schedule row due at `due`: make sure its lease entry covers it
         should this instance die (see `_lease_target`). Written ahead of the commit, so a crash in
         between can only cause an early (harmless) wake, never a missed one; `refresh_wake` sets
         the time after the commit."""
@@ -549,7 +549,7 @@ class ActorInstance:
         await self._publish(due if next_run is None else min(due, next_run))
 
     async def refresh_wake(self) -> None:
-        """Record the next due schedule here and in the registry's durable wake index."""
+        """Record the next due schedule here and in the actor's durable lease entry."""
         rows = await self.ctx.db.locked(
             lambda c: c.execute("SELECT min(due) FROM _pagekv_schedule").fetchall(), internal=True
         )

@@ -222,7 +222,7 @@ class Registry:
             if await anyio.to_thread.run_sync(self.ownership.still_due, aid, time.time()):
                 await self.instance(name, key, create=False)
         except ActorNotFound:
-            log.info("actor %s/%s was destroyed; its wake entries are removed", name, key)
+            log.info("actor %s/%s was destroyed; its lease entries are removed", name, key)
         except OwnedElsewhere:
             log.debug("actor %s/%s due, but another registry took it first", name, key)
         except Exception:

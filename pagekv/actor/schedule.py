@@ -6,8 +6,8 @@ crash in between dispatches it again on the next wake. An action that raises is 
 retried; one cut short by a storage failure stays due and is dispatched again.
 
 With several registries on one store, a due event runs once while the instance that has the
-actor is healthy: its wake entry is a lease that keeps the other registries from taking the actor
-over (see `ActorInstance._wake_time`). If its process dies, another registry wakes the actor at
+actor is healthy: its lease entry keeps the other registries from taking the actor over (see
+`ActorInstance._lease_target`). If its process dies, another registry wakes the actor at
 most one lease later and dispatches the event again, even one the crash cut short.
 """
 
