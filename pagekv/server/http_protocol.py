@@ -41,18 +41,21 @@ class _HeaderDeadline(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        """A chunk after which a request's headers are still incomplete counts against
-        `max_header_bytes`: httptools buffers them without a bound (it took a 100 MiB header)."""
+        """The bytes of a request's headers count against `max_header_bytes` before they are
+        parsed: httptools buffers them without a bound (it took a 100 MiB header), and headers
+        that arrive whole in one chunk must count too (a 70 KB header in one write passed)."""
         if self._refused:
             return  # lingering after a refusal: read and drop
+        if self._deadline is not None:  # in a request's headers
+            end = data.find(b"\r\n\r\n")
+            if self._header_bytes + (len(data) if end < 0 else end + 4) > self.max_header_bytes:
+                self._disarm()
+                message = f"the request headers exceed {self.max_header_bytes} bytes"
+                self._refuse(431, "Request Header Fields Too Large", "headers_too_large", message)
+                return
         super().data_received(data)
-        if self._deadline is None:  # headers complete, or the connection is being refused
-            return
-        self._header_bytes += len(data)
-        if self._header_bytes > self.max_header_bytes:
-            self._disarm()
-            message = f"the request headers exceed {self.max_header_bytes} bytes"
-            self._refuse(431, "Request Header Fields Too Large", "headers_too_large", message)
+        if self._deadline is not None:  # still in the headers, or in the next request's
+            self._header_bytes += len(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

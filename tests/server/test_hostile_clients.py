@@ -161,8 +161,18 @@ async def test_headers_over_the_cap_are_a_431_and_a_408_closes_the_connection() 
                 sock.sendall(request[:-3])
                 return _read_all(sock)  # returns once the server closes the connection
 
+        def whole_in_one_write(size: int) -> bytes:
+            with _connect(served) as sock:
+                head = b"POST /actors/ledger/actions/read?key=k HTTP/1.1\r\nhost: x\r\n"
+                sock.sendall(head + b"x-big: " + b"a" * size + b"\r\nconnection: close\r\n\r\n")
+                return _read_all(sock)
+
         with anyio.fail_after(5):
             refused = await anyio.to_thread.run_sync(huge_header)
             timed_out = await anyio.to_thread.run_sync(slow_body_kept_alive)
+            at_once = await anyio.to_thread.run_sync(whole_in_one_write, 9000)
+            under = await anyio.to_thread.run_sync(whole_in_one_write, 7000)
     assert refused.startswith(b"HTTP/1.1 431") and b"8192 bytes" in refused, refused[:300]
+    assert at_once.startswith(b"HTTP/1.1 431"), at_once[:300]
+    assert not under.startswith(b"HTTP/1.1 431"), under[:300]
     assert timed_out.startswith(b"HTTP/1.1 408") and b"connection: close" in timed_out
