@@ -147,20 +147,6 @@ class Ownership:
         generation = int(lease_key[len(_lease_prefix(aid)) :])
         return Owner(entry["owner"], entry.get("address"), until, generation)
 
-    def let_go(self, aid: str, owner: Owner) -> bool:
-        """Whether `owner` gave `aid` up in a graceful stop of its registry: it released its
-        lease (or another generation holds the actor, which only a release allows before the
-        lease ends) and its member entry is gone (its registry left)."""
-        entries = self._index.list(prefix=_lease_prefix(aid))
-        if not entries:
-            return False
-        lease_key, value = entries[-1]
-        generation = int(lease_key[len(_lease_prefix(aid)) :])
-        released = generation > owner.generation or cbor2.loads(value).get("owner") is None
-        if not released:
-            return False
-        return not self._index.get([_MEMBER + owner.registry.encode()])[0]
-
     def due_sleepers(self, now: float, awake: set[str]) -> list[Sleeper]:
         """Actors not in `awake` whose newest lease entry is due at `now`.
 

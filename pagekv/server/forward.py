@@ -36,7 +36,7 @@ from starlette.responses import Response
 from pagekv.actor import OwnedElsewhere, Registry
 from pagekv.actor.ownership import Forwarded, Owner
 from pagekv.actor.writes import Writes
-from pagekv.server.config import GRACEFUL_S, ServerConfig
+from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode
 
@@ -139,17 +139,11 @@ class Forwarder:
             content=body,
             extensions={"timeout": self._timeouts},
         )
-        started = time.monotonic()
         try:
             response = await self._unless_lease_lost(sent, aid, owner)
         except (httpcore.ConnectError, httpcore.ConnectTimeout, httpcore.PoolTimeout) as e:
             log.debug("forward to %s: not reached: %r", owner.address, e)
             return _Unreached("could not be reached")
-        except (httpcore.ReadError, httpcore.WriteError, httpcore.RemoteProtocolError) as e:
-            if time.monotonic() - started < GRACEFUL_S and await self._stopped(aid, owner):
-                log.debug("forward to %s: closed as it stopped: %r", owner.address, e)
-                return _Unreached("closed the connection as it stopped")
-            raise _no_answer(owner, repr(e)) from e
         except (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError) as e:
             raise _no_answer(owner, repr(e)) from e
         except _LeaseLost as e:
@@ -161,23 +155,6 @@ class Forwarder:
         answer = Response(response.content, status_code=response.status)
         answer.raw_headers[:0] = [(k.lower(), v) for k, v in relayed]
         return answer
-
-    async def _stopped(self, aid: str, owner: Owner) -> bool:
-        """After the owner dropped a connection without an answer: whether it was stopping
-        gracefully (it let the actor go and its registry left, `Ownership.let_go`, before its
-        lease ran out), waiting for that at most until the lease's end.
-
-        A graceful stop answers every request its server had begun to read (uvicorn closes
-        only idle connections, and stops the app only once the others are done, within
-        `GRACEFUL_S`), so a call sent on a connection it closed as idle never ran: it is routed
-        again. A process that died drops its connections the same way but never lets go, and
-        such a call may have run (`owner_timeout`)."""
-        ownership = self._registry.ownership
-        while time.time() < owner.until:
-            if await anyio.to_thread.run_sync(ownership.let_go, aid, owner):
-                return True
-            await anyio.sleep(_FIRST_PAUSE_S)
-        return False
 
     async def _unless_lease_lost(
         self, sent: Awaitable[httpcore.Response], aid: str, owner: Owner
