@@ -84,6 +84,8 @@ class Member:
     host: str
     pid: int
     until: float
+    draining: bool = False
+    """It is stopping: it sends calls away rather than take actors."""
 
 
 @dataclass(frozen=True)
@@ -228,13 +230,14 @@ class Ownership:
 
     # -- member entries -----------------------------------------------------------------------
 
-    def join(self, until: float) -> None:
+    def join(self, until: float, *, draining: bool = False) -> None:
         """Record (or renew) this registry as a member until `until`."""
         entry = {
             "address": self.address,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "until": until,
+            "draining": draining,
         }
         self._index.put([(_MEMBER + self.registry_id.encode(), cbor2.dumps(entry))])
 
@@ -252,7 +255,14 @@ class Ownership:
                 expired.append(key)
                 continue
             live.append(
-                Member(member_id, entry["address"], entry["host"], entry["pid"], entry["until"])
+                Member(
+                    member_id,
+                    entry["address"],
+                    entry["host"],
+                    entry["pid"],
+                    entry["until"],
+                    entry.get("draining", False),
+                )
             )
         if expired:
             self._index.delete(expired)

@@ -21,9 +21,11 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
@@ -188,7 +190,9 @@ class Registry:
                 self._tend_instances(now)
                 if member_until - now < self.lease / 2:
                     member_until = now + self.lease
-                    await anyio.to_thread.run_sync(self.ownership.join, member_until)
+                    await anyio.to_thread.run_sync(
+                        partial(self.ownership.join, member_until, draining=self.draining)
+                    )
                 if poll:
                     if not indexed:
                         await anyio.to_thread.run_sync(self.ownership.index_due_times)
@@ -343,6 +347,9 @@ class Registry:
             raise NotOwner(f"actor {aid}: this registry is stopping")
         if self.address is None:
             return
+        if self.draining:
+            await self._route_away(aid)
+            return
         now = time.time()
         owner = self._owners.get(aid) if cached and via is None else None
         if owner is None or owner.until - now < self.lease / 2:
@@ -366,6 +373,32 @@ class Registry:
         live = self._instances.get(aid)
         if live is None or not live.serving():
             await self._route(aid, None, cached=True)
+
+    async def drain(self) -> None:
+        """Begin a graceful stop while calls still arrive: put every awake actor to sleep now,
+        which releases its lease, so the other registries serve the next calls of each at once,
+        and from then on send on the calls that would wake an actor here (`_route_away`)."""
+        self.draining = True
+        until = time.time() + self.lease
+        await anyio.to_thread.run_sync(partial(self.ownership.join, until, draining=True))
+        for instance in list(self._instances.values()):
+            await instance.stop(instance.stop_reason())
+
+    async def _route_away(self, aid: str) -> None:
+        """While draining: a call that would wake `aid` here goes to another running registry
+        with an address (`OwnedElsewhere`, which wakes it there), chosen by the actor id so
+        that one actor's calls agree; with none, it wakes here (and sleeps at the stop)."""
+        live = await self.peers()
+        peers = sorted((m for m in live if m.address and not m.draining), key=lambda m: m.id)
+        if not peers:
+            return
+        peer = peers[zlib.crc32(aid.encode()) % len(peers)]
+        self.counters["owned_elsewhere"] += 1
+        raise OwnedElsewhere(
+            f"actor {aid}: this registry is stopping; sent to the one at {peer.address}",
+            aid,
+            Owner(peer.id, peer.address, peer.until, -1),
+        )
 
     def forget_owner(self, aid: str) -> None:
         """A call forwarded to the owner `_route` named did not get through: read it again."""

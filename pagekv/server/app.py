@@ -20,6 +20,7 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.actor.registry import REGISTRY_NAMESPACE
@@ -35,14 +36,54 @@ from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
 
 log = logging.getLogger("pagekv.server")
+_DRAIN_MARGIN_S = 0.25
 
 
 async def health(request: Request) -> Response:
-    """503 once the registry has stopped (it failed, or the server is shutting down), so a load
-    balancer stops sending calls that could only fail."""
-    if runtime(request).registry.running:
+    """503 once the registry drains or has stopped (it failed, or the server is shutting down),
+    so a load balancer stops sending calls here."""
+    registry = runtime(request).registry
+    if registry.running and not registry.draining:
         return answer(request, {"status": "ok"})
-    return answer(request, {"status": "stopped"}, status=503)
+    status = "draining" if registry.running else "stopped"
+    return answer(request, {"status": status}, status=503)
+
+
+async def drain(app: Starlette, config: ServerConfig) -> None:
+    """The start of a graceful stop, while this server still takes connections (its server
+    calls it before it closes them, `run.py`): the registry lets its actors go
+    (`Registry.drain`), every answer from now on closes its connection, and, if other servers
+    share the store, it waits out their forwarders' keep-alive (`forward_keepalive_s`): then
+    none of them holds a pooled connection here that it could send a call on just as this
+    server closes it (a call whose outcome it could not know)."""
+    registry: Registry | None = getattr(app.state, "registry", None)
+    if registry is None or not registry.running:
+        return
+    await registry.drain()
+    if registry.address is not None and await registry.peers():
+        await anyio.sleep(config.forward_keepalive_s + _DRAIN_MARGIN_S)
+
+
+class _CloseWhileDraining:
+    """Every answer closes its connection once the registry drains (see `drain`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.get("app")
+
+        async def sending(message: Message) -> None:
+            registry = getattr(getattr(state, "state", None), "registry", None)
+            if message["type"] == "http.response.start" and registry and registry.draining:
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 async def member(request: Request) -> Response:
@@ -121,7 +162,7 @@ def create_app(
             if isinstance(kv, str):
                 store.close()
 
-    middleware = []
+    middleware = [Middleware(_CloseWhileDraining)]
     if config.cors_origins:
         middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
     if config.token is not None:
@@ -145,4 +186,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host
+    app.state.drain = partial(drain, app, config)
     return app

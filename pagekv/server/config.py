@@ -58,6 +58,9 @@ class ServerConfig:
     """How long a forwarded call may take at its owner (503 `owner_timeout` past it)."""
     forward_connect_s: float = 1.0
     """How long connecting to an actor's owner may take before it counts as unreachable."""
+    forward_keepalive_s: float = 2.0
+    """How long a connection to another server stays pooled while idle. A stopping server
+    drains for longer than this (`drain`), so no pooled connection is reused as it closes."""
     forward_wait_s: float = 2.0
     """How long a call keeps being routed again while its actor's owner cannot be reached or
     refuses it (503 `owner_unreachable` past it: the client retries)."""
@@ -97,7 +100,12 @@ class ServerConfig:
             raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.query_timeout_s <= 0:
             raise ConfigError(f"query_timeout_s must be > 0, got {self.query_timeout_s}")
-        for name in ("forward_timeout_s", "forward_connect_s", "forward_wait_s"):
+        for name in (
+            "forward_timeout_s",
+            "forward_connect_s",
+            "forward_wait_s",
+            "forward_keepalive_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.lease_s <= 0:

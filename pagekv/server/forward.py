@@ -57,9 +57,10 @@ class _Unreached:
 
 class Forwarder:
     """The HTTP client one server forwards calls with (its connections are pooled per owner).
-    Idle connections are dropped before the owner's server would close them (uvicorn: 5 s), so
-    a call is never sent on a connection the owner is closing, where it could not tell whether
-    the call arrived."""
+    Idle connections are dropped after `forward_keepalive_s`, before the owner's server would
+    close them (uvicorn: 5 s), and an owner that stops drains for longer than that first
+    (`app.drain`), so a call is not sent on a connection the owner is closing, where it could not
+    tell whether the call arrived."""
 
     def __init__(self, config: ServerConfig, registry: Registry) -> None:
         self._config = config
@@ -67,7 +68,7 @@ class Forwarder:
         self._http = httpcore.AsyncConnectionPool(
             max_connections=config.max_connections,
             max_keepalive_connections=100,
-            keepalive_expiry=2.0,
+            keepalive_expiry=config.forward_keepalive_s,
         )
         self._timeouts = {
             "connect": config.forward_connect_s,
@@ -191,11 +192,10 @@ class Forwarder:
             await anyio.sleep(max(interval, owner.until - time.time()))
             now = time.time()
             held = await anyio.to_thread.run_sync(ownership.owner, aid, now)
-            if held is None or (held.registry, held.generation) != (
-                owner.registry,
-                owner.generation,
-            ):
+            if held is None or held.registry != owner.registry:
                 return
+            if owner.generation >= 0 and held.generation != owner.generation:
+                return  # (-1: a registry sent the actor to wake there, whatever generation)
             owner = held
 
 

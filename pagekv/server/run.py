@@ -1,12 +1,15 @@
 """Running the app under uvicorn in the current event loop.
 
-uvicorn owns SIGINT and SIGTERM: on either it stops accepting connections, lets requests in
-flight finish (up to `GRACEFUL_S`), then runs the app's lifespan shutdown, which puts every
-awake actor to sleep, and finally re-raises the signal as the process's own exit.
+uvicorn owns SIGINT and SIGTERM: on either, the app first drains (`app.drain`: its actors are
+put to sleep, their leases released, and its answers close their connections) while it still
+takes connections; then uvicorn stops accepting them, lets requests in flight finish (up to
+`GRACEFUL_S`), runs the app's lifespan shutdown, and finally re-raises the signal as the
+process's own exit.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable
 
 import uvicorn
@@ -16,6 +19,16 @@ from pagekv.kv import KvStore
 from pagekv.server.app import create_app
 from pagekv.server.config import GRACEFUL_S, ServerConfig
 from pagekv.server.http_protocol import http_protocol
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, with the app's drain before it closes any connection."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = getattr(getattr(self.config.app, "state", None), "drain", None)
+        if drain is not None:
+            await drain()
+        await super().shutdown(sockets)
 
 
 def uvicorn_server(
@@ -31,7 +44,7 @@ def uvicorn_server(
     """The server; logging goes through the standard library's root configuration (uvicorn
     sets levels only, no handlers or formats of its own)."""
     app = create_app(actors, kv=kv, config=config)
-    return uvicorn.Server(
+    return _DrainingServer(
         uvicorn.Config(
             app,
             host=host,

@@ -26,6 +26,8 @@ class Served:
     url: str
     token: str | None
     store: KvStore
+    app: Any = None
+    """The Starlette app (its `state.registry` once started)."""
 
     def client(self, token: str | None = UNSET) -> HttpClient:
         return HttpClient(self.url, token=self.token if token is UNSET else token)
@@ -70,6 +72,6 @@ async def serving(
             while not server.started:
                 await anyio.sleep(0.01)
         try:
-            yield Served(url, token, store)
+            yield Served(url, token, store, server.config.app)
         finally:
             server.should_exit = True

@@ -26,7 +26,9 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 @asynccontextmanager
 async def _server(store: KvStore, **config: Any) -> AsyncIterator[tuple[str, KvStore]]:
-    """A server advertising its loopback address; yields (url, store)."""
+    """A server advertising its loopback address; yields (url, store). Its forwarder keeps
+    connections 0.1 s, so that its stop drains that long (plus a margin), not 2 s."""
+    config.setdefault("forward_keepalive_s", 0.1)
     async with serving(kv=store, advertise=True, **config) as served:
         yield served.url, served.store
 
@@ -252,3 +254,26 @@ async def test_a_create_that_finds_the_actor_created_elsewhere_is_409() -> None:
         echoed = await _call(fast, "echo", {}, mode="get")
     assert answers == {"fast": 201, "slow": 409}, answers
     assert echoed.json()["result"]["input"] == "fast"
+
+
+async def test_a_draining_server_sends_the_calls_that_would_wake_an_actor_elsewhere() -> None:
+    """A server that begins to stop lets its actors go and, while it still takes connections,
+    sends a call that would wake one there to a server that is not stopping; its health says
+    draining and its answers close their connections."""
+    store = MemoryStore()
+    async with (
+        serving(kv=store, advertise=True, forward_keepalive_s=0.1) as leaving,
+        serving(kv=store, advertise=True, forward_keepalive_s=0.1) as staying,
+    ):
+        await _call(leaving.url, "add", {"args": [1]})
+        await leaving.app.state.drain()
+        async with httpx.AsyncClient(base_url=leaving.url, headers=AUTH) as http:
+            health = await http.get("/health")
+            answer = await http.post(
+                "/actors/ledger/actions/add", params={"key": "k"}, json={"args": [2]}
+            )
+        assert (health.status_code, health.json()) == (503, {"status": "draining"})
+        assert answer.json()["result"]["rows"] == [1, 2], answer.text
+        assert answer.headers["connection"] == "close"
+        assert await _metric(leaving.url, "forwarded") == 1
+        assert await _metric(staying.url, "wakes") == 1, "woken where it was sent"
