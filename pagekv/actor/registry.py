@@ -13,7 +13,9 @@ Otherwise the actor wakes where the call arrived: when it sleeps, when its owner
 out, when the owner cannot be forwarded to (no address), or when this registry has no address
 itself (in-process use: nobody could forward to it either, so it takes the actor over, as
 every registry did before ownership). A forwarded call (`via`) is never forwarded again: it is
-served here or refused with `NotOwner`, and the sender routes it afresh.
+served here or refused with `NotOwner`, and the sender routes it afresh. A registry that drains
+(`drain`, a graceful stop begun) wakes no actor: a call that would wake one is sent to another
+registry that is not stopping (`_route_away`), and a forwarded one is refused.
 """
 
 from __future__ import annotations
@@ -347,15 +349,14 @@ class Registry:
             raise NotOwner(f"actor {aid}: this registry is stopping")
         if self.address is None:
             return
-        if self.draining:
-            await self._route_away(aid)
-            return
         now = time.time()
         owner = self._owners.get(aid) if cached and via is None else None
         if owner is None or owner.until - now < self.lease / 2:
             owner = await anyio.to_thread.run_sync(self.ownership.owner, aid, now)
         if owner is None or owner.address is None or owner.address == self.address:
             self._owners.pop(aid, None)
+            if self.draining:  # it would wake here
+                await self._route_away(aid)
             return
         if via is not None:
             raise NotOwner(f"actor {aid} is owned by the registry at {owner.address}, not here")

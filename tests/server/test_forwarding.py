@@ -277,3 +277,22 @@ async def test_a_draining_server_sends_the_calls_that_would_wake_an_actor_elsewh
         assert answer.headers["connection"] == "close"
         assert await _metric(leaving.url, "forwarded") == 1
         assert await _metric(staying.url, "wakes") == 1, "woken where it was sent"
+
+
+async def test_a_draining_server_still_forwards_to_an_actors_live_owner() -> None:
+    """Only the calls that would wake an actor at the stopping server go to another server:
+    one for an actor a third server owns goes to that owner, as before."""
+    store = MemoryStore()
+    async with (
+        serving(kv=store, advertise=True, forward_keepalive_s=0.1) as leaving,
+        serving(kv=store, advertise=True, forward_keepalive_s=0.1) as bystander,
+        serving(kv=store, advertise=True, forward_keepalive_s=0.1) as owner,
+    ):
+        keys = [f"k{n}" for n in range(8)]
+        for key in keys:
+            await _call(owner.url, "add", {"args": [1]}, key=key)
+        await leaving.app.state.drain()
+        for key in keys:  # sent by actor id to one of the two others: never to the bystander
+            answer = await _call(leaving.url, "add", {"args": [2]}, key=key)
+            assert answer.json()["result"]["rows"] == [1, 2], answer.text
+        assert [await _metric(s.url, "wakes") for s in (leaving, bystander, owner)] == [0, 0, 8]
