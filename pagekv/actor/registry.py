@@ -134,8 +134,7 @@ class Registry:
                 finally:
                     self.draining = True
                     with anyio.CancelScope(shield=True):
-                        for instance in list(self._instances.values()):
-                            await instance.stop(instance.stop_reason())
+                        await self._stop_all()
                         await self._leave()
                     tg.cancel_scope.cancel()
         finally:
@@ -382,8 +381,21 @@ class Registry:
         self.draining = True
         until = time.time() + self.lease
         await anyio.to_thread.run_sync(partial(self.ownership.join, until, draining=True))
-        for instance in list(self._instances.values()):
-            await instance.stop(instance.stop_reason())
+        await self._stop_all()
+
+    async def _stop_all(self) -> None:
+        """Stop every live instance at once: each stops taking calls now, and one busy with a
+        long call holds up no other (each waits for its own calls, up to its `stop_grace`)."""
+
+        async def stop(instance: ActorInstance) -> None:
+            try:
+                await instance.stop(instance.stop_reason())
+            except Exception:
+                log.exception("actor %s: stopping failed", instance.actor_id)
+
+        async with anyio.create_task_group() as tg:
+            for instance in list(self._instances.values()):
+                tg.start_soon(stop, instance)
 
     async def _route_away(self, aid: str) -> None:
         """While draining: a call that would wake `aid` here goes to another running registry

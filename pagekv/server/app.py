@@ -30,7 +30,7 @@ from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
-from pagekv.server.forward import Forwarder
+from pagekv.server.forward import FORWARDED_HEADER, Forwarder
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
@@ -52,10 +52,10 @@ async def health(request: Request) -> Response:
 async def drain(app: Starlette, config: ServerConfig) -> None:
     """The start of a graceful stop, while this server still takes connections (its server
     calls it before it closes them, `run.py`): the registry lets its actors go
-    (`Registry.drain`), every answer from now on closes its connection, and, if other servers
-    share the store, it waits out their forwarders' keep-alive (`forward_keepalive_s`): then
-    none of them holds a pooled connection here that it could send a call on just as this
-    server closes it (a call whose outcome it could not know)."""
+    (`Registry.drain`), every answer to a forwarded call from now on closes its connection,
+    and, if other servers share the store, it waits out their forwarders' keep-alive
+    (`forward_keepalive_s`): then none of them holds a pooled connection here that it could
+    send a call on just as this server closes it (a call whose outcome it could not know)."""
     registry: Registry | None = getattr(app.state, "registry", None)
     if registry is None or not registry.running:
         return
@@ -65,13 +65,16 @@ async def drain(app: Starlette, config: ServerConfig) -> None:
 
 
 class _CloseWhileDraining:
-    """Every answer closes its connection once the registry drains (see `drain`)."""
+    """Once the registry drains, every answer to a forwarded call closes its connection (see
+    `drain`): the forwarder does not reuse it as this server closes it. Direct clients keep
+    theirs, since a new connection per call would only meet the listener's close more often."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        forwarded = any(k == FORWARDED_HEADER.encode() for k, _ in scope.get("headers", ()))
+        if scope["type"] != "http" or not forwarded:
             await self.app(scope, receive, send)
             return
         state = scope.get("app")

@@ -119,8 +119,8 @@ def supervise(args: argparse.Namespace, public: socket.socket) -> int:
                 worker.process = None
             time.sleep(_TICK_S)
     finally:
+        public.close()  # no worker starts again: the workers' copies alone keep it listening
         _stop([w.process for w in workers if w.process is not None])
-        public.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 1 if fatal else 0

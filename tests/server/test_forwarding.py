@@ -272,9 +272,17 @@ async def test_a_draining_server_sends_the_calls_that_would_wake_an_actor_elsewh
             answer = await http.post(
                 "/actors/ledger/actions/add", params={"key": "k"}, json={"args": [2]}
             )
+            forwarded = await http.post(
+                "/actors/ledger/actions/add",
+                params={"key": "k"},
+                json={"args": [3]},
+                headers={FORWARDED_HEADER: f"s o {time.time() + 5}"},
+            )
         assert (health.status_code, health.json()) == (503, {"status": "draining"})
         assert answer.json()["result"]["rows"] == [1, 2], answer.text
-        assert answer.headers["connection"] == "close"
+        assert answer.headers.get("connection") != "close", "a direct client keeps its own"
+        assert forwarded.json()["error"]["code"] == "not_owner"
+        assert forwarded.headers["connection"] == "close", "a forwarder does not pool it"
         assert await _metric(leaving.url, "forwarded") == 1
         assert await _metric(staying.url, "wakes") == 1, "woken where it was sent"
 
