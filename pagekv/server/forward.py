@@ -152,9 +152,14 @@ class Forwarder:
         media_type = _header(response, b"content-type")
         if response.status == 503 and _code(response.content, media_type) == ErrorCode.NOT_OWNER:
             return _Unreached("refused the call as not its owner any more")
-        relayed = [(k, v) for k, v in response.headers if k.lower() in _RELAYED_HEADERS]
+        relayed = [(k.lower(), v) for k, v in response.headers if k.lower() in _RELAYED_HEADERS]
         answer = Response(response.content, status_code=response.status)
-        answer.raw_headers[:0] = [(k.lower(), v) for k, v in relayed]
+        if request.method == "HEAD":  # no body came, but the owner said how long it is
+            answer.raw_headers = [(k, v) for k, v in answer.raw_headers if k != b"content-length"]
+            relayed += [
+                (k.lower(), v) for k, v in response.headers if k.lower() == b"content-length"
+            ]
+        answer.raw_headers[:0] = relayed
         return answer
 
     async def _unless_lease_lost(

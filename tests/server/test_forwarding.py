@@ -197,16 +197,23 @@ async def test_the_inspector_answers_for_an_actor_with_its_owners_view() -> None
     only its owner knows: per-actor inspector reads are forwarded to it."""
     async with cluster() as (owner, other):
         await _call(owner, "add", {"args": [1]})
-        async with httpx.AsyncClient(base_url=other, headers=AUTH) as http:
+        async with (
+            httpx.AsyncClient(base_url=other, headers=AUTH) as http,
+            httpx.AsyncClient(base_url=owner, headers=AUTH) as direct,
+        ):
             summary = (await http.get("/inspect/actors/ledger", params={"key": "k"})).json()
             state = (await http.get("/inspect/actors/ledger/state", params={"key": "k"})).json()
             bad = await http.get("/inspect/actors/ledger/state", params={"key": "k", "x": "1"})
             listing = (await http.get("/inspect/actors")).json()
+            head_there = await direct.head("/inspect/actors/ledger/state", params={"key": "k"})
+            head_here = await http.head("/inspect/actors/ledger/state", params={"key": "k"})
+        assert head_here.status_code == head_there.status_code == 200
+        assert head_here.headers["content-length"] == head_there.headers["content-length"] != "0"
         assert summary["live"] is True and summary["instance"]["phase"] == "running"
         assert state["state"]["count"] == 1
         assert bad.status_code == 400, "the owner checks the parameters as it would its own"
         assert [a["live"] for a in listing["actors"]] == [False], "listings are local"
-        assert await _metric(other, "forwarded") == 3
+        assert await _metric(other, "forwarded") == 4
 
 
 class _SlowTakeover(KvWrapper):
