@@ -8,6 +8,7 @@ wrappers and test doubles can sit underneath. Our backends implement it on `KvNa
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from pagekv.kv.limits import Entries, KvLimits
@@ -62,3 +63,15 @@ class KvStore(Protocol):
     def namespace(self, actor_id: str) -> ActorKv: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FlushCounts:
+    """What a durable store has done since it was opened, in this process: `writes` records
+    made durable (one per acknowledged write, takeover or namespace creation), `flushes` durable
+    syncs of its log (group commit lets one flush cover many writes), `folds` of the log into the
+    base. `flushes / writes` is the figure group commit drives down."""
+
+    writes: int
+    flushes: int
+    folds: int
