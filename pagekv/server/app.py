@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import KvStore, open_kv
+from pagekv.kv.api import FlushCounts
 from pagekv.server import gateway, inspector
 from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.codec import answer, error_answer
@@ -99,10 +100,14 @@ async def member(request: Request) -> Response:
 async def metrics(exposition: Exposition, request: Request) -> Response:
     rt = runtime(request)
     instances = rt.registry.live()
-    storage = await anyio.to_thread.run_sync(
-        lambda: [i.ctx.db.database.metrics() for i in instances]
-    )
-    reading = Reading(rt.registry.metrics(), rt.meter, rt.latency, storage)
+    flush_counts = getattr(rt.store, "flush_counts", None)
+
+    def read_storage() -> tuple[list[dict[str, object]], FlushCounts | None]:
+        live = [i.ctx.db.database.metrics() for i in instances]
+        return live, flush_counts() if flush_counts is not None else None
+
+    storage, flushes = await anyio.to_thread.run_sync(read_storage)
+    reading = Reading(rt.registry.metrics(), rt.meter, rt.latency, storage, flushes)
     return Response(exposition.render(reading), media_type=CONTENT_TYPE)
 
 

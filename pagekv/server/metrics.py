@@ -14,7 +14,9 @@ What is measured where:
   so every request of every actor (awake or asleep since) is counted; a commit is one KV write
   batch to an actor's namespace, so the write-size histogram is the commit-size histogram;
 - VFS page-cache hits and misses: summed over the actors awake now (a cache lives and dies with
-  its instance, so these are gauges).
+  its instance, so these are gauges);
+- durable writes, flushes and folds: the store's own `flush_counts()`, where it has one (the
+  `file:` store): `flushes / writes` shows how many acknowledged writes share a flush.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from prometheus_client.utils import floatToGoString
 
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import ActorKv, KvStore
+from pagekv.kv.api import FlushCounts
 from pagekv.kv.limits import is_mapping
 from pagekv.kv.wrappers import KvWrapper
 
@@ -139,6 +142,8 @@ class Reading:
     meter: KvMeter
     latency: Histogram
     live_storage: Sequence[Mapping[str, object]]
+    flushes: FlushCounts | None = None
+    """The store's `flush_counts()` (None: the store keeps none, e.g. `memory://`)."""
 
 
 def _labelled(
@@ -209,6 +214,17 @@ def families(reading: Reading) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "pagekv_vfs_cache_hit_ratio", "Page-cache hit rate of awake actors.", ratio
     )
+    if reading.flushes is not None:
+        for key, help in _FLUSH_COUNTERS.items():
+            value = getattr(reading.flushes, key)
+            yield CounterMetricFamily(f"pagekv_kv_{key}_total", help, value=value)
+
+
+_FLUSH_COUNTERS = {
+    "writes": "Writes the store made durable since this process opened it.",
+    "flushes": "Durable flushes of the store's log (concurrent writes can share one).",
+    "folds": "Folds of the store's log into its base.",
+}
 
 
 _NOTHING_YET = Reading({"live": 0}, KvMeter(), Histogram(LATENCY_BUCKETS_S), ())

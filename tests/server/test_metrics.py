@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 
 import prometheus_client
 import pytest
@@ -20,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import Served, serving
 
 from pagekv.actor import Registry
-from pagekv.kv import MemoryStore
+from pagekv.kv import ActorKv, FileStore, MemoryStore
+from pagekv.kv.api import FlushCounts
 from pagekv.kv.limits import KvLimits
 from pagekv.server.metrics import COMMIT_BUCKETS_BYTES, KvMeter, MeteredStore
 
@@ -222,3 +224,64 @@ async def test_two_apps_in_one_process_share_no_metric() -> None:
     assert commit_histogram(text_b) == expected_b
     assert commit_histogram(text_a)[1] > 1_000_000
     assert b"pagekv_" not in generate_latest(prometheus_client.REGISTRY)
+
+
+class _FlushCountingStore:
+    """A store that reports flush counts as a durable one does: one durable write per KV write
+    batch its namespaces send, counted by a meter beneath them, and one flush per two writes."""
+
+    def __init__(self) -> None:
+        self.meter = KvMeter()
+        self.counted = MeteredStore(MemoryStore(), self.meter)
+
+    def namespace(self, actor_id: str) -> ActorKv:
+        return self.counted.namespace(actor_id)
+
+    def close(self) -> None:
+        self.counted.close()
+
+    def flush_counts(self) -> FlushCounts:
+        writes = self.meter.snapshot().get("write", 0) + 1_234_560
+        return FlushCounts(writes=writes, flushes=writes // 2, folds=3)
+
+
+async def test_a_store_with_flush_counts_has_them_read_at_each_scrape() -> None:
+    store = _FlushCountingStore()
+    async with serving(kv=store) as served, served.client() as client:
+        handle = client.get_or_create("ledger", "k")
+        await handle.add(1)
+        first = await scrape(served)
+        await handle.add(2)
+        second = await scrape(served)
+        now = store.flush_counts()
+    writes_first = value(first, "pagekv_kv_writes_total")
+    assert writes_first > 1_234_560  # exact past a million, and the actor's writes counted
+    assert value(second, "pagekv_kv_writes_total") == now.writes > writes_first  # read anew
+    assert value(second, "pagekv_kv_flushes_total") == now.flushes
+    assert value(second, "pagekv_kv_folds_total") == 3
+    for name in ("writes", "flushes", "folds"):
+        assert families(second)[f"pagekv_kv_{name}"].type == "counter"
+
+
+async def test_a_store_without_flush_counts_writes_no_flush_metric(served: Served) -> None:
+    text = await scrape(served)
+    assert "pagekv_kv_round_trips_total" in text
+    assert "pagekv_kv_writes" not in text and "pagekv_kv_flushes" not in text
+
+
+@pytest.mark.skipif(
+    not hasattr(FileStore, "flush_counts"), reason="the file store keeps no flush counts yet"
+)
+async def test_the_file_stores_flush_counts_are_served(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "kv")
+    try:
+        async with serving(kv=store) as served, served.client() as client:
+            handle = client.get_or_create("ledger", "k")
+            await handle.add(1)
+            before = value(await scrape(served), "pagekv_kv_writes_total")
+            await handle.add(2)
+            text = await scrape(served)
+        assert value(text, "pagekv_kv_writes_total") > before
+        assert 0 < value(text, "pagekv_kv_flushes_total") <= value(text, "pagekv_kv_writes_total")
+    finally:
+        store.close()
