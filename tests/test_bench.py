@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import statistics
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,32 @@ from pagekv.bench.report import (
     terminal_width,
 )
 from pagekv.bench.runner import (
+    Harness,
     MemoryUse,
     Progress,
     Ratio,
     Sample,
     SystemResult,
     WorkloadResult,
+    run_workloads,
+)
+from pagekv.bench.systems import (
+    NATIVE_WAL_FULL,
+    NATIVE_WAL_FULL_FRESH,
+    PAGE_SIZE,
+    PAGEKV,
+    WARM_UP_PAGES,
+    NativeSubject,
+    Subject,
+    Workspace,
+    WriterGroup,
 )
 from pagekv.bench.targets import TargetResult, evaluate
-from pagekv.bench.workloads import Sizes, default_selection
+from pagekv.bench.workloads import Sizes, default_selection, writers_workload
 from pagekv.cli import main
-from pagekv.kv import redact_url
+from pagekv.kv import ActorKv, FileStore, KvStore, redact_url
+from pagekv.kv.api import FlushCounts
+from pagekv.kv.wrappers import KvWrapper
 
 TARGET_STATUSES = {"met", "missed", "not measured", "n/a"}
 
@@ -340,7 +356,7 @@ def test_json_has_every_field(quick: tuple[dict[str, Any], str, str]) -> None:
     for target in doc["targets"]:
         assert set(target) == _fields(TargetResult)
         assert target["status"] in TARGET_STATUSES
-    assert len(doc["targets"]) == 11
+    assert len(doc["targets"]) == 13
 
 
 def _median_per_op(system: dict[str, Any]) -> float:
@@ -430,17 +446,37 @@ def test_file_store_uses_durable_baselines_next_to_it(
 ) -> None:
     store = tmp_path / "store"
     doc, out, _ = run_bench(
-        ["--kv", f"file:{store}", "--quick", "--workload", "hot-update", "--repeat", "1"],
+        [
+            "--kv",
+            f"file:{store}",
+            "--quick",
+            "--workload",
+            "hot-update",
+            "blob-1m",
+            "--repeat",
+            "2",
+        ],
         tmp_path,
         capsys,
     )
-    assert doc["config"]["systems"] == ["pagekv", "native-delete-full", "native-wal-full"]
+    warm, fresh = "native-wal-full", "native-wal-full-fresh"
+    assert doc["config"]["systems"] == ["pagekv", "native-delete-full", warm, fresh]
     assert Path(doc["config"]["scratch_dir"]).parent == store
     assert not Path(doc["config"]["scratch_dir"]).exists()  # native files cleaned up
     statuses = {t["target"]: t["status"] for t in doc["targets"]}
-    assert statuses["one-row commits, file:// vs WAL+FULL"] == "not measured"  # no commit-1
+    target = "one-row commits on a warm database, file:// vs WAL+FULL"
+    assert statuses[target] == "not measured"  # no commit-1
     assert statuses["one-row commits, memory://"] == "n/a"
     assert "native DELETE+FULL" in out and "native WAL+FULL" in out
+    hot, blob = ({s["system"]: s for s in w["systems"]} for w in doc["workloads"])
+    # Warm: the WAL had its full size before the first timed sample and kept it through them.
+    assert hot[warm]["wal_bytes_before"] > WARM_UP_PAGES * PAGE_SIZE
+    assert hot[warm]["wal_bytes_after"] == hot[warm]["wal_bytes_before"]
+    assert hot[fresh]["wal_bytes_before"] is None
+    assert "on a new file every sample" in hot[fresh]["settings"]
+    assert "native WAL+FULL fresh" in out
+    assert fresh not in blob and blob[warm]["wal_bytes_before"] is None  # a one-shot: fresh
+    assert "fresh: a new database file for every sample" in out
 
 
 def test_extra_baselines_join_the_comparison(
@@ -509,3 +545,227 @@ def test_json_alone_prints_the_document_as_every_commands_json_does(
     assert doc["command"].endswith("--json")
     assert [w["name"] for w in doc["workloads"]] == ["commit-1"]
     assert doc["machine"]["build"].startswith(("compiled", "interpreted")), "which build ran"
+
+
+def test_a_warm_native_database_is_reused_and_a_fresh_one_is_not(tmp_path: Path) -> None:
+    workspace = Workspace("memory://", 0, scratch=tmp_path)
+    harness = Harness(
+        workspace, WORKLOADS["commit-1"], [NATIVE_WAL_FULL, NATIVE_WAL_FULL_FRESH], Sizes.quick()
+    )
+    try:
+        for spec in harness.systems:
+            harness.open(spec)
+        warm = harness.ready(NATIVE_WAL_FULL)
+        assert isinstance(warm, NativeSubject) and warm.path is not None
+        grown = warm.wal_bytes()
+        assert grown is not None and grown > WARM_UP_PAGES * PAGE_SIZE
+        assert warm.execute("SELECT count(*) FROM sqlite_schema").fetchall() == [(1,)]
+        assert warm.execute("PRAGMA freelist_count").fetchall() == [(0,)]  # no pages to refill
+        for _ in range(2):
+            WORKLOADS["commit-1"].body(warm, [bytes(100)] * 300)
+            harness.done(warm)
+            assert harness.ready(NATIVE_WAL_FULL) is warm
+        assert warm.wal_bytes() == grown
+        assert warm.execute("SELECT count(*) FROM t").fetchall() == [(600,)]
+        first = harness.ready(NATIVE_WAL_FULL_FRESH)
+        assert isinstance(first, NativeSubject) and first.path is not None
+        assert (first.wal_bytes() or 0) < grown
+        harness.done(first)
+        assert not first.path.exists()
+        second = harness.ready(NATIVE_WAL_FULL_FRESH)
+        assert second is not first
+        harness.done(second)
+    finally:
+        harness.close()
+        workspace.close()
+
+
+class _Connection:
+    """Stands in for a database's connection: every writer's first commit waits at a barrier
+    for all the others', which only N threads running at once can pass."""
+
+    def __init__(self, barrier: threading.Barrier, threads: set[str]) -> None:
+        self.barrier = barrier
+        self.threads = threads
+        self.rows = 0
+
+    def execute(self, sql: str, bindings: tuple[object, ...] | None = None) -> None:
+        if self.rows == 0:
+            self.threads.add(threading.current_thread().name)
+            self.barrier.wait(timeout=10)
+        self.rows += 1
+
+
+class _Member(Subject):
+    def __init__(self, connection: _Connection) -> None:
+        self.spec = PAGEKV
+        self.connection = connection  # type: ignore[assignment]
+
+    def close(self) -> None: ...
+
+    def open(self) -> None: ...
+
+    def destroy(self) -> None: ...
+
+
+def test_the_writers_body_runs_every_writer_at_once_on_its_own_database() -> None:
+    n, threads = 4, set[str]()
+    barrier = threading.Barrier(n)
+    connections = [_Connection(barrier, threads) for _ in range(n)]
+    group = WriterGroup(PAGEKV.with_writers(n), [_Member(c) for c in connections])
+    rows = [[bytes(100)] * (5 + i) for i in range(n + 2)]  # inputs for more writers than 4
+    assert WORKLOADS["writers"].body(group, rows) == sum(5 + i for i in range(n))
+    assert [c.rows for c in connections] == [5 + i for i in range(n)]
+    assert len(threads) == n and threading.current_thread().name not in threads
+
+
+class _SpyStore:
+    """The bench's store, seen: the namespaces opened on it, and flush counts of a durable
+    store (one flush per two writes) where it has none."""
+
+    def __init__(self, inner: KvStore) -> None:
+        self.inner = inner
+        self.opened: list[str] = []
+        self.writes = 0
+
+    def namespace(self, actor_id: str) -> ActorKv:
+        self.opened.append(actor_id)
+        spy = self
+
+        class Counted(KvWrapper):
+            def _call(self, op: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+                if op == "write":
+                    spy.writes += 1
+                return fn(*args, **kwargs)
+
+        return Counted(self.inner.namespace(actor_id))
+
+    def flush_counts(self) -> FlushCounts:
+        return FlushCounts(writes=self.writes, flushes=self.writes // 2, folds=0)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_writers_run_as_namespaces_of_one_store_with_flushes_counted(tmp_path: Path) -> None:
+    workspace = Workspace("memory://", 0, scratch=tmp_path)
+    spy = _SpyStore(workspace.store)
+    workspace.store = spy
+    sizes = Sizes.quick()
+    workload = writers_workload((3,))
+    progress = Progress(0, enabled=False)
+    try:
+        (result,) = run_workloads(workspace, [workload], [PAGEKV], sizes, 2, progress)
+    finally:
+        workspace.close()
+    assert workload.writers == (1, 3)
+    names = [s.system for s in result.systems]
+    assert names == ["pagekv-x1", "pagekv-x3"]
+    one, three = result.systems
+    assert (one.writers, three.writers) == (1, 3)
+    assert len(spy.opened) == 4 and len(set(spy.opened)) == 4  # 1 + 3 databases, one store
+    for sample in three.samples:
+        assert sample.ops == 3 * sizes.writer_commits
+        assert sample.counters["commits"] == 3 * sizes.writer_commits
+        assert sample.store_writes == sample.round_trips["write"] > 0
+        assert sample.flushes is not None and abs(sample.flushes - sample.store_writes / 2) <= 1
+    assert three.summary is not None and three.summary.flushes_per_op is not None
+    assert three.summary.flushes_per_op == pytest.approx(0.5, abs=0.02)
+    assert three.scaling == pytest.approx(
+        three.summary.ops_per_s / one.summary.ops_per_s  # type: ignore[union-attr]
+    )
+    paired = {s.rep: s.seconds_per_op for s in one.samples}
+    assert three.scaling_paired == pytest.approx(
+        [paired[s.rep] / s.seconds_per_op for s in three.samples]
+    )
+    assert three.memory is None  # no memory pass for concurrent writers
+
+
+def test_writers_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc, out, _ = run_bench(["--quick", "--writers", "2", "--repeat", "2"], tmp_path, capsys)
+    (workload,) = doc["workloads"]  # --writers without --workload: the concurrent one alone
+    assert workload["name"] == "writers" and doc["config"]["writers"] == [1, 2]
+    assert doc["command"].startswith("pagekv bench --kv memory:// --writers 2 --quick --repeat 2 ")
+    systems = {s["system"]: s for s in workload["systems"]}
+    assert list(systems) == [
+        "pagekv-x1",
+        "native-memory-off-exclusive-x1",
+        "native-in-memory-x1",
+        "pagekv-x2",
+        "native-memory-off-exclusive-x2",
+        "native-in-memory-x2",
+    ]
+    assert systems["pagekv-x2"]["scaling"] is not None and systems["pagekv-x1"]["scaling"] is None
+    assert systems["native-memory-off-exclusive-x2"]["scaling"] is not None
+    for s in systems["pagekv-x2"]["samples"]:
+        assert s["ops"] == 2 * Sizes.quick().writer_commits
+    # pagekv is compared with native SQLite at the same number of writers
+    assert [r["baseline"] for r in workload["ratios"]] == [
+        "native-memory-off-exclusive-x1",
+        "native-in-memory-x1",
+        "native-memory-off-exclusive-x2",
+        "native-in-memory-x2",
+    ]
+    table = out.split("\nwriters — ")[1].split("\n\n")[0]
+    header = table.splitlines()[1]
+    assert "scaling" in header and "flush/op" in header
+    assert re.search(r"^  pagekv x2 .* n/a ", table, re.MULTILINE)  # memory:// flushes nothing
+    assert "flush/op: n/a (memory:// makes nothing durable)" in out
+    statuses = {t["target"]: t for t in doc["targets"]}
+    assert statuses["64 concurrent writers: flushes per commit, file://"]["status"] == "n/a"
+
+
+def _writers_result(scaling: float, flushes: float | None) -> WorkloadResult:
+    summary = dataclasses.replace(
+        _result("writers", 1).systems[0].summary,  # type: ignore[arg-type]
+        flushes_per_op=flushes,
+        store_writes_per_op=1.0,
+    )
+    one = SystemResult("pagekv-x1", "pagekv x1", "pagekv", "", summary=summary, writers=1)
+    many = SystemResult(
+        "pagekv-x64", "pagekv x64", "pagekv", "", summary=summary, writers=64, scaling=scaling
+    )
+    many.scaling_paired = [scaling * 0.9, scaling * 1.1]
+    return WorkloadResult("writers", "writers", "commit", "warm", None, [one, many], [], 1.0)
+
+
+def test_the_concurrency_targets() -> None:
+    def targets(url: str, result: WorkloadResult) -> dict[str, TargetResult]:
+        found = {t.target: t for t in evaluate([result], url, 0, Sizes.full())}
+        return {k: v for k, v in found.items() if k.startswith("64 ")}
+
+    flushes = "64 concurrent writers: flushes per commit, file://"
+    scaling = "64 writers vs 1, one-row commits, file:?flush_delay_ms=2"
+    good = _writers_result(12.5, 0.05)
+    on_file = targets("file:/x", good)
+    assert on_file[flushes].status == "met" and on_file[flushes].value == 0.05
+    assert on_file[scaling].status == "n/a" and "flush_delay_ms=2" in on_file[scaling].note
+    delayed = targets("file:/x?flush_delay_ms=2", good)
+    assert delayed[scaling].status == "met" and delayed[scaling].measured == "12.50x"
+    assert delayed[scaling].note == "per repetition 11.25x..13.75x"
+    bad = targets("file:/x?flush_delay_ms=2", _writers_result(3.0, 0.9))
+    assert bad[flushes].status == "missed" and bad[scaling].status == "missed"
+    uncounted = targets("file:/x", _writers_result(3.0, None))
+    assert uncounted[flushes].status == "n/a" and "no count" in uncounted[flushes].note
+    assert targets("memory://", good)[flushes].status == "n/a"
+    absent = {t.target: t for t in evaluate([], "file:/x?flush_delay_ms=2", 0, Sizes.full())}
+    assert absent[flushes].status == absent[scaling].status == "not measured"
+    # Native SQLite pays no flush delay: speed ratios to it are not judged then.
+    commits = {t.target: t for t in evaluate([], "file:/x?flush_delay_ms=2", 0, Sizes.full())}
+    assert commits["one-row commits on a warm database, file:// vs WAL+FULL"].status == "n/a"
+
+
+@pytest.mark.skipif(
+    not hasattr(FileStore, "flush_counts"), reason="the file store keeps no flush counts yet"
+)
+def test_the_file_stores_flushes_per_commit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--kv", f"file:{tmp_path / 'store'}", "--quick", "--writers", "4", "--repeat", "1"]
+    doc, out, _ = run_bench(argv, tmp_path, capsys)
+    systems = {s["system"]: s for s in doc["workloads"][0]["systems"]}
+    for name in ("pagekv-x1", "pagekv-x4"):
+        per_commit = systems[name]["summary"]["flushes_per_op"]
+        assert per_commit is not None and 0 < per_commit <= 1.01, name
+    assert systems["native-wal-full-x1"]["summary"]["flushes_per_op"] is None
+    assert "flush/op: durable flushes of the store per op" in out

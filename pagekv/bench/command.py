@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pagekv.bench.report import BenchReport, Config, Machine, now, print_report, write_json
 from pagekv.bench.runner import Progress, count_steps, run_workloads
 from pagekv.bench.systems import NATIVE_SYSTEMS, PAGEKV, Workspace, baselines_for
 from pagekv.bench.targets import evaluate
-from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection
+from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection, writers_workload
 from pagekv.cli_args import kv_url, milliseconds, positive_int
 from pagekv.kv import KvError, redact_url
 
@@ -45,7 +46,9 @@ def _one_of(what: str, names: Collection[str]) -> Callable[[str], str]:
 def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
     """Register `bench` on the CLI's subparsers (`commands` is `add_subparsers()`'s result)."""
     workloads = "\n".join(
-        f"  {name:<14} {w.describe(Sizes.full())}" + (" [--large]" if w.large_only else "")
+        f"  {name:<14} {w.describe(Sizes.full())}"
+        + (" [--large]" if w.large_only else "")
+        + (" [--writers]" if w.writers else "")
         for name, w in WORKLOADS.items()
     )
     bench = commands.add_parser(
@@ -99,6 +102,18 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
         ),
     )
     bench.add_argument(
+        "--writers",
+        action="extend",
+        nargs="+",
+        type=positive_int,
+        metavar="N",
+        help=(
+            "run the concurrent workload with N writers (repeatable; 1 is always added as the "
+            "reference): N threads, each committing on a database of its own, pagekv's N on the "
+            "one store; without --workload it runs alone"
+        ),
+    )
+    bench.add_argument(
         "--quick",
         action="store_true",
         help=(
@@ -146,9 +161,11 @@ def canonical_command(args: argparse.Namespace, workloads: list[str]) -> str:
     if args.latency_ms:
         parts += ["--latency-ms", f"{args.latency_ms:g}"]
     if args.workload:
-        parts += ["--workload", *workloads]
+        parts += ["--workload", *(w for w in workloads if w != "writers" or not args.writers)]
     if args.baseline:
         parts += ["--baseline", *dict.fromkeys(args.baseline)]
+    if args.writers:
+        parts += ["--writers", *map(str, sorted(set(args.writers)))]
     if args.quick:
         parts.append("--quick")
     if args.large:
@@ -162,9 +179,31 @@ def canonical_command(args: argparse.Namespace, workloads: list[str]) -> str:
     return shlex.join(parts)
 
 
+def _selection(args: argparse.Namespace) -> list[str]:
+    """The workloads to run: those named, else the default ones, else with `--writers` alone
+    the concurrent one; `--writers` adds it to those named."""
+    if args.workload:
+        names = list(args.workload)
+    elif args.writers:
+        names = []
+    else:
+        names = default_selection(large=args.large)
+    if args.writers:
+        names.append("writers")
+    return list(dict.fromkeys(names))
+
+
+def _flush_source(url: str, workspace: Workspace) -> str:
+    if workspace.flush_counts() is not None:
+        return "the store's own count (flush_counts)"
+    if urlsplit(url).scheme == "memory":
+        return "n/a (memory:// makes nothing durable)"
+    return "n/a (this store keeps no count of its flushes)"
+
+
 def run_bench(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.bench_parser
-    names = list(dict.fromkeys(args.workload or default_selection(large=args.large)))
+    names = _selection(args)
     if args.json not in (None, _STDOUT) and not args.json.parent.is_dir():
         parser.error(f"--json: directory {str(args.json.parent)!r} does not exist")
     repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
@@ -176,7 +215,8 @@ def run_bench(args: argparse.Namespace) -> int:
         parser.error(f"--kv: {e}")
     try:
         systems = (PAGEKV, *baselines_for(args.kv, args.baseline or ()))
-        workloads = [WORKLOADS[n] for n in names]
+        concurrent = writers_workload(args.writers or WORKLOADS["writers"].writers)
+        workloads = [concurrent if n == "writers" else WORKLOADS[n] for n in names]
         machine = Machine.current()
         config = Config(
             kv=redact_url(args.kv),
@@ -189,6 +229,8 @@ def run_bench(args: argparse.Namespace) -> int:
             sizes=dataclasses.asdict(sizes),
             scratch_dir=str(workspace.scratch),
             scratch_filesystem=workspace.filesystem(),
+            writers=list(concurrent.writers) if "writers" in names else [],
+            flush_counts=_flush_source(args.kv, workspace),
         )
         progress = Progress(count_steps(workloads, systems, repeat), enabled=not args.no_progress)
         try:

@@ -94,6 +94,10 @@ class Config:
     sizes: dict[str, int]
     scratch_dir: str
     scratch_filesystem: str
+    writers: list[int] = field(default_factory=list)
+    """The writer counts of the concurrent workload (empty: it did not run)."""
+    flush_counts: str = ""
+    """Where flushes per operation come from, or why there are none ("n/a: ...")."""
     memory_method: str = MEMORY_METHOD
     ratio_definition: str = RATIO_DEFINITION
     interleaving: str = (
@@ -175,7 +179,9 @@ _HEADERS = (
     "IQR",
     "rate",
     "pagekv speed",
+    "scaling",
     "RT/op",
+    "flush/op",
     "KV wr/op",
     "KV rd/op",
     "WA",
@@ -194,7 +200,10 @@ DROP_ORDER: tuple[tuple[str, ...], ...] = (
     ("KV wr/op",),
 )
 """Columns left out, least important first, until the tables fit the terminal (system, median,
-pagekv speed and round trips always stay; rate is the median restated)."""
+pagekv speed, scaling, round trips and flushes always stay; rate is the median restated)."""
+OPTIONAL = ("scaling", "flush/op")
+"""Columns a table has only where they mean something: scaling for concurrent writers, flushes
+where the store counts them (and for concurrent writers always, "n/a" if it does not)."""
 
 Row = tuple[str, ...]
 
@@ -215,6 +224,10 @@ def _rows(result: WorkloadResult) -> list[Row]:
             else ""
         )
         mem = system.memory
+        scaling = fmt_ratio(system.scaling) if system.scaling is not None else "-"
+        flushes = "-"
+        if system.kind == "pagekv":
+            flushes = "n/a" if s.flushes_per_op is None else f"{s.flushes_per_op:.3g}"
         rows.append(
             (
                 system.label,
@@ -223,7 +236,9 @@ def _rows(result: WorkloadResult) -> list[Row]:
                 f"{fmt_time(s.q1_s_per_op)}..{fmt_time(s.q3_s_per_op)}",
                 _rate(system, result.unit),
                 speed,
+                scaling,
                 _num(s.round_trips_per_op, ".3g"),
+                flushes,
                 fmt_bytes(s.kv_bytes_written_per_op) if s.round_trips_per_op is not None else "-",
                 fmt_bytes(s.kv_bytes_read_per_op) if s.round_trips_per_op is not None else "-",
                 _num(s.write_amplification, ".3f"),
@@ -233,6 +248,18 @@ def _rows(result: WorkloadResult) -> list[Row]:
             )
         )
     return rows
+
+
+def absent_columns(result: WorkloadResult) -> set[str]:
+    """The `OPTIONAL` columns `result`'s table goes without."""
+    concurrent = any(s.writers for s in result.systems)
+    counted = any(s.summary and s.summary.flushes_per_op is not None for s in result.systems)
+    absent = set()
+    if not concurrent:
+        absent.add("scaling")
+        if not counted:
+            absent.add("flush/op")
+    return absent
 
 
 def _grid(rows: Sequence[Row], hidden: Collection[str]) -> tuple[list[int], list[str]]:
@@ -275,7 +302,7 @@ def workload_table(
     """One workload's table without the columns named in `hidden`; its title, skipped rows and
     round-trip line wrap to `width` (None: no limit)."""
     rows = _rows(result)
-    widths, grid = _grid(rows, hidden)
+    widths, grid = _grid(rows, {*hidden, *absent_columns(result)})
     lines = _wrap(
         f"{result.name} — {result.title}; per {result.unit}, {repeat} interleaved "
         f"repetition{'s' if repeat != 1 else ''}",
@@ -304,11 +331,15 @@ def hidden_columns(workloads: Sequence[WorkloadResult], width: int | None) -> li
     same for every table, least important first (`DROP_ORDER`)."""
     if width is None:
         return []
-    tables = [_rows(w) for w in workloads]
+    tables = [(_rows(w), absent_columns(w)) for w in workloads]
     hidden: list[str] = []
     for group in ((), *DROP_ORDER):
         hidden += group
-        if all(len(line) <= width for rows in tables for line in _grid(rows, hidden)[1]):
+        if all(
+            len(line) <= width
+            for rows, absent in tables
+            for line in _grid(rows, {*hidden, *absent})[1]
+        ):
             break
     return hidden
 
@@ -351,6 +382,21 @@ def header(report: BenchReport) -> str:
             "  WA: KV bytes written ÷ SQLite page bytes committed (compaction inside the body "
             "excluded); WA+comp: with it and with a compaction pass right after the body;",
             "  peak: memory above the start of the body, from " + MEMORY_METHOD,
+            "  warm: the commit workloads reuse a database already in use (a native WAL at the "
+            "size SQLite's auto-checkpoint keeps); fresh: a new database file for every sample, "
+            "its WAL growing while timed;",
+            *(
+                [
+                    "  xN: N concurrent writers, each a thread and a database of its own (pagekv: "
+                    "N namespaces of the one store; native: N files in one directory); scaling: "
+                    "aggregate rate ÷ the same system's with 1 writer;"
+                ]
+                if c.writers
+                else []
+            ),
+            f"  flush/op: durable flushes of the store per op, from {c.flush_counts}"
+            if not c.flush_counts.startswith("n/a")
+            else f"  flush/op: {c.flush_counts}",
         ]
     )
 

@@ -10,6 +10,10 @@ Memory is measured in one extra, untimed pass per system, because tracing slows 
 peak Python heap (`tracemalloc`, allocations made during the body) and peak SQLite heap
 (`apsw.memory_high_water`, process-wide, above what SQLite held before the body). For `memory://`
 the Python figure includes the pages the in-process KV store keeps (see `python_retained_bytes`).
+The concurrent workload has no memory pass: its N threads share one process-wide heap figure.
+
+Flushes: where the store counts its durable flushes (`flush_counts()`, the `file:` store), each
+pagekv sample records how many the body caused, so the report can say how many commits shared one.
 """
 
 from __future__ import annotations
@@ -53,6 +57,10 @@ class Sample:
     """Changes of the VFS counters during the body (pagekv only)."""
     final_compaction_bytes: int = 0
     """KV bytes of the compaction pass run after the body (untimed), to fold what it committed."""
+    store_writes: int | None = None
+    """Writes the store made durable during the body (None: native, or no `flush_counts`)."""
+    flushes: int | None = None
+    """Durable flushes of the store during the body (None: as `store_writes`)."""
 
     @property
     def seconds_per_op(self) -> float:
@@ -88,6 +96,9 @@ class Summary:
     write_amplification_with_compaction: float | None = None
     """All KV bytes the body wrote plus those of a compaction pass right after it, ÷ the same."""
     compactions_per_sample: float | None = None
+    flushes_per_op: float | None = None
+    """Median over samples of the store's durable flushes ÷ operations (None: not counted)."""
+    store_writes_per_op: float | None = None
 
 
 @dataclass
@@ -100,6 +111,16 @@ class SystemResult:
     summary: Summary | None = None
     memory: MemoryUse | None = None
     skipped: str | None = None
+    writers: int = 0
+    """Concurrent writers (0: one database, no threads)."""
+    scaling: float | None = None
+    """Aggregate rate ÷ the same system's with one writer (medians; concurrent workload only)."""
+    scaling_paired: list[float] = field(default_factory=list)
+    """The same ratio within each repetition."""
+    wal_bytes_before: int | None = None
+    """Size of the native WAL file(s) before the first timed sample (None: not WAL, or fresh)."""
+    wal_bytes_after: int | None = None
+    """And after the last one: a warm WAL does not grow while timed."""
 
 
 @dataclass
@@ -205,13 +226,24 @@ class Progress:
         self.stream.flush()
 
 
+def variants(workload: Workload, systems: Sequence[SystemSpec]) -> list[SystemSpec]:
+    """The rows of `workload`'s table: the systems (one marked `fresh` only where the others
+    are warm, and not among concurrent writers), at every writer count of a concurrent
+    workload, grouped by count."""
+    warm = workload.prepare is Prepare.WARM and not workload.writers
+    shown = [s for s in systems if warm or not s.fresh]
+    if not workload.writers:
+        return shown
+    return [s.with_writers(n) for n in workload.writers for s in shown]
+
+
 def runnable(workload: Workload, systems: Sequence[SystemSpec]) -> list[SystemSpec]:
     return [s for s in systems if s.can_reopen or not workload.needs_reopen]
 
 
 def count_steps(workloads: Sequence[Workload], systems: Sequence[SystemSpec], repeat: int) -> int:
     """Progress steps: every sample, plus a build and a memory pass per system and workload."""
-    return sum(len(runnable(w, systems)) * (repeat + 2) for w in workloads)
+    return sum(len(runnable(w, variants(w, systems))) * (repeat + 2) for w in workloads)
 
 
 def _rotated(systems: list[SystemSpec], rep: int) -> list[SystemSpec]:
@@ -230,10 +262,11 @@ def _fmt_seconds(s: float) -> str:
 class Harness:
     """The databases of one workload on some systems, and their untimed preparation.
 
-    `open()` builds the databases that are reused across samples; `ready(spec)` hands out the
-    database for one sample, prepared as the workload says (fresh, reopened cold, or closed);
-    `done` disposes of it; `close()` deletes everything. `pagekv bench` and the pytest-benchmark
-    suite both time `workload.body` between `ready` and `done`.
+    `open()` builds the databases that are reused across samples (warmed up first where the
+    workload is warm); `ready(spec)` hands out the database for one sample, prepared as the
+    workload says (fresh, reopened cold, or closed); `done` disposes of it; `close()` deletes
+    everything. `pagekv bench` and the pytest-benchmark suite both time `workload.body` between
+    `ready` and `done`. `systems` are the table's rows (see `variants`).
     """
 
     def __init__(
@@ -245,23 +278,35 @@ class Harness:
         self.sizes = sizes
         self._kept: dict[str, Subject] = {}
 
-    def open(self, spec: SystemSpec) -> None:
-        """Build the reused database of `spec` (nothing to do for fresh-per-sample workloads)."""
-        if self.workload.prepare is not Prepare.FRESH:
-            self._kept[spec.name] = self._new_subject(spec)
+    def _fresh(self, spec: SystemSpec) -> bool:
+        return self.workload.prepare is Prepare.FRESH or spec.fresh
 
-    def _new_subject(self, spec: SystemSpec) -> Subject:
+    def open(self, spec: SystemSpec) -> None:
+        """Build the reused database of `spec` (nothing to do for fresh-per-sample ones)."""
+        if not self._fresh(spec):
+            self._kept[spec.name] = self._new_subject(
+                spec, warm=self.workload.prepare is Prepare.WARM
+            )
+
+    def _new_subject(self, spec: SystemSpec, *, warm: bool = False) -> Subject:
         subject = self.ws.subject(spec, self.workload.name)
         try:
+            if warm:
+                subject.warm_up()
             build(self.workload, subject, self.sizes)
         except BaseException:
             subject.destroy()
             raise
         return subject
 
+    def wal_bytes(self, spec: SystemSpec) -> int | None:
+        """The size of the kept database's native WAL (None: fresh, or not WAL)."""
+        kept = self._kept.get(spec.name)
+        return kept.wal_bytes() if kept is not None else None
+
     def ready(self, spec: SystemSpec) -> Subject:
         prepare = self.workload.prepare
-        if prepare is Prepare.FRESH:
+        if self._fresh(spec):
             return self._new_subject(spec)
         subject = self._kept[spec.name]
         if prepare is Prepare.COLD:
@@ -271,7 +316,7 @@ class Harness:
         return subject
 
     def done(self, subject: Subject) -> None:
-        if self.workload.prepare is Prepare.FRESH:
+        if self._fresh(subject.spec):
             subject.destroy()
 
     def close(self) -> None:
@@ -294,28 +339,33 @@ class WorkloadRun:
         memory: bool = True,
     ) -> None:
         self.workload = workload
-        self.all_systems = list(systems)
-        self.harness = Harness(workspace, workload, systems, sizes)
+        self.workspace = workspace
+        self.all_systems = variants(workload, systems)
+        self.harness = Harness(workspace, workload, self.all_systems, sizes)
         self.systems = self.harness.systems
         self.sizes = sizes
         self.progress = progress
-        self.memory = memory
+        self.memory = memory and not workload.writers
 
     def run(self, repeat: int) -> WorkloadResult:
         w = self.workload
         started = time.perf_counter()
         results = {
-            s.name: SystemResult(s.name, s.label, s.kind, s.settings()) for s in self.all_systems
+            s.name: SystemResult(s.name, s.label, s.kind, s.settings(), writers=s.writers)
+            for s in self.all_systems
         }
         for spec in self.all_systems:
             if spec not in self.systems:
                 results[spec.name].skipped = "a :memory: database cannot be closed and reopened"
         try:
             for spec in self.systems:
-                fresh = w.prepare is Prepare.FRESH
+                fresh = w.prepare is Prepare.FRESH or spec.fresh
                 what = "fresh database per sample" if fresh else "building"
+                if w.prepare is Prepare.WARM and not fresh:
+                    what = "warming up and building"
                 self.progress.step(f"{w.name}: {spec.label} ({what})")
                 self.harness.open(spec)
+                results[spec.name].wal_bytes_before = self.harness.wal_bytes(spec)
             for rep in range(repeat):
                 data = w.inputs(self.sizes, random.Random(f"{w.name}:{rep}"))
                 for order, spec in enumerate(_rotated(self.systems, rep)):
@@ -327,6 +377,7 @@ class WorkloadRun:
                     )
                 del data
             for spec in self.systems:
+                results[spec.name].wal_bytes_after = self.harness.wal_bytes(spec)
                 if self.memory:
                     data = w.inputs(self.sizes, random.Random(f"{w.name}:memory"))
                     results[spec.name].memory = self.measure_memory(spec, data)
@@ -338,6 +389,10 @@ class WorkloadRun:
                 result.summary = summarize(
                     result.samples, w.payload_bytes(self.sizes) if w.payload_bytes else None
                 )
+        for spec in self.all_systems:
+            if spec.writers > 1:
+                one = results[spec.name.removesuffix(f"-x{spec.writers}") + "-x1"]
+                _scale(results[spec.name], one)
         ordered = [results[s.name] for s in self.all_systems]
         return WorkloadResult(
             name=w.name,
@@ -357,6 +412,7 @@ class WorkloadRun:
             # next native open ~3x slower (it empties free lists and returns arenas to the OS).
             subject.kv_reset()
             before = subject.counters()
+            flushed = self.workspace.flush_counts() if spec.kind == "pagekv" else None
             started = time.perf_counter()
             ops = self.workload.body(subject, data)
             seconds = time.perf_counter() - started
@@ -364,6 +420,9 @@ class WorkloadRun:
             delta = subject.counters()
             delta.subtract(before)
             sample = Sample(rep=rep, order=order, seconds=seconds, ops=ops)
+            if flushed is not None and (now := self.workspace.flush_counts()) is not None:
+                sample.store_writes = now.writes - flushed.writes
+                sample.flushes = now.flushes - flushed.flushes
             if kv is not None:
                 sample.round_trips = dict(sorted(kv.round_trips.items()))
                 sample.kv_bytes_written = kv.bytes_written
@@ -407,6 +466,18 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
     return q1, q3
 
 
+def _scale(result: SystemResult, one: SystemResult) -> None:
+    """`result`'s aggregate rate over `one`'s, the same system with one writer: of the medians,
+    and within each repetition (the two ran in it, interleaved)."""
+    if result.summary is None or one.summary is None:
+        return
+    result.scaling = result.summary.ops_per_s / one.summary.ops_per_s
+    own = {s.rep: s.seconds_per_op for s in one.samples}
+    result.scaling_paired = [
+        own[s.rep] / s.seconds_per_op for s in result.samples if s.rep in own and s.seconds_per_op
+    ]
+
+
 def summarize(samples: list[Sample], payload_bytes: int | None) -> Summary:
     per_op = [s.seconds_per_op for s in samples]
     median = statistics.median(per_op)
@@ -441,6 +512,11 @@ def summarize(samples: list[Sample], payload_bytes: int | None) -> Summary:
     summary.compactions_per_sample = statistics.median(
         s.counters.get("compactions", 0) for s in samples
     )
+    flushes, writes = [s.flushes for s in samples], [s.store_writes for s in samples]
+    if all(f is not None for f in flushes):
+        summary.flushes_per_op = per_op_median([f or 0 for f in flushes])
+    if all(w is not None for w in writes):
+        summary.store_writes_per_op = per_op_median([w or 0 for w in writes])
     if all(page_bytes):
         summary.write_amplification = statistics.median(
             (s.kv_bytes_written - s.counters.get("compaction_bytes_written", 0)) / p
@@ -454,7 +530,15 @@ def summarize(samples: list[Sample], payload_bytes: int | None) -> Summary:
 
 
 def ratios(results: Sequence[SystemResult]) -> list[Ratio]:
-    """pagekv vs each native baseline, from the medians and from each repetition's pair."""
+    """pagekv vs each native baseline with as many writers, from the medians and from each
+    repetition's pair."""
+    out: list[Ratio] = []
+    for writers in dict.fromkeys(r.writers for r in results):
+        out += _ratios([r for r in results if r.writers == writers])
+    return out
+
+
+def _ratios(results: Sequence[SystemResult]) -> list[Ratio]:
     pagekv = next((r for r in results if r.kind == "pagekv" and r.summary), None)
     if pagekv is None or pagekv.summary is None:
         return []

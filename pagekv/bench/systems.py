@@ -7,9 +7,18 @@ are native SQLite that skips every sync (`journal_mode=MEMORY, synchronous=OFF`,
 `locking_mode=EXCLUSIVE`, on a file) and a pure `:memory:` database. Native files live next to the
 store when it is a directory, so both sides share a disk.
 
+Warm against warm: where a workload reuses its database (the commit workloads), every system's
+database is one already in use, pagekv's on a store that every sample writes to and native's with
+its WAL grown to the size SQLite's auto-checkpoint keeps (`Subject.warm_up`). A native database
+created for the sample instead makes its WAL file grow while it is timed, which measured 1.5x
+slower one-row commits on ext4; `native WAL+FULL fresh` shows that figure as a row of its own.
+
 `--baseline` adds any other native system of `NATIVE_SYSTEMS` to a run, e.g. `wal-normal`, the
 configuration many applications run, or `memory-off`, which is the exclusive baseline with SQLite's
 ordinary locking (file locks and a change-counter write at every commit).
+
+Concurrent writers (`SystemSpec.writers`): N databases of one system written at once by N threads,
+pagekv's as N namespaces (N actors) of the one store, native's as N files in one directory.
 
 Every system runs with `temp_store=MEMORY` and 4 KiB pages, as pagekv pins them.
 """
@@ -18,12 +27,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -31,6 +41,7 @@ from urllib.parse import urlsplit
 import apsw
 
 from pagekv.kv import OPS, ActorKv, FaultyKv, FileStore, KvStats, KvStore, open_kv
+from pagekv.kv.api import FlushCounts
 from pagekv.vfs import Database, open_database
 
 PAGE_SIZE = 4096
@@ -62,17 +73,38 @@ class SystemSpec:
     pragmas: tuple[tuple[str, str], ...] = ()
     in_memory: bool = False
     """A `:memory:` database: it cannot be closed and reopened, so cold workloads skip it."""
+    fresh: bool = False
+    """A new database for every sample even where the workload reuses a warm one: the figure a
+    benchmark that creates its database gets (a native WAL file then grows while timed)."""
+    writers: int = 0
+    """N > 0: N databases written at once by N threads (0: one database, no thread)."""
 
     @property
     def can_reopen(self) -> bool:
         return not self.in_memory
 
+    @property
+    def wal(self) -> bool:
+        return ("journal_mode", "wal") in self.pragmas
+
+    def with_writers(self, n: int) -> SystemSpec:
+        """This system as `n` concurrent writers, named and labelled for it."""
+        return dataclasses.replace(
+            self, name=f"{self.name}-x{n}", label=f"{self.label} x{n}", writers=n
+        )
+
     def settings(self) -> str:
         if self.kind == "pagekv":
-            return "journal_mode=MEMORY, locking_mode=EXCLUSIVE (pinned), pages in the KV store"
-        return ", ".join(f"{k}={v.upper()}" for k, v in self.pragmas) + (
-            " on :memory:" if self.in_memory else " on a file"
-        )
+            where = "pages in the KV store"
+            if self.writers:
+                where = f"{self.writers} databases (namespaces) on one store, a thread each"
+            return f"journal_mode=MEMORY, locking_mode=EXCLUSIVE (pinned), {where}"
+        where = " on :memory:" if self.in_memory else " on a file"
+        if self.fresh:
+            where = " on a new file every sample"
+        elif self.writers:
+            where = f" on {self.writers} files in one directory, a thread each"
+        return ", ".join(f"{k}={v.upper()}" for k, v in self.pragmas) + where
 
 
 _COMMON = (("page_size", "4096"), ("temp_store", "memory"))
@@ -101,6 +133,9 @@ NATIVE_MEMORY_OFF_EXCLUSIVE = SystemSpec(
         ("synchronous", "off"),
     ),
 )
+NATIVE_WAL_FULL_FRESH = dataclasses.replace(
+    NATIVE_WAL_FULL, name="native-wal-full-fresh", label="native WAL+FULL fresh", fresh=True
+)
 NATIVE_WAL_NORMAL = SystemSpec(
     "native-wal-normal",
     "native WAL+NORMAL",
@@ -125,6 +160,7 @@ NATIVE_SYSTEMS = {
     for spec in (
         NATIVE_DELETE_FULL,
         NATIVE_WAL_FULL,
+        NATIVE_WAL_FULL_FRESH,
         NATIVE_WAL_NORMAL,
         NATIVE_MEMORY_OFF,
         NATIVE_MEMORY_OFF_EXCLUSIVE,
@@ -147,7 +183,7 @@ def baselines_for(url: str, extra: Iterable[str] = ()) -> tuple[SystemSpec, ...]
     if urlsplit(url).scheme == "memory":
         matched = (NATIVE_MEMORY_OFF_EXCLUSIVE, NATIVE_IN_MEMORY)
     else:
-        matched = (NATIVE_DELETE_FULL, NATIVE_WAL_FULL)
+        matched = (NATIVE_DELETE_FULL, NATIVE_WAL_FULL, NATIVE_WAL_FULL_FRESH)
     return tuple(dict.fromkeys((*matched, *(NATIVE_SYSTEMS[name] for name in extra))))
 
 
@@ -208,6 +244,15 @@ class Subject(abc.ABC):
     def compact(self) -> None:  # noqa: B027 - deliberately a no-op for native SQLite
         """Fold deltas into base pages (pagekv only): how write amplification with compaction
         and the steady-state layout of an old database are measured."""
+
+    def warm_up(self) -> None:  # noqa: B027 - a no-op but for native WAL
+        """Make the database one already in use before it is timed. Only a native WAL has
+        anything to grow; pagekv's pages go to a store every sample writes to, whose log is
+        preallocated."""
+
+    def wal_bytes(self) -> int | None:
+        """The size of the native WAL file (None: not a native WAL database)."""
+        return None
 
 
 class PagekvSubject(Subject):
@@ -279,6 +324,12 @@ def _flatten(metrics: dict[str, object]) -> Counter[str]:
     return flat
 
 
+WARM_UP_PAGES = 1100
+"""Pages a warm-up writes in one transaction: more than SQLite's auto-checkpoint threshold
+(1,000 pages), so the WAL file reaches the size it keeps from then on, with room for the few
+pages a commit adds past the threshold before the checkpoint."""
+
+
 class NativeSubject(Subject):
     """A native SQLite database file (or `:memory:`) with the spec's pragmas."""
 
@@ -301,6 +352,31 @@ class NativeSubject(Subject):
             self.connection.close()
             self._open = False
 
+    def warm_up(self) -> None:
+        """Grow the WAL as use does, in one transaction instead of a thousand commits: write
+        `WARM_UP_PAGES` pages (the checkpoint after the commit backfills them, and the next
+        write starts the WAL over), then drop them and VACUUM, so the database keeps no free
+        pages that later inserts would fill instead of growing the file."""
+        if not self.spec.wal:
+            return
+        execute = self.connection.execute
+        execute("CREATE TABLE warm_up(v BLOB)")
+        execute("BEGIN")
+        self.connection.executemany(
+            "INSERT INTO warm_up VALUES (?)", ((bytes(4000),) for _ in range(WARM_UP_PAGES))
+        )
+        execute("COMMIT")
+        execute("DROP TABLE warm_up")
+        execute("VACUUM")
+
+    def wal_bytes(self) -> int | None:
+        if not self.spec.wal or self.path is None:
+            return None
+        try:
+            return os.path.getsize(f"{self.path}-wal")
+        except FileNotFoundError:
+            return 0
+
     def destroy(self) -> None:
         if self._open:
             self.connection.close()
@@ -309,6 +385,54 @@ class NativeSubject(Subject):
             for suffix in ("", "-wal", "-shm", "-journal"):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(f"{self.path}{suffix}")
+
+
+class WriterGroup(Subject):
+    """The databases of concurrent writers, one per thread: traffic and counters are their
+    sums. A workload body reaches each through `members` (there is no one `connection`)."""
+
+    def __init__(self, spec: SystemSpec, members: Sequence[Subject]) -> None:
+        self.spec = spec
+        self.members = list(members)
+
+    def _each(self, method: str) -> None:
+        for member in self.members:
+            getattr(member, method)()
+
+    def close(self) -> None:
+        self._each("close")
+
+    def open(self) -> None:
+        self._each("open")
+
+    def destroy(self) -> None:
+        self._each("destroy")
+
+    def compact(self) -> None:
+        self._each("compact")
+
+    def warm_up(self) -> None:
+        self._each("warm_up")
+
+    def kv_reset(self) -> KvStats | None:
+        stats = [s for s in (m.kv_reset() for m in self.members) if s is not None]
+        if not stats:
+            return None
+        return KvStats(
+            calls=[sum(column) for column in zip(*(s.calls for s in stats), strict=True)],
+            bytes_written=sum(s.bytes_written for s in stats),
+            bytes_read=sum(s.bytes_read for s in stats),
+        )
+
+    def counters(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for member in self.members:
+            total.update(member.counters())
+        return total
+
+    def wal_bytes(self) -> int | None:
+        sizes = [m.wal_bytes() for m in self.members]
+        return None if None in sizes else sum(s for s in sizes if s is not None)
 
 
 class Workspace:
@@ -328,6 +452,17 @@ class Workspace:
         self._count = 0
 
     def subject(self, spec: SystemSpec, tag: str) -> Subject:
+        """A new database of `spec` (for concurrent writers, a group of them)."""
+        if spec.writers:
+            single = dataclasses.replace(spec, writers=0)
+            members: list[Subject] = []
+            try:
+                for _ in range(spec.writers):
+                    members.append(self.subject(single, tag))
+            except BaseException:
+                WriterGroup(spec, members).destroy()
+                raise
+            return WriterGroup(spec, members)
         self._count += 1
         name = f"{tag}-{self._count}"
         if spec.kind == "pagekv":
@@ -335,6 +470,11 @@ class Workspace:
             return PagekvSubject(ns, self.latency_ms)
         path = None if spec.in_memory else self.scratch / f"{spec.name}-{name}.db"
         return NativeSubject(spec, path)
+
+    def flush_counts(self) -> FlushCounts | None:
+        """The store's durable writes and flushes so far (None: it keeps no such count)."""
+        counts = getattr(self.store, "flush_counts", None)
+        return counts() if counts is not None else None
 
     def filesystem(self) -> str:
         """The mount type under the scratch directory (e.g. ext4, tmpfs), best effort."""

@@ -5,7 +5,12 @@ for native SQLite): `setup` builds its schema and data (untimed), `inputs` makes
 sample consumes (untimed, from a seed that depends only on the workload and the repetition, so
 every system of a repetition gets the same bytes), and `body` is the timed part, returning how many
 operations it did. `prepare` says what happens to the database before each sample: a fresh one,
-the same one, the same one reopened cold, or closed so that the body's own open is timed.
+the same one (warm: in use before the first sample), the same one reopened cold, or closed so that
+the body's own open is timed. The commit workloads are warm, as a database in use is; the one-shot
+ones (a blob or a 10,000-row insert into a new table, an index creation) get a fresh database.
+
+`writers` makes the concurrent workload: its body runs N threads at once, each committing on a
+database of its own (`WriterGroup`), and its rows are each system at every writer count.
 
 Data is pseudorandom (`random.Random(seed).randbytes`): patterned data compresses and flatters.
 """
@@ -14,11 +19,12 @@ from __future__ import annotations
 
 import enum
 import random
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pagekv.bench.systems import Subject
+from pagekv.bench.systems import Subject, WriterGroup
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -48,6 +54,8 @@ class Sizes:
     wake_big_mib: int = 100
     build_txn_rows: int = 2560
     """Rows per transaction when filling the big tables (10 MiB per commit)."""
+    writer_commits: int = 200
+    """One-row commits per writer of the concurrent workload (64 writers: 12,800 a sample)."""
 
     @classmethod
     def full(cls) -> Sizes:
@@ -55,7 +63,14 @@ class Sizes:
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls(commits_1=300, commits_100=30, oltp_ops=500, scan_mib=8, wake_big_mib=16)
+        return cls(
+            commits_1=300,
+            commits_100=30,
+            oltp_ops=500,
+            scan_mib=8,
+            wake_big_mib=16,
+            writer_commits=40,
+        )
 
     def for_latency(self, latency_ms: float) -> Sizes:
         """Fewer commits when every round trip sleeps: 1,000 commits at 20 ms would take 20 s a
@@ -67,6 +82,7 @@ class Sizes:
             commits_1=min(self.commits_1, 50),
             commits_100=min(self.commits_100, 20),
             oltp_ops=min(self.oltp_ops, 200),
+            writer_commits=min(self.writer_commits, 20),
         )
 
 
@@ -77,6 +93,9 @@ class Prepare(enum.Enum):
     """A new, empty database per sample, `setup` run on it."""
     REUSE = "reuse"
     """One database per system, built once by `setup`, used as it is."""
+    WARM = "warm"
+    """As REUSE, in use before it is built (`Subject.warm_up`: a native WAL at its full size).
+    A system marked `fresh` gets a new database per sample instead."""
     COLD = "cold"
     """As REUSE, but closed and reopened before each sample: the body starts with cold caches."""
     CLOSED = "closed"
@@ -97,6 +116,9 @@ class Workload:
     """Bytes of user data one operation moves, for a MiB/s figure."""
     large_only: bool = False
     """Left out of the default selection unless `--large`."""
+    writers: tuple[int, ...] = ()
+    """The writer counts of a concurrent workload (empty: one database, no threads); it runs
+    only when selected by name or by `--writers`."""
 
     @property
     def needs_reopen(self) -> bool:
@@ -176,6 +198,65 @@ def _hot_body(subject: Subject, values: list[bytes]) -> int:
     for value in values:
         execute("UPDATE t SET n = n + 1, v = ? WHERE id = 1", (value,))
     return len(values)
+
+
+# -- concurrent writers -----------------------------------------------------------------------
+
+
+def _writers_body(subject: Subject, values: list[list[bytes]]) -> int:
+    """Every writer's one-row commits, all writers at once: the threads start together at a
+    barrier, and the body returns when the last one is done."""
+    assert isinstance(subject, WriterGroup)
+    members = subject.members
+    start = threading.Barrier(len(members))
+    failures: list[BaseException] = []
+
+    def write(member: Subject, rows: list[bytes]) -> None:
+        try:
+            start.wait()
+            _commit_1_body(member, rows)
+        except BaseException as e:
+            failures.append(e)
+            start.abort()
+
+    threads = [
+        threading.Thread(target=write, args=(m, rows), name=f"writer-{i}")
+        for i, (m, rows) in enumerate(zip(members, values, strict=False))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return sum(len(rows) for rows in values[: len(members)])
+
+
+DEFAULT_WRITERS = (1, 64)
+
+
+def writers_workload(counts: Sequence[int] = DEFAULT_WRITERS) -> Workload:
+    """The concurrent workload at these writer counts (1 is always among them: the reference
+    every other count's aggregate rate is divided by)."""
+    writers = tuple(sorted({1, *counts}))
+
+    def inputs(sizes: Sizes, rng: random.Random) -> list[list[bytes]]:
+        """Rows for the most writers; a group of N takes the first N lists."""
+        return [_small_rows(rng, sizes.writer_commits) for _ in range(writers[-1])]
+
+    return Workload(
+        name="writers",
+        describe=lambda s: (
+            f"concurrent one-row commits: N threads, each making {s.writer_commits:,} autocommit "
+            f"INSERTs of 100 B on a database of its own, N = {', '.join(map(str, writers))}"
+        ),
+        unit="commit",
+        setup=_table,
+        inputs=inputs,
+        body=_writers_body,
+        prepare=Prepare.WARM,
+        writers=writers,
+    )
 
 
 # -- big inserts ------------------------------------------------------------------------------
@@ -353,6 +434,7 @@ WORKLOADS: dict[str, Workload] = {
             setup=_table,
             inputs=lambda s, rng: _small_rows(rng, s.commits_1),
             body=_commit_1_body,
+            prepare=Prepare.WARM,
         ),
         Workload(
             name="commit-100",
@@ -364,6 +446,7 @@ WORKLOADS: dict[str, Workload] = {
             setup=_table,
             inputs=_commit_100_inputs,
             body=_commit_100_body,
+            prepare=Prepare.WARM,
         ),
         Workload(
             name="hot-update",
@@ -372,6 +455,7 @@ WORKLOADS: dict[str, Workload] = {
             setup=_hot_setup,
             inputs=lambda s, rng: _small_rows(rng, s.hot_updates),
             body=_hot_body,
+            prepare=Prepare.WARM,
         ),
         _blob_workload(1),
         _blob_workload(10),
@@ -418,6 +502,7 @@ WORKLOADS: dict[str, Workload] = {
             setup=_kv_table(lambda s: s.oltp_rows),
             inputs=_oltp_inputs,
             body=_oltp_body,
+            prepare=Prepare.WARM,
         ),
         Workload(
             name="create-index",
@@ -441,6 +526,7 @@ WORKLOADS: dict[str, Workload] = {
             body=_wake_lookup_body,
             prepare=Prepare.CLOSED,
         ),
+        writers_workload(),
     )
 }
 
@@ -448,10 +534,12 @@ WORKLOADS: dict[str, Workload] = {
 def build(workload: Workload, subject: Subject, sizes: Sizes) -> None:
     """Run `workload.setup`, then compact: every sample starts from the layout of a long-lived
     database (base pages, no live deltas), and a compaction pass after the body then folds only
-    what the body wrote. On native SQLite `compact` does nothing."""
-    workload.setup(subject, sizes)
-    subject.compact()
+    what the body wrote. On native SQLite `compact` does nothing. A group of writers builds
+    each of its databases."""
+    for one in subject.members if isinstance(subject, WriterGroup) else (subject,):
+        workload.setup(one, sizes)
+        one.compact()
 
 
 def default_selection(*, large: bool) -> list[str]:
-    return [name for name, w in WORKLOADS.items() if large or not w.large_only]
+    return [name for name, w in WORKLOADS.items() if (large or not w.large_only) and not w.writers]
