@@ -194,13 +194,14 @@ DROP_ORDER: tuple[tuple[str, ...], ...] = (
     ("py peak", "sqlite peak"),
     ("WA+comp",),
     ("spread: min..max",),
-    ("rate",),
     ("WA",),
     ("KV rd/op",),
     ("KV wr/op",),
+    ("rate",),
 )
 """Columns left out, least important first, until the tables fit the terminal (system, median,
-pagekv speed, scaling, round trips and flushes always stay; rate is the median restated)."""
+pagekv speed, scaling, round trips and flushes always stay; rate, the median restated, goes last
+as it is the figure of concurrent writers: their aggregate commits/s)."""
 OPTIONAL = ("scaling", "flush/op")
 """Columns a table has only where they mean something: scaling for concurrent writers, flushes
 where the store counts them (and for concurrent writers always, "n/a" if it does not)."""
