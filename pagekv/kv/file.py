@@ -18,8 +18,16 @@ How an operation runs: under the store's thread lock and a `flock` on `kv.log` (
 exclusive to write, so processes sharing the directory are serialised), it first catches up with
 records other processes appended, then works on the **pending** state: each namespace's changes
 of the current epoch, kept in memory over the base. A write checks the fence and the quota there,
-applies its change, and makes one record durable before any lock is released; if that write
-fails, the store refuses every request until it is reopened (`_append`).
+applies its change and writes one record; if that write fails, the store refuses every request
+until it is reopened (`_append`). Creating a namespace is one such record too.
+
+**Group commit.** A write alone (no other thread waiting for the lock, every earlier record
+durable) makes its record durable before it lets go of the locks: one `O_DSYNC` write, the
+fastest way for one writer. Otherwise it writes its record to the page cache, lets go, and waits
+for a flush that covers it (`_await_durable`): one waiter at a time flushes, outside the locks,
+while the others append, so concurrent writers of any namespaces, in any of the processes sharing
+the directory, share one `fdatasync`. An operation that saw a record not yet durable (a read of
+its namespace, a fence it failed) waits for it too, so nothing returns what a crash could undo.
 
 Invariants:
 - The visible state is the pending state over the base. The pending state is a function of the
@@ -32,6 +40,9 @@ Invariants:
 - After a failed or short write of a record, or a failed `fsync`, the store refuses every further
   request until it is reopened: the kernel may have dropped the unwritten pages, and later
   records must never follow a hole. (A short write is one: `file_log.write_all`.)
+- An operation returns only once every record it wrote or saw is durable. Records are made
+  durable in log order (a record is written with `O_DSYNC` only when all before it are durable,
+  and a flush covers all written before it), so a crash loses a suffix of unacknowledged records.
 - Every wait for the log's `flock` or the base's lock ends within `lock_timeout`.
 """
 
@@ -50,16 +61,20 @@ from typing import Any, Final, assert_never
 
 import apsw
 
+from pagekv.kv.api import FlushCounts
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.file_log import DATA_START, LogFile, LogHeader, lock_holders, os_reason
 from pagekv.kv.file_records import (
     MAX_KEY_BYTES,
+    MAX_NAME_BYTES,
+    Create,
     Range,
     Record,
     Takeover,
     Write,
     decode,
+    encode_create,
     encode_range,
     encode_takeover,
     encode_write,
@@ -68,7 +83,8 @@ from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
 from pagekv.kv.sorted_keys import SortedKeys
 
-_SCHEMA_VERSION: Final = 2
+_SCHEMA_VERSION: Final = 3
+"""3: the log holds namespace creations (older versions would refuse the log as damaged)."""
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS namespaces (
         id INTEGER PRIMARY KEY,
@@ -105,6 +121,10 @@ DEFAULT_LOCK_TIMEOUT: Final = 30.0
 _BASE_PAGE_SIZE: Final = 32 * 1024
 _KEYS_PER_QUERY: Final = 500
 DEFAULT_LOG_BYTES: Final = 32 * 2**20
+_GROUPING_S: Final = 0.1
+"""How long after a flush shared by several writes a write still leaves its flush to a group:
+writers that have just been woken by one flush are about to write again, and one of them going
+alone would hold the lock through its own flush while the others queue behind it."""
 _MAX_GAPS: Final = 16
 """Reads that would query more gaps between hidden ranges than this read the span at once."""
 
@@ -178,6 +198,11 @@ class _Pending:
 
     generation: int
     used: int
+    created: str | None = None
+    """The name, if the namespace was created in this epoch (it has no row in the base yet)."""
+    last: int = 0
+    """The log position of the namespace's latest record in this epoch: whoever sees the
+    state must wait until that position is durable."""
     entries: dict[bytes, bytes | None] = field(default_factory=dict)
     hidden: _Ranges = field(default_factory=_Ranges)
     unresolved: list[bytes] = field(default_factory=list)
@@ -254,6 +279,8 @@ class _Pending:
                 self.delete_range(record.start, record.end, record.refund)
             case Takeover():
                 self.take_over(record.generation)
+            case Create():
+                pass  # its state is the new `_Pending` itself (`FileStore._add_created`)
             case unreachable:
                 assert_never(unreachable)
 
@@ -274,7 +301,10 @@ class FileStore:
         limits: KvLimits | None = None,
         log_bytes: int = DEFAULT_LOG_BYTES,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        flush_delay_ms: float = 0.0,
     ) -> None:
+        if not 0 <= flush_delay_ms < float("inf"):
+            raise ValueError(f"flush_delay_ms must be a number >= 0, got {flush_delay_ms}")
         if log_bytes < 2 * DATA_START:
             raise ValueError(f"log_bytes must be at least {2 * DATA_START}, got {log_bytes}")
         if not 0 < lock_timeout < float("inf"):
@@ -287,10 +317,29 @@ class FileStore:
                 f"the file store holds keys of up to {MAX_KEY_BYTES} bytes, "
                 f"not max_key_bytes={self.limits.max_key_bytes}"
             )
+        if self.limits.max_name_bytes > MAX_NAME_BYTES:
+            raise ValueError(
+                f"the file store holds names of up to {MAX_NAME_BYTES} bytes, "
+                f"not max_name_bytes={self.limits.max_name_bytes}"
+            )
         self.log_bytes = log_bytes
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._pending: dict[int, _Pending] = {}
+        self._created: dict[str, int] = {}  # namespaces created in this epoch, by name
+        self._writes = self._folds = 0
+        self._contended = 0  # threads waiting for `_lock` to enter a section
+        self._owed = 0  # under `_lock`: the position the current section must see durable
+        self._log_pos = 0  # every record up to this position is in the file (maybe not durable)
+        flush_lock = threading.Lock()
+        self._durable = threading.Condition(flush_lock)
+        self._gathered = threading.Condition(flush_lock)  # the flusher waits for writes on it
+        self._durable_pos = 0  # under `_durable`: what this process knows to be durable
+        self._flushing = False  # under `_durable`: a thread is flushing for the others
+        self._flushed_writes = 0  # under `_durable`: `_writes` when the latest flush began
+        self._covered = 0  # under `_durable`: how many writes the latest flush covered
+        self._flush_s = 0.0  # under `_durable`: a moving average of a flush's duration
+        self._grouping_until = 0.0  # `time.monotonic()` until which writes leave flushes to groups
         self._header_bytes: bytes | None = None  # None: re-read the header and the base
         self._changes: int | None = None  # the log's change counter when last caught up
         self._header: LogHeader | None = None
@@ -300,7 +349,7 @@ class FileStore:
         self._broken: str | None = None  # why the store refuses requests until reopened
         self._sections = (_Section(self, exclusive=False), _Section(self, exclusive=True))
         try:
-            self._log = LogFile(self.path / "kv.log")
+            self._log = LogFile(self.path / "kv.log", flush_delay_ms / 1000)
         except OSError as e:
             raise KvUnavailable(f"cannot open the log of the file store at {self.path}: {e}") from e
         try:
@@ -355,13 +404,20 @@ class FileStore:
                 f"cannot open the file store at {self.path}: {_describe(e, self.path)}"
             ) from e
         with self._section(exclusive=False):
-            pass
+            if self._log.durable_mark() > self._log_pos:  # left by another copy of the directory
+                self._log.sync()
+                self._log.reset_mark(self._log_pos)
 
     @property
     def log_used(self) -> int:
         """Bytes of `kv.log` in use as of this process's last look: where the next record goes.
         The log is folded into the base when a record would take it past `log_bytes`."""
         return self._offset
+
+    def flush_counts(self) -> FlushCounts:
+        """Writes made durable, log flushes and folds by this process since it opened the
+        store. Group commit shows as fewer flushes than writes."""
+        return FlushCounts(self._writes, self._log.flushes, self._folds)
 
     def _section(self, *, exclusive: bool) -> _Section:
         return self._sections[exclusive]
@@ -389,9 +445,11 @@ class FileStore:
         log = self._log
         trusted = self._header_bytes is not None  # the pending state matches `_header`
         if trusted and self._live:
-            salt = self._header.salt  # type: ignore[union-attr]
-            while (body := log.read_record(self._offset, salt, self._seq + 1)) is not None:
+            current = self._header
+            assert current is not None
+            while (body := log.read_record(self._offset, current.salt, self._seq + 1)) is not None:
                 self._replay(body)
+            self._log_pos = _position(current.epoch, self._seq)
         raw = log.header_bytes()
         # A sealed epoch may have been folded since without a header write: look at the base.
         sealed = self._live and self._header is not None and self._header.sealed
@@ -412,20 +470,29 @@ class FileStore:
                     f"{folded}; the store is damaged"
                 )
         self._pending.clear()
+        self._created.clear()
         self._offset, self._seq = DATA_START, 0
         self._live = header is not None and header.epoch > folded
         if header is not None and self._live:
             while (body := log.read_record(self._offset, header.salt, self._seq + 1)) is not None:
                 self._replay(body)
+        self._log_pos = _position(header.epoch if header is not None else 0, self._seq)
 
     def _replay(self, body: bytes) -> None:
         try:
             record = decode(body)
         except ValueError as e:
             raise KvUnavailable(f"record {self._seq + 1} of {self._log.path}: {e}") from e
-        self._pending_for(record.ns).apply(record)
+        if isinstance(record, Create):
+            pending = self._add_created(record.ns, record.name)
+        else:
+            pending = self._pending_for(record.ns)
+            pending.apply(record)
         self._offset += LogFile.record_size(body)
         self._seq += 1
+        header = self._header
+        assert header is not None
+        pending.last = _position(header.epoch, self._seq)
 
     def _make_writable(self) -> None:
         """Ensure the header is live and unsealed: finish an interrupted fold first."""
@@ -438,14 +505,23 @@ class FileStore:
 
     # -- appending and folding ---------------------------------------------------------------
 
-    def _append(self, ns: int, body: bytes, change: Callable[[_Pending], object]) -> None:
-        """Apply one record to namespace `ns` and make it durable. The caller holds an exclusive
-        section; `change` is what replaying `body` does to the namespace's pending state.
+    def _append(
+        self,
+        ns: int,
+        body: bytes,
+        change: Callable[[_Pending], object],
+        created: str | None = None,
+    ) -> None:
+        """Apply one record to namespace `ns` and write it; the section makes it durable before
+        the operation returns (at once here if the writer is alone, else by a shared flush). The
+        caller holds an exclusive section; `change` is what replaying `body` does to the
+        namespace's pending state, and `created` the name of a namespace the record creates.
 
         The change is applied before the record is written, while the CPU is still warm
         (measured: the same Python runs about 3x slower right after a sync). That is safe because
         nothing can read the pending state before the write returns (the caller holds both
-        locks), and a failed write breaks the store, so the state is never read at all.
+        locks), a failed write breaks the store, so the state is never read at all, and whoever
+        reads it after the locks are released waits until the record is durable.
         """
         size = LogFile.record_size(body)
         if self._offset > DATA_START and self._offset + size > self.log_bytes:
@@ -460,17 +536,31 @@ class FileStore:
             raise KvUnavailable(
                 f"cannot grow {self._log.path}: {os_reason(e)}; nothing was written"
             ) from e
-        change(self._pending_for(ns))
+        pending = self._pending_for(ns) if created is None else self._add_created(ns, created)
+        change(pending)
         self._offset, self._seq = offset + size, seq
+        position = _position(header.epoch, seq)
+        pending.last = position
+        durable = (
+            self._contended == 0
+            and time.monotonic() >= self._grouping_until
+            and self._is_durable(position - 1)
+        )
         try:
             self._changes = self._log.bump()
-            self._log.append(offset, header.salt, seq, body)
+            self._log.append(offset, header.salt, seq, body, durable)
         except OSError as e:
             self._broken = f"an append to its log failed: {os_reason(e)}"
             raise KvIndeterminate(
                 f"append to {self._log.path} failed: {os_reason(e)}; the write may or may not "
                 "have been applied, and the store refuses requests until it is reopened"
             ) from e
+        self._log_pos = position
+        self._writes += 1
+        if durable:
+            self._mark_durable(position)
+        else:
+            self._owed = position
 
     def _write_header(self, header: LogHeader) -> None:
         try:
@@ -481,7 +571,7 @@ class FileStore:
             ) from e
         try:
             self._changes = self._log.bump()
-            self._log.write_header(header)
+            self._log.write_header(header)  # a flush: every record written so far is durable
         except OSError as e:
             self._broken = f"a header write to its log failed: {os_reason(e)}"
             raise KvUnavailable(
@@ -490,6 +580,7 @@ class FileStore:
             ) from e
         self._header = header
         self._header_bytes = self._log.header_bytes()
+        self._mark_durable(self._log_pos)
 
     def _fold(self) -> None:
         """Seal the epoch, then apply its pending state to the base and mark the epoch folded."""
@@ -522,11 +613,18 @@ class FileStore:
                         [(ns, k) for k, v in items if v is None],
                     )
                     _upsert_all(db, [(ns, k, v) for k, v in items if v is not None])
-                    db.execute(
-                        "UPDATE namespaces SET generation = ?, used = ? WHERE id = ?",
-                        (pending.generation, pending.used, ns),
-                    )
+                    if pending.created is None:
+                        db.execute(
+                            "UPDATE namespaces SET generation = ?, used = ? WHERE id = ?",
+                            (pending.generation, pending.used, ns),
+                        )
+                    else:
+                        db.execute(
+                            "INSERT INTO namespaces(id, name, generation, used) VALUES (?,?,?,?)",
+                            (ns, pending.created, pending.generation, pending.used),
+                        )
                 db.execute("UPDATE log_state SET epoch = ?", (header.epoch,))
+            self._folds += 1
         except KvIndeterminate as e:
             self._changes = self._header_bytes = None  # the base may hold the epoch: re-read
             # Whether it committed or not, the next look finds out and goes on from there; the
@@ -540,9 +638,13 @@ class FileStore:
         """Start the epoch after the folded one, in the same file, under a new salt."""
         previous = self._header
         hseq = previous.hseq + 1 if previous is not None else 1
-        self._write_header(LogHeader(hseq, self._folded_epoch() + 1, os.urandom(8), sealed=False))
+        epoch = self._folded_epoch() + 1
+        self._write_header(LogHeader(hseq, epoch, os.urandom(8), sealed=False))
         self._pending.clear()
+        self._created.clear()
         self._live, self._offset, self._seq = True, DATA_START, 0
+        self._log_pos = _position(epoch, 0)
+        self._mark_durable(self._log_pos)
 
     # -- the base ----------------------------------------------------------------------------
 
@@ -602,6 +704,92 @@ class FileStore:
             pending = self._pending[ns] = _Pending(*self._base_head(ns))
         return pending
 
+    def _add_created(self, ns: int, name: str) -> _Pending:
+        pending = self._pending[ns] = _Pending(0, 0, created=name)
+        self._created[name] = ns
+        return pending
+
+    def _saw(self, pending: _Pending | None) -> None:
+        """The current section read `pending`: it returns only once what it saw is durable."""
+        if pending is not None and pending.last > self._owed:
+            self._owed = pending.last
+
+    # -- durability --------------------------------------------------------------------------
+
+    def _is_durable(self, position: int) -> bool:
+        """Whether the log is known durable up to `position` (by this process or, through the
+        shared mark, another). Also called under `_lock` alone: an update of `_durable_pos`
+        racing `_mark_durable` can only lower it, which costs a flush, never a lost write."""
+        if position <= self._durable_pos:
+            return True
+        mark = self._log.durable_mark()
+        if position <= mark:
+            self._durable_pos = max(self._durable_pos, mark)
+            return True
+        return False
+
+    def _mark_durable(self, position: int) -> None:
+        with self._durable:
+            if position > self._durable_pos:
+                self._durable_pos = position
+            self._log.raise_mark(position)
+            self._durable.notify_all()
+
+    def _await_durable(self, position: int) -> None:
+        """Return once the log is durable up to `position`, flushing it if no other thread is.
+
+        The flusher holds no lock while it flushes, so writers go on appending meanwhile, and
+        the next flush covers all of them at once: that is the group commit. A flush that
+        follows one shared by several writes first gives those writers, woken by it and about
+        to write again, up to half a flush's time to append (`_gather`). A failed flush breaks
+        the store; every waiter then learns that its write may be lost.
+        """
+        durable = self._durable
+        with durable:
+            self._gathered.notify()
+            while not self._is_durable(position):
+                if self._broken is not None:
+                    raise KvIndeterminate(
+                        f"the file store {self.path} broke before this write was durable "
+                        f"({self._broken}); it may or may not have been applied"
+                    )
+                if self._flushing:
+                    durable.wait()
+                    continue
+                self._flushing = True
+                self._gather()
+                target, writes = self._log_pos, self._writes
+                self._covered = writes - self._flushed_writes
+                if self._covered > 1:
+                    self._grouping_until = time.monotonic() + _GROUPING_S
+                self._flushed_writes = writes
+                durable.release()
+                started = time.monotonic()
+                try:
+                    self._log.sync()
+                except OSError as e:
+                    self._broken = f"a flush of its log failed: {os_reason(e)}"
+                finally:
+                    durable.acquire()
+                    self._flushing = False
+                self._flush_s += (time.monotonic() - started - self._flush_s) / 4
+                if self._broken is None:
+                    self._durable_pos = max(self._durable_pos, target)
+                    self._log.raise_mark(target)
+                durable.notify_all()
+
+    def _gather(self) -> None:
+        """Under `_durable`: wait until as many writes have come since the latest flush as it
+        covered, or half a flush's time, whichever is first (nothing if it covered one)."""
+        if self._covered < 2:
+            return
+        deadline = time.monotonic() + self._flush_s / 2
+        while self._writes - self._flushed_writes < self._covered:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._gathered.wait(left)
+
     def _resolve(self, ns: int, pending: _Pending) -> None:
         """Look up the base sizes still owed, making `pending.used` exact."""
         if pending.unresolved:
@@ -612,19 +800,41 @@ class FileStore:
     # -- the store ---------------------------------------------------------------------------
 
     def namespace(self, actor_id: object) -> FileNamespace:
+        """The namespace named `actor_id`; a new one is created with one record in the log."""
         name = check_name(self.limits, actor_id)
-        with self._lock, self._transaction() as db:
-            db.execute("INSERT OR IGNORE INTO namespaces(name) VALUES (?)", (name,))
-            ns_id = db.execute("SELECT id FROM namespaces WHERE name = ?", (name,)).get
+        with self._section(exclusive=False):
+            ns_id = self._find(name)
+        if ns_id is None:
+            with self._section(exclusive=True):
+                ns_id = self._find(name)
+                if ns_id is None:
+                    rows = self._base("SELECT coalesce(max(id), 0) FROM namespaces")
+                    ns_id = max(rows[0][0], *self._created.values(), 0) + 1
+                    self._append(ns_id, encode_create(ns_id, name), _unchanged, created=name)
         return FileNamespace(name, self, ns_id)
 
+    def _find(self, name: str) -> int | None:
+        """The id of namespace `name`, or None; the caller holds a section."""
+        ns_id = self._created.get(name)
+        if ns_id is not None:
+            self._saw(self._pending.get(ns_id))
+            return ns_id
+        rows = self._base("SELECT id FROM namespaces WHERE name = ?", (name,))
+        return rows[0][0] if rows else None
+
     def actor_ids(self) -> list[str]:
-        with self._lock:
-            return [r[0] for r in self._base("SELECT name FROM namespaces ORDER BY name")]
+        with self._section(exclusive=False):
+            names = [r[0] for r in self._base("SELECT name FROM namespaces ORDER BY name")]
+            if not self._created:
+                return names
+            for ns_id in self._created.values():
+                self._saw(self._pending.get(ns_id))
+            return sorted([*names, *self._created])
 
     def close(self) -> None:
         """Idempotent; also releases what a failed open had opened."""
         with self._lock:
+            self._broken = self._broken or "it was closed"
             self._db.close()
             self._log.close()
 
@@ -675,7 +885,12 @@ class _Section:
         timeout = store.lock_timeout
         if not store._lock.acquire(False):
             started = time.monotonic()
-            if not store._lock.acquire(True, timeout):
+            store._contended += 1  # tells the holder to leave its flush to a group
+            try:
+                acquired = store._lock.acquire(True, timeout)
+            finally:
+                store._contended -= 1
+            if not acquired:
                 raise KvUnavailable(
                     f"waited {timeout:g} s for another thread of this process to finish with "
                     f"the file store {store.path}; nothing was done"
@@ -684,7 +899,7 @@ class _Section:
         try:
             if store._broken is not None:
                 raise KvUnavailable(
-                    f"the file store {store.path} is broken ({store._broken}); reopen it"
+                    f"the file store {store.path} refuses requests ({store._broken}); reopen it"
                 )
             try:
                 store._log.lock(self._exclusive, timeout)
@@ -710,10 +925,15 @@ class _Section:
         return store
 
     def __exit__(self, *exc: object) -> None:
+        """Let go of the locks, then wait until what the block wrote or saw is durable."""
+        store = self._store
+        owed, store._owed = store._owed, 0
         try:
-            self._store._log.unlock()
+            store._log.unlock()
         finally:
-            self._store._lock.release()
+            store._lock.release()
+        if owed > store._durable_pos:
+            store._await_durable(owed)
 
 
 class _Transaction:
@@ -771,6 +991,7 @@ class FileNamespace(KvNamespace):
             if pending is None:
                 found = store._base_values(ns, keys, "value")
             else:
+                store._saw(pending)
                 found = {k: pending.entries[k] for k in keys if k in pending.entries}
                 missing = [k for k in keys if not pending.shadows(k)]
                 if missing:
@@ -785,6 +1006,7 @@ class FileNamespace(KvNamespace):
             pending = store._pending.get(ns)
             if pending is None:
                 return list(store._range(ns, "value", start, end, reverse, limit))
+            store._saw(pending)
             base = (
                 row
                 for row in _visible_base(store, ns, pending, "value", start, end, reverse)
@@ -799,6 +1021,7 @@ class FileNamespace(KvNamespace):
         store, ns = self._store, self._id
         with store._section(exclusive=True):
             pending = store._pending_for(ns)
+            store._saw(pending)
             check_fence(fence, pending.generation)
             if not batch.puts and not batch.deletes:
                 return
@@ -819,6 +1042,7 @@ class FileNamespace(KvNamespace):
         store, ns = self._store, self._id
         with store._section(exclusive=True):
             pending = store._pending_for(ns)
+            store._saw(pending)
             check_fence(fence, pending.generation)
             if start >= end:
                 return
@@ -838,7 +1062,9 @@ class FileNamespace(KvNamespace):
     def takeover(self) -> int:
         store, ns = self._store, self._id
         with store._section(exclusive=True):
-            generation = store._pending_for(ns).generation + 1
+            pending = store._pending_for(ns)
+            store._saw(pending)
+            generation = pending.generation + 1
             store._append(ns, encode_takeover(ns, generation), lambda p: p.take_over(generation))
             return generation
 
@@ -846,7 +1072,10 @@ class FileNamespace(KvNamespace):
         store = self._store
         with store._section(exclusive=False):
             pending = store._pending.get(self._id)
-            return pending.generation if pending else store._base_head(self._id)[0]
+            if pending is None:
+                return store._base_head(self._id)[0]
+            store._saw(pending)
+            return pending.generation
 
     def used_bytes(self) -> int:
         store = self._store
@@ -854,6 +1083,7 @@ class FileNamespace(KvNamespace):
             pending = store._pending.get(self._id)
             if pending is None:
                 return store._base_head(self._id)[1]
+            store._saw(pending)
             store._resolve(self._id, pending)
             return pending.used
 
@@ -861,12 +1091,22 @@ class FileNamespace(KvNamespace):
         store, ns = self._store, self._id
         with store._section(exclusive=True):
             pending = store._pending_for(ns)
+            store._saw(pending)
             check_fence(fence, pending.generation)
             store._resolve(ns, pending)
             if pending.used:
                 used = pending.used
                 body = encode_range(ns, b"", None, used)
                 store._append(ns, body, lambda p: p.delete_range(b"", None, used))
+
+
+def _position(epoch: int, seq: int) -> int:
+    """Where record `seq` of `epoch` sits in the log's history: positions only grow."""
+    return epoch << 32 | seq
+
+
+def _unchanged(pending: _Pending) -> None:
+    """The pending-state change of a record that only creates its namespace."""
 
 
 def _pending_items(

@@ -19,8 +19,10 @@ written with `O_DIRECT`, which needs sector-aligned offsets and lengths; on this
 write of 4.3 KB took the same time at 512-byte and at 4 KiB alignment, and 512 wastes less of the
 log (a 100-byte write takes one sector, not one page).
 
-Invariant: a record is acknowledged only once it is durable (`LogFile.append` returned), and
-records are written one at a time, so at most the last record can be torn.
+Invariants: a record is acknowledged only once it is durable: written with `O_DSYNC`, or
+written to the page cache and covered by a later `sync`. A record is written durably at once only
+when every record before it is durable, so the durable records are always a prefix of the log and
+a crash can tear or lose only records that were never acknowledged.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ _HEADER_BYTES: Final = _HEADER.size + _CRC.size
 _RECORD: Final = struct.Struct("<IIQ")
 _LENGTH_SEQ: Final = struct.Struct("<IQ")
 _COUNTER: Final = struct.Struct("<Q")
+_MARK_AT: Final = 8
+_SHARED_BYTES: Final = 16
 _FIRST_EXTENT: Final = 256 * 1024
 _MAX_EXTENT: Final = 2 * 2**20
 _PADDING: Final = bytes(ALIGN)
@@ -95,8 +99,10 @@ class LogFile:
     that means.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, flush_delay: float = 0.0) -> None:
         self.path = path
+        self.flush_delay = flush_delay
+        self.flushes = 0
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._map: mmap.mmap | None = None
         self._size = 0  # a lower bound of the file's size: other processes may have grown it
@@ -109,6 +115,23 @@ class LogFile:
         """The change counter: a caller holding the lock that sees the value it saw last time
         knows that no process has written to the log since."""
         return _COUNTER.unpack_from(self._shm)[0]
+
+    def durable_mark(self) -> int:
+        """The log position (`epoch << 32 | seq`) up to which some process has made the
+        records durable; records at or below it need no flush. Shared like the change counter,
+        and like it only ever a lower bound of the truth (`raise_mark`)."""
+        return _COUNTER.unpack_from(self._shm, _MARK_AT)[0]
+
+    def raise_mark(self, position: int) -> None:
+        """Record that the log is durable up to `position`. Not atomic between processes: two
+        raising it at once can leave the lower value, which costs a flush, never a lost write."""
+        if position > _COUNTER.unpack_from(self._shm, _MARK_AT)[0]:
+            _COUNTER.pack_into(self._shm, _MARK_AT, position)
+
+    def reset_mark(self, position: int) -> None:
+        """Set the mark to `position` even if lower: for a mark found past the end of the log
+        (a `kv.shm` left over from another copy of the directory)."""
+        _COUNTER.pack_into(self._shm, _MARK_AT, position)
 
     def bump(self) -> int:
         """Count a change about to be made (under the exclusive lock); return the new value.
@@ -185,7 +208,7 @@ class LogFile:
     def write_header(self, header: LogHeader) -> None:
         """Write `header` to its slot, durably; the caller has grown the file to `DATA_START`."""
         write_all(self.fd, header.encode(), (header.hseq % 2) * _SLOT_SIZE)
-        os.fdatasync(self.fd)
+        self.sync()
 
     def read_record(self, offset: int, salt: bytes, seq: int) -> bytes | None:
         """The body of record `seq` at `offset`, or None where the log ends."""
@@ -210,16 +233,28 @@ class LogFile:
             self._salt, self._salt_crc = salt, crc32c(salt)
         return self._salt_crc
 
-    def append(self, offset: int, salt: bytes, seq: int, body: bytes) -> None:
-        """Write record `seq` at `offset`, durably: on disk when this returns. The caller has
-        made room with `ensure_size`, so the write lands on allocated, zeroed blocks.
+    def sync(self) -> None:
+        """Make every record written so far durable, by this process or any other: one flush
+        (`fdatasync` covers the file's dirty pages, whoever wrote them)."""
+        os.fdatasync(self.fd)
+        self._flushed()
 
-        Where the file system allows it, the record's blocks (zero-padded to whole blocks) are
-        written with `O_DIRECT | O_DSYNC`, one system call that bypasses the page cache and
-        returns once the device has them; otherwise with `pwrite` and `fdatasync`. The direct
-        write measured about 30 % faster than `pwrite` + `fdatasync` on ext4 (RESULTS.md). Either
-        way the record is built in one reused page-aligned buffer, as `O_DIRECT` requires, and
-        its CRC taken there in one pass.
+    def _flushed(self) -> None:
+        self.flushes += 1
+        if self.flush_delay:
+            time.sleep(self.flush_delay)
+
+    def append(self, offset: int, salt: bytes, seq: int, body: bytes, durable: bool) -> None:
+        """Write record `seq` at `offset`: on disk when this returns if `durable`, else in the
+        page cache, for a later `sync` to cover along with its neighbours' (group commit). The
+        caller has made room with `ensure_size`, so the write lands on allocated, zeroed blocks.
+
+        A durable record's blocks (zero-padded to whole blocks) are written where the file
+        system allows it with `O_DIRECT | O_DSYNC`, one system call that bypasses the page cache
+        and returns once the device has them; otherwise with `pwrite` and `fdatasync`. The
+        direct write measured about 30 % faster than `pwrite` + `fdatasync` on ext4
+        (RESULTS.md). Either way the record is built in one reused page-aligned buffer, as
+        `O_DIRECT` requires, and its CRC taken there in one pass.
         """
         end = _RECORD.size + len(body)
         size = _aligned(end)
@@ -232,6 +267,9 @@ class LogFile:
             buffer[_RECORD.size : end] = body
             buffer[end:size] = _PADDING[: size - end]
             _CRC.pack_into(buffer, 0, crc32c(record[_CRC.size : end], self._seed(salt)))
+            if not durable:
+                write_all(self.fd, buffer, offset, 0, size)
+                return
             if self._direct is not None:
                 try:
                     written = os.pwritev(self._direct, [record[:size]], offset)
@@ -242,14 +280,15 @@ class LogFile:
                     self._direct = None
                 else:
                     if written == size:
+                        self._flushed()
                         return
                     # A short direct write (a full disk, a quota, RLIMIT_FSIZE): the rest goes
                     # through the page cache, which either completes it or says why it cannot.
                     write_all(self.fd, buffer, offset + written, written, size)
-                    os.fdatasync(self.fd)
+                    self.sync()
                     return
             write_all(self.fd, buffer, offset, 0, end)
-            os.fdatasync(self.fd)
+            self.sync()
 
     @staticmethod
     def record_size(body: bytes) -> int:
@@ -270,7 +309,7 @@ class LogFile:
             step = min(max(current, _FIRST_EXTENT), _MAX_EXTENT)
             target = max(_aligned(size), current + step)
             write_all(self.fd, bytes(target - current), current)
-            os.fdatasync(self.fd)
+            self.sync()
             current = target
         self._size = current
 
@@ -353,9 +392,9 @@ def _process_state(pid: str) -> str:
 def _map_counter(path: Path) -> mmap.mmap:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        if os.fstat(fd).st_size < _COUNTER.size:
+        if os.fstat(fd).st_size < _SHARED_BYTES:
             os.ftruncate(fd, DATA_START)  # only grows it: every process truncates to this size
-        return mmap.mmap(fd, _COUNTER.size)
+        return mmap.mmap(fd, _SHARED_BYTES)
     finally:
         os.close(fd)
 

@@ -1,4 +1,5 @@
-"""The bodies of the `file://` store's log records: what one write, range delete or takeover says.
+"""The bodies of the `file://` store's log records: what one write, range delete, takeover or
+namespace creation says.
 
 Hand-packed with `struct` rather than CBOR: encoding is on every durable write, and with
 `cbor2.dumps` a one-entry write took 4 µs more (measured; `benchmarks/RESULTS.md`).
@@ -8,7 +9,9 @@ Integers are little-endian; `ns` is the namespace's row id in the base.
 - WRITE: `op:u8 ns:u64 puts:u32 deletes:u32`, then per put `klen:u16 vlen:u32 key value`, then
   per delete `klen:u16 key`;
 - RANGE: `op:u8 ns:u64 refund:u64 slen:u16 elen:u16 start end` (`elen = 0xFFFF`: no end);
-- TAKEOVER: `op:u8 ns:u64 generation:u64`.
+- TAKEOVER: `op:u8 ns:u64 generation:u64`;
+- CREATE: `op:u8 ns:u64 nlen:u16 name` (UTF-8): a new namespace, generation 0 and empty, with
+  the row id `ns`, which the fold gives its row in the base.
 
 `refund` is the exact number of bytes the range delete removed from the namespace's usage, so
 replaying the record never needs the base.
@@ -27,15 +30,19 @@ _PUT: Final = struct.Struct("<HI")
 _KEY: Final = struct.Struct("<H")
 _RANGE: Final = struct.Struct("<BQQHH")
 _TAKEOVER: Final = struct.Struct("<BQQ")
+_CREATE: Final = struct.Struct("<BQH")
 _NO_END: Final = 0xFFFF
 MAX_KEY_BYTES: Final = _NO_END - 1
 """The longest key a record can hold: lengths are u16, and `_NO_END` is taken."""
+MAX_NAME_BYTES: Final = 0xFFFF
+"""The longest namespace name (UTF-8) a record can hold."""
 
 
 class Op(enum.IntEnum):
     WRITE = 0
     RANGE = 1
     TAKEOVER = 2
+    CREATE = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +66,13 @@ class Takeover:
     generation: int
 
 
-Record = Write | Range | Takeover
+@dataclass(frozen=True, slots=True)
+class Create:
+    ns: int
+    name: str
+
+
+Record = Write | Range | Takeover | Create
 _OPS: Final = {op.value: op for op in Op}
 
 
@@ -82,6 +95,11 @@ def encode_range(ns: int, start: bytes, end: bytes | None, refund: int) -> bytes
 
 def encode_takeover(ns: int, generation: int) -> bytes:
     return _TAKEOVER.pack(Op.TAKEOVER, ns, generation)
+
+
+def encode_create(ns: int, name: str) -> bytes:
+    raw = name.encode()
+    return _CREATE.pack(Op.CREATE, ns, len(raw)) + raw
 
 
 def decode(body: bytes) -> Record:
@@ -117,6 +135,10 @@ def decode(body: bytes) -> Record:
             _, ns, generation = _TAKEOVER.unpack_from(body)
             at = _TAKEOVER.size
             record = Takeover(ns, generation)
+        case Op.CREATE:
+            _, ns, nlen = _CREATE.unpack_from(body)
+            at = _CREATE.size + nlen
+            record = Create(ns, body[_CREATE.size : at].decode())
         case unreachable:
             assert_never(unreachable)
     if at != len(body):

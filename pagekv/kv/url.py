@@ -24,10 +24,12 @@ def open_kv(
     """Open a store by URL.
 
     - `memory://[?latency_ms=N]`: in-process, for tests and benchmarks;
-    - `file:///abs/dir` or `file:./rel/dir` `[?log_kib=N&lock_timeout=S]`: the embedded durable
-      store of one machine; its log is folded into the base every `log_kib` KiB (default
-      32 MiB), and a request waits at most `lock_timeout` seconds (default 30) for the locks
-      other processes hold on the directory;
+    - `file:///abs/dir` or `file:./rel/dir` `[?log_kib=N&lock_timeout=S&flush_delay_ms=D]`: the
+      embedded durable store of one machine; its log is folded into the base every `log_kib`
+      KiB (default 32 MiB), and a request waits at most `lock_timeout` seconds (default 30) for
+      the locks other processes hold on the directory. `flush_delay_ms` is a benchmarking aid,
+      never for production: it adds D ms to every durable flush, to show on a fast disk how a
+      slow one (most cloud volumes) would behave;
     - `postgresql://user@host:port/db[?schema=..&pool_max=..]` (or `postgres://`): a PostgreSQL
       server shared by many hosts; see `PostgresStore` for the options.
 
@@ -64,22 +66,30 @@ def _opener(url: str, limits: KvLimits | None, create: bool) -> Callable[[], KvS
             if not path:
                 raise ValueError(f"file URL {url!r} names no directory")
             query = parse_qs(parts.query)
-            unknown = set(query) - {"log_kib", "lock_timeout"}
+            unknown = set(query) - {"log_kib", "lock_timeout", "flush_delay_ms"}
             if unknown:
                 raise ValueError(
-                    f"unknown option(s) {sorted(unknown)} in {url!r}; known: log_kib, lock_timeout"
+                    f"unknown option(s) {sorted(unknown)} in {url!r}; "
+                    "known: log_kib, lock_timeout, flush_delay_ms"
                 )
             log_kib = _option(query, "log_kib", int, DEFAULT_LOG_BYTES // 1024, url)
             lock_timeout = _option(query, "lock_timeout", float, DEFAULT_LOCK_TIMEOUT, url)
             if not 0 < lock_timeout < float("inf"):
                 raise ValueError(f"lock_timeout must be a number of seconds > 0 in {url!r}")
+            flush_delay = _option(query, "flush_delay_ms", float, 0.0, url)
+            if not 0 <= flush_delay <= 10_000:
+                raise ValueError(f"flush_delay_ms must be between 0 and 10000 in {url!r}")
             directory = Path(path)
 
             def open_file() -> KvStore:
                 if not create and not directory.is_dir():
                     raise FileNotFoundError(f"no file store at {directory}")
                 return FileStore(
-                    directory, limits=limits, log_bytes=log_kib * 1024, lock_timeout=lock_timeout
+                    directory,
+                    limits=limits,
+                    log_bytes=log_kib * 1024,
+                    lock_timeout=lock_timeout,
+                    flush_delay_ms=flush_delay,
                 )
 
             return open_file

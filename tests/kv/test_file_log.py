@@ -27,10 +27,12 @@ from pagekv.kv import file as kv_file
 from pagekv.kv.file import FileStore, _Pending, _Ranges
 from pagekv.kv.file_log import LogFile
 from pagekv.kv.file_records import (
+    Create,
     Range,
     Takeover,
     Write,
     decode,
+    encode_create,
     encode_range,
     encode_takeover,
     encode_write,
@@ -45,11 +47,13 @@ class Crash(Exception):
 
 
 class Model:
-    """What one namespace must hold: entries and generation, and the usage they imply."""
+    """What one namespace must hold: entries and generation, and the usage they imply; and the
+    namespaces created beside it, each holding one entry."""
 
     def __init__(self) -> None:
         self.entries: dict[bytes, bytes] = {}
         self.generation = 0
+        self.created: dict[str, bytes] = {}
 
     @property
     def used(self) -> int:
@@ -61,6 +65,10 @@ class Model:
         assert ns.get(list(self.entries)[:100]) == list(self.entries.values())[:100]
         assert ns.generation() == self.generation
         assert ns.used_bytes() == self.used
+        names = store.actor_ids()
+        assert set(self.created) <= set(names) and names == sorted(names)
+        for name, value in self.created.items():
+            assert store.namespace(name).get([b"only"]) == [value]
 
 
 def _folded(directory: Path) -> int:
@@ -90,9 +98,14 @@ def _random_op(rng: random.Random, store: FileStore, model: Model, actor: str = 
             del model.entries[key]
     elif roll < 0.9:
         model.generation = ns.takeover()
-    elif roll < 0.95:
+    elif roll < 0.93:
         ns.drop(fence=model.generation)
         model.entries.clear()
+    elif roll < 0.97:  # a namespace created in this epoch, folded or not
+        name = f"new-{rng.randrange(10**9)}"
+        value = rng.randbytes(rng.choice((1, 3000)))
+        store.namespace(name).put({b"only": value})
+        model.created[name] = value
     else:
         assert ns.used_bytes() == model.used
 
@@ -332,7 +345,7 @@ def test_a_record_counts_only_with_the_epochs_salt(tmp_path: Path, salt_known: b
     record = encode_write(ns._id, {b"b": b"forged"}, [])
     log = LogFile(tmp_path / "kv.log")
     log.ensure_size(offset + LogFile.record_size(record))
-    log.append(offset, salt if salt_known else os.urandom(8), seq, record)
+    log.append(offset, salt if salt_known else os.urandom(8), seq, record, durable=True)
     log.close()
     reopened = FileStore(tmp_path)
     expected = {b"a": b"1", b"b": b"forged"} if salt_known else {b"a": b"1"}
@@ -349,7 +362,7 @@ def test_a_torn_record_is_ignored_and_overwritten(tmp_path: Path) -> None:
     body = encode_write(ns._id, {b"b": os.urandom(9000)}, [])
     log = LogFile(tmp_path / "kv.log")
     log.ensure_size(offset + LogFile.record_size(body))
-    log.append(offset, salt, seq, body)
+    log.append(offset, salt, seq, body, durable=True)
     log.close()
     with open(tmp_path / "kv.log", "r+b") as f:  # the crash left the last block unwritten
         f.seek(offset + 8192)
@@ -390,7 +403,7 @@ def test_a_failed_sync_breaks_the_store_until_reopened(
     monkeypatch.undo()
     assert fired == [1]
     for call in (lambda: ns.get([b"a"]), lambda: ns.put({b"c": b"3"}), ns.used_bytes):
-        with pytest.raises(KvUnavailable, match=r"broken .*EIO.* reopen it"):
+        with pytest.raises(KvUnavailable, match=r"refuses requests .*EIO.* reopen it"):
             call()
     store.close()
     # The outcome was unknown; reopening shows the truth (here the bytes had been written).
@@ -463,9 +476,9 @@ def test_a_version_1_store_is_read_and_upgraded(tmp_path: Path) -> None:
 def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
     FileStore(tmp_path / "kv").close()
     db = apsw.Connection(str(tmp_path / "kv" / "kv.sqlite3"))
-    db.execute("PRAGMA user_version = 3")
+    db.execute("PRAGMA user_version = 4")
     db.close()
-    with pytest.raises(RuntimeError, match="schema version 3; this pagekv reads up to 2"):
+    with pytest.raises(RuntimeError, match="schema version 4; this pagekv reads up to 3"):
         FileStore(tmp_path / "kv")
 
 
@@ -544,9 +557,10 @@ _range_records = st.builds(
     Range, st.integers(0, 2**63), st.binary(max_size=4), st.none() | _keys, st.integers(0, 99)
 )
 _takeover_records = st.builds(Takeover, st.integers(0, 2**63), st.integers(0, 2**63))
+_create_records = st.builds(Create, st.integers(0, 2**63), st.text(min_size=1, max_size=300))
 
 
-def _encode(record: Write | Range | Takeover) -> bytes:
+def _encode(record: Write | Range | Takeover | Create) -> bytes:
     match record:
         case Write(ns, puts, deletes):
             return encode_write(ns, dict(puts), deletes)
@@ -554,10 +568,12 @@ def _encode(record: Write | Range | Takeover) -> bytes:
             return encode_range(ns, start, end, refund)
         case Takeover(ns, generation):
             return encode_takeover(ns, generation)
+        case Create(ns, name):
+            return encode_create(ns, name)
 
 
-@given(st.one_of(_write_records, _range_records, _takeover_records))
-def test_record_bodies_round_trip(record: Write | Range | Takeover) -> None:
+@given(st.one_of(_write_records, _range_records, _takeover_records, _create_records))
+def test_record_bodies_round_trip(record: Write | Range | Takeover | Create) -> None:
     body = _encode(record)
     assert decode(body) == record
     with pytest.raises(ValueError, match="stray bytes"):

@@ -1,0 +1,282 @@
+"""Group commit in the `file:` store, and namespaces created in the log.
+
+Concurrent writers share one flush, each write is acknowledged only once a flush covers it, and
+nothing returns a state a crash could undo: a reader of a namespace whose latest record is not yet
+durable waits for the flush too. Flushes are made to block or fail by patching `os.fdatasync`;
+each test asserts that its patch ran. (Real SIGKILLs of concurrent writers are in
+`test_file_durability.py`.)
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pagekv.kv import FileStore, KvIndeterminate, KvUnavailable, file_log, open_kv
+from pagekv.kv.file import FileNamespace
+
+WAIT = 10.0
+
+
+def _in_groups(store: FileStore) -> None:
+    """Make every write of `store` leave its flush to a group, as under contention."""
+    store._grouping_until = math.inf
+
+
+class _Flushes:
+    """`os.fdatasync` of the log held at a gate: `started` is set when a flush begins."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> None:
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self.calls = 0
+        real = os.fdatasync
+
+        def fdatasync(fd: int) -> None:
+            self.calls += 1
+            self.started.set()
+            assert self.gate.wait(WAIT), "the test never opened the gate"
+            if fail:
+                raise OSError(errno.EIO, "injected flush failure")
+            real(fd)
+
+        monkeypatch.setattr(file_log.os, "fdatasync", fdatasync)
+
+
+def _start(fn: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    """Run `fn` in a thread; the list gets its result or the exception it raised."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except Exception as e:
+            out.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[FileStore]:
+    with FileStore(tmp_path / "kv") as store:
+        yield store
+
+
+def test_concurrent_writers_share_flushes_and_lose_nothing(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, flush_delay_ms=5)  # a slow disk: writers pile up behind flushes
+    namespaces = [store.namespace(f"actor-{i}") for i in range(16)]
+    before = store.flush_counts()
+    start = threading.Barrier(len(namespaces))
+
+    def writer(ns: FileNamespace) -> None:
+        start.wait()
+        for j in range(20):
+            ns.put({b"k%02d" % j: ns.actor_id.encode()})
+
+    threads = [threading.Thread(target=writer, args=(ns,)) for ns in namespaces]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    after = store.flush_counts()
+    writes, flushes = after.writes - before.writes, after.flushes - before.flushes
+    assert writes == 16 * 20
+    assert flushes <= writes / 4, f"{flushes} flushes for {writes} writes: no group commit"
+    store.close()
+    with FileStore(tmp_path) as reopened:
+        for i in range(16):
+            ns = reopened.namespace(f"actor-{i}")
+            assert dict(ns.list()) == {b"k%02d" % j: f"actor-{i}".encode() for j in range(20)}
+
+
+def test_a_lone_writer_makes_each_write_durable_in_one_flush(store: FileStore) -> None:
+    ns = store.namespace("a")
+    before = store.flush_counts()
+    for j in range(50):
+        ns.put({b"k": b"%d" % j})
+    after = store.flush_counts()
+    assert (after.writes - before.writes, after.flushes - before.flushes) == (50, 50)
+
+
+def test_a_write_and_a_reader_of_it_wait_for_the_flush_others_do_not(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns, other = store.namespace("a"), store.namespace("b")
+    ns.put({b"k": b"old"})
+    other.put({b"k": b"other"})
+    _in_groups(store)
+    flushes = _Flushes(monkeypatch)
+    writer, written = _start(lambda: ns.put({b"k": b"new"}))
+    assert flushes.started.wait(WAIT)
+    reader, read = _start(lambda: ns.get([b"k"]))
+    generation, seen = _start(ns.generation)
+    assert other.get([b"k"]) == [b"other"], "a namespace with nothing pending does not wait"
+    time.sleep(0.2)
+    assert written == [] and read == [] and seen == [], "returned before the flush"
+    flushes.gate.set()
+    for thread in (writer, reader, generation):
+        thread.join(WAIT)
+    assert written == [None] and read == [[b"new"]] and seen == [0]
+
+
+def test_a_write_never_goes_durable_ahead_of_an_unflushed_one(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write alone would be made durable at once; behind a record still in the page cache it
+    must wait for the flush instead, or a crash could keep it after a hole."""
+    ns, other = store.namespace("a"), store.namespace("b")
+    _in_groups(store)
+    flushes = _Flushes(monkeypatch)
+    first, first_out = _start(lambda: ns.put({b"k": b"1"}))
+    assert flushes.started.wait(WAIT)
+    store._grouping_until = 0.0  # alone again, but behind an unflushed record
+    second, second_out = _start(lambda: other.put({b"k": b"2"}))
+    time.sleep(0.2)
+    assert second_out == [], "acknowledged ahead of the record before it"
+    flushes.gate.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    assert first_out == [None] and second_out == [None]
+
+
+def test_a_failed_shared_flush_fails_every_write_it_covered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    namespaces = [store.namespace(f"a{i}") for i in range(4)]
+    _in_groups(store)
+    flushes = _Flushes(monkeypatch, fail=True)
+    first, first_out = _start(lambda: namespaces[0].put({b"k": b"v"}))
+    assert flushes.started.wait(WAIT)
+    others = [_start(lambda ns=ns: ns.put({b"k": b"v"})) for ns in namespaces[1:]]
+    time.sleep(0.1)
+    flushes.gate.set()
+    outcomes = [first_out]
+    first.join(WAIT)
+    for thread, out in others:
+        thread.join(WAIT)
+        outcomes.append(out)
+    assert flushes.calls >= 1
+    for out in outcomes:
+        assert len(out) == 1 and isinstance(out[0], KvIndeterminate), out
+        assert "injected flush failure" in str(out[0]) or "broke before" in str(out[0])
+    with pytest.raises(KvUnavailable, match=r"refuses requests .*EIO"):
+        namespaces[0].get([b"k"])
+    monkeypatch.undo()
+    store.close()
+    with FileStore(tmp_path) as reopened:  # the outcome was unknown; the store is usable again
+        reopened.namespace("a0").put({b"after": b"1"})
+        assert reopened.namespace("a0").get([b"after"]) == [b"1"]
+
+
+def test_losing_an_unflushed_record_loses_it_and_every_later_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power loss keeps any subset of the page cache: with the first unflushed record lost,
+    a later one that reached the disk must not be replayed after the hole."""
+    store = FileStore(tmp_path)
+    ns = store.namespace("a")
+    ns.put({b"acked": b"1"})
+    _in_groups(store)
+    lost_at = store._offset
+    flushes = _Flushes(monkeypatch, fail=True)
+    first, first_out = _start(lambda: ns.put({b"lost": b"2"}))
+    assert flushes.started.wait(WAIT)
+    second, second_out = _start(lambda: store.namespace("b").put({b"later": b"3"}))
+    deadline = time.monotonic() + WAIT
+    while store._seq < 4 and time.monotonic() < deadline:  # create b, then b's write
+        time.sleep(0.01)
+    assert store._seq == 4
+    with open(tmp_path / "kv.log", "r+b") as log:  # the first unflushed record never got there
+        log.seek(lost_at)
+        log.write(bytes(512))
+    flushes.gate.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    assert isinstance(first_out[0], KvIndeterminate) and isinstance(second_out[0], KvIndeterminate)
+    monkeypatch.undo()
+    store.close()
+    with FileStore(tmp_path) as reopened:
+        assert dict(reopened.namespace("a").list()) == {b"acked": b"1"}
+        assert reopened.actor_ids() == ["a"], "a record after the hole was replayed"
+        reopened.namespace("b").put({b"again": b"4"})
+        assert reopened.actor_ids() == ["a", "b"]
+
+
+def test_flush_delay_slows_every_flush_and_is_checked(tmp_path: Path) -> None:
+    with open_kv(f"file:{tmp_path}/slow?flush_delay_ms=40") as store:
+        ns = store.namespace("a")
+        started = time.monotonic()
+        ns.put({b"k": b"v"})
+        assert time.monotonic() - started >= 0.04
+    for bad in ("-1", "abc", "20000", "nan"):
+        with pytest.raises(ValueError, match="flush_delay_ms"):
+            open_kv(f"file:{tmp_path}/x?flush_delay_ms={bad}")
+
+
+def test_a_new_namespace_is_one_record_and_one_flush(tmp_path: Path, store: FileStore) -> None:
+    store.namespace("old").put({b"k": b"v"})
+    statements: list[str] = []
+
+    def trace(cursor: object, sql: str, bindings: object) -> bool:
+        statements.append(sql)
+        return True
+
+    store._db.exec_trace = trace
+    before = store.flush_counts()
+    ns = store.namespace("new")
+    after = store.flush_counts()
+    assert (after.writes - before.writes, after.flushes - before.flushes) == (1, 1)
+    assert not [s for s in statements if s.startswith(("BEGIN", "INSERT", "UPDATE"))]
+    assert store.namespace("new")._id == ns._id
+    assert store.flush_counts().writes == after.writes, "an existing namespace writes nothing"
+    with FileStore(tmp_path / "kv") as other:  # another process, as far as locks go
+        assert other.actor_ids() == ["new", "old"]
+        assert other.namespace("new")._id == ns._id
+        other.namespace("new").put({b"from": b"other"})
+    assert ns.get([b"from"]) == [b"other"]
+    with store._section(exclusive=True):  # the fold gives it its row in the base
+        store._fold()
+        store._start_epoch()
+    rows = store._base("SELECT id, generation FROM namespaces WHERE name = 'new'")
+    assert rows == [(ns._id, 0)]
+    assert store.actor_ids() == ["new", "old"] and ns.get([b"from"]) == [b"other"]
+
+
+def test_store_objects_creating_namespaces_at_once_agree_on_ids(tmp_path: Path) -> None:
+    stores = [FileStore(tmp_path) for _ in range(3)]
+    ids: dict[tuple[int, str], int] = {}
+    start = threading.Barrier(6)
+
+    def create(s: int, t: int) -> None:
+        start.wait()
+        for i in range(20):
+            for name in (f"own-{s}-{t}-{i}", f"shared-{i}"):
+                ids[(s * 2 + t, name)] = stores[s].namespace(name)._id
+
+    threads = [threading.Thread(target=create, args=(s, t)) for s in range(3) for t in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    by_name: dict[str, set[int]] = {}
+    for (_, name), ns_id in ids.items():
+        by_name.setdefault(name, set()).add(ns_id)
+    assert all(len(found) == 1 for found in by_name.values()), "one name, several ids"
+    assert len({next(iter(found)) for found in by_name.values()}) == len(by_name) == 140
+    for store in stores:
+        assert store.actor_ids() == sorted(by_name)
+        store.close()
+    with FileStore(tmp_path) as reopened:
+        assert {n: reopened.namespace(n)._id for n in by_name} == {
+            n: next(iter(found)) for n, found in by_name.items()
+        }
