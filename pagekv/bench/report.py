@@ -19,6 +19,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import apsw
 
@@ -26,7 +27,8 @@ from pagekv import __version__, build_description
 from pagekv.bench.runner import MEMORY_METHOD, SystemResult, WorkloadResult
 from pagekv.bench.targets import MET, MISSED, TargetResult, fmt_ratio
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: warm commit workloads, concurrent writers (`writers`, `scaling`), flushes, WAL sizes."""
 RATIO_DEFINITION = (
     "speed ratio = native median time per op ÷ pagekv median time per op "
     "(> 1: pagekv faster; 0.5: pagekv at half native speed)"
@@ -370,6 +372,11 @@ def targets_table(targets: Sequence[TargetResult], width: int | None = None) -> 
 def header(report: BenchReport) -> str:
     m, c = report.machine, report.config
     latency = f", +{c.latency_ms:g} ms simulated latency per KV round trip" if c.latency_ms else ""
+    if "flush_delay_ms=" in urlsplit(c.kv).query:
+        latency += (
+            " (flush_delay_ms: the store's flushes take that much longer, native SQLite's do not:"
+            " speed ratios to native are not matched)"
+        )
     return "\n".join(
         [
             f"pagekv bench — {report.command}",
