@@ -1,9 +1,10 @@
-"""`ctx.db`: async SQL on the actor's own database, serialised on the actor's worker.
+"""`ctx.db`: async SQL on the actor's own database, serialised per actor.
 
-All SQLite work of one actor runs one call at a time through a `CapacityLimiter(1)` on a worker
-thread, so a slow KV blocks only this actor. A transaction holds the actor's database lock from
-BEGIN to COMMIT, so statements of other concurrently running actions wait instead of landing
-inside it; the actor's state is written in the same commit.
+All SQLite work of one actor runs one call at a time (`_serial`), on the registry's pool of
+worker threads (`workers.py`: a slow KV blocks only the actors whose work waits on it) or inline
+on a store that never waits. A transaction holds the actor's database lock from BEGIN to
+COMMIT, so statements of other concurrently running actions wait instead of landing inside it;
+the actor's state is written in the same commit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pagekv.actor.errors import ActorStopped, ActorTakenOver, ReservedName
 from pagekv.actor.gate import Gate
 from pagekv.actor.internal import Reserved
 from pagekv.actor.state import StateCell
+from pagekv.actor.workers import Workers
 from pagekv.actor.writes import note_writes
 from pagekv.kv import FenceMismatch
 from pagekv.vfs import Database
@@ -34,14 +36,17 @@ _in_transaction: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 
 
 class ActorDb:
-    def __init__(self, database: Database, state: StateCell, gate: Gate) -> None:
+    def __init__(self, database: Database, state: StateCell, gate: Gate, workers: Workers) -> None:
         self.database = database
         self.state = state
         self.gate = gate
+        self.workers = workers
         self.reserved = Reserved()
         database.connection.authorizer = self.reserved
-        self._limiter = anyio.CapacityLimiter(1)
-        self._lock = anyio.Lock()
+        self._serial = anyio.Lock(fast_acquire=True)
+        """Held for each piece of work on a worker thread: one at a time on the connection.
+        Inline work needs none (it runs within one step of the event loop)."""
+        self._lock = anyio.Lock(fast_acquire=True)
         self._begin_pending = False
         """A transaction began but no statement ran yet: its first worker hop starts with BEGIN
         (one hop fewer per transaction). Only the task holding `_lock` runs statements then."""
@@ -83,13 +88,19 @@ class ActorDb:
                     self.proven_at = max(self.proven_at, issued)
 
         try:
-            return await anyio.to_thread.run_sync(work, limiter=self._limiter)
+            return await self._serialised(work)
         finally:
             note_writes(committed=committed[0] > 0, unknown=self.database.outcome_unknown)
 
+    async def _serialised(self, fn: Callable[[], T]) -> T:
+        if self.workers.inline:
+            return await self.workers.run(fn)
+        async with self._serial:
+            return await self.workers.run(fn)
+
     async def close(self) -> None:
-        """Close the database once the worker is free (never under a running statement)."""
-        await anyio.to_thread.run_sync(self.database.close, limiter=self._limiter)
+        """Close the database once no work of it runs (never under a running statement)."""
+        await self._serialised(self.database.close)
 
     def death(self) -> Exception:
         """The error for a hop that met the dead database: the same for every hop, so that

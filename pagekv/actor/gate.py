@@ -38,13 +38,20 @@ class Gate:
         """Transactions ended so far: an action waiting since before the last end is senior."""
         self._senior = 0
         self._changed = anyio.Event()
+        self._waiting = 0
+        """Tasks in `_wait`: with none, a change needs no new event (the common case)."""
 
     async def _wait(self) -> None:
-        await self._changed.wait()
+        self._waiting += 1
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._waiting:
+            self._changed.set()
+            self._changed = anyio.Event()
 
     @asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from pagekv.actor.ownership import Ownership
+from pagekv.actor.workers import Workers
 
 
 class InstanceHost(Protocol):
@@ -15,6 +16,8 @@ class InstanceHost(Protocol):
     """Seconds an instance's lease on its actor runs from each renewal."""
     counters: Counter[str]
     ownership: Ownership
+    workers: Workers
+    """Where the instance's blocking work runs (its KV requests and SQLite work)."""
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run `fn(*args)` in the background; its failure is logged."""

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from functools import partial
 from typing import Any, Literal, TypeVar, assert_never
 
 import anyio
@@ -25,7 +26,7 @@ from pagekv.actor.definition import ActorDefinition, Hook
 from pagekv.actor.errors import STORAGE_ERRORS, ActorNotFound, ActorStopped, ActorTakenOver
 from pagekv.actor.gate import Gate
 from pagekv.actor.host import InstanceHost
-from pagekv.actor.internal import encode_state, is_initialized, load, mark_initialized, migrate
+from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
 from pagekv.actor.ownership import Lease
 from pagekv.actor.queue import Outgoing, Queue
 from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
@@ -134,20 +135,20 @@ class ActorInstance:
         definition = self.definition
         try:
             database = await self._timed(
-                "open_database", anyio.to_thread.run_sync(lambda: open_database(self.kv))
+                "open_database", self.registry.workers.run(open_database, self.kv)
             )
         except DatabaseDead as e:
             if _fenced_off(e):  # what it wrote as it opened (recovery) was fenced off
                 raise ActorTakenOver(f"actor {self.actor_id} was woken elsewhere meanwhile") from e
             raise
         cell = StateCell(None, None)
-        db = ActorDb(database, cell, self.gate)
+        db = ActorDb(database, cell, self.gate, self.registry.workers)
         self.ctx = ActorContext(
             actor_id=self.actor_id,
             name=definition.name,
             key=self.key,
             db=db,
-            kv=UserKv(self.kv, database.generation),
+            kv=UserKv(self.kv, database.generation, self.registry.workers),
             log=logging.LoggerAdapter(log, {"actor_id": self.actor_id}),
             schedule=Schedule(self),
             queue=Queue(self),
@@ -156,21 +157,24 @@ class ActorInstance:
             input=input,
         )
         try:
-            if not create and not await db.run(is_initialized, internal=True):
-                raise ActorNotFound(f"no actor {definition.name!r} with key {self.key!r}")
-            initialized, stored, self.next_due = await self._timed(
-                "migrate_and_load", db.run(lambda c: (migrate(c), load(c))[1], internal=True)
+            loaded = await self._timed(
+                "migrate_and_load", db.run(partial(load, create=create), internal=True)
             )
+            if loaded is None:
+                raise ActorNotFound(f"no actor {definition.name!r} with key {self.key!r}")
+            initialized, self.next_due = loaded.initialized, loaded.due
             self.created = not initialized
-            cell.restore((stored, encode_state(stored) if initialized else None))
-            await self.publish_wake()  # the lease, before any hook runs (`_lease_target`)
-            await self._check_won()
+            cell.restore((loaded.state, encode_state(loaded.state) if initialized else None))
+            await self._publish_lease()  # before any hook runs (`_lease_target`)
             hooks = definition.hooks
+            hooked = any(h in hooks for h in ("on_migrate", "create_state", "on_create"))
+            if loaded.fresh and hooked:  # the hooks find the internal tables
+                await db.run(migrate, internal=True)
             if "on_migrate" in hooks:
                 async with db.transaction():
                     await self._timed("on_migrate", hooks["on_migrate"](self.ctx), user=True)
             if not initialized:
-                await self._create(input)
+                await self._create(input, fresh=loaded.fresh and not hooked)
             if "create_vars" in hooks:
                 self.ctx.vars = await self._timed(
                     "create_vars", hooks["create_vars"](self.ctx), user=True
@@ -191,17 +195,20 @@ class ActorInstance:
             self.workflow = Runner(self, definition.workflow_fn)
         self.start_run()
 
-    async def _check_won(self) -> None:
-        """After the lease is published, before any hook runs: refuse to start if another
-        registry woke the actor since this instance's takeover (two calls for an actor nobody
-        owned, arriving at two registries at once). The loser's hooks never run, and it steps
+    async def _publish_lease(self) -> None:
+        """Publish the lease, then refuse to start if another registry woke the actor since
+        this instance's takeover (two calls for an actor nobody owned, arriving at two
+        registries at once), both in one worker hop. The loser's hooks never run, and it steps
         aside for the winner, whose lease entry the registry then finds (`ActorTakenOver`)."""
         started = time.monotonic()
-        if await anyio.to_thread.run_sync(self.kv.generation) != self.generation:
+        generation = await self._publish(self._next_run(time.time()), then=self.kv.generation)
+        if generation != self.generation:
             raise ActorTakenOver(f"actor {self.actor_id} was woken elsewhere at the same time")
         self._checked_at = started
 
-    async def _create(self, input: Any) -> None:
+    async def _create(self, input: Any, *, fresh: bool) -> None:
+        """Run the create hooks and record the creation with the first state; `fresh`: the
+        internal tables are created in that same commit."""
         hooks, ctx = self.definition.hooks, self.ctx
         if "create_state" in hooks:
             ctx.state = await self._timed(
@@ -212,8 +219,8 @@ class ActorInstance:
         if "on_create" in hooks:
             await self._timed("on_create", hooks["on_create"](ctx, input), user=True)
         data = encode_state(ctx.state)
-        name, key = self.definition.name, self.key
-        await ctx.db.run(lambda c: mark_initialized(c, name, key, data), internal=True)
+        mark = partial(mark_initialized, name=self.definition.name, key=self.key, data=data)
+        await ctx.db.run(partial(mark, fresh=fresh), internal=True)
         ctx._cell.mark_saved(data)
 
     def start_run(self) -> None:
@@ -421,7 +428,7 @@ class ActorInstance:
             self._checking = checking = anyio.Event()
             started = time.monotonic()
             try:
-                generation = await anyio.to_thread.run_sync(self.kv.generation)
+                generation = await self.registry.workers.run(self.kv.generation)
             finally:
                 self._checking = None
                 checking.set()
@@ -516,19 +523,38 @@ class ActorInstance:
         until = kept if kept is not None and now + lease / 2 <= kept <= now + lease else now + lease
         return Lease(None if next_run is None else max(next_run, until), until)
 
-    async def _publish(self, next_run: float | None) -> None:
-        """Write the lease entry for `next_run` unless it is there already. One write at a
-        time, so what `_published` says is what the index holds."""
+    async def _publish(
+        self, next_run: float | None, *, then: Callable[[], T] | None = None
+    ) -> T | None:
+        """Write the lease entry for `next_run` unless it is there already, then run `then` in
+        the same worker hop and return its result. One write at a time, so what `_published`
+        says is what the index holds; None while that is unknown (before the first write, and
+        after one that failed: it may have landed), which makes the next write read the
+        entries first (`Ownership.publish`)."""
         async with self._publishing:
             target = self._lease_target(next_run, time.time())
-            if target != self._published:
-                ownership, definition = self.registry.ownership, self.definition
-                await anyio.to_thread.run_sync(
-                    lambda: ownership.publish(
-                        self.actor_id, self.generation, definition.name, self.key, target
-                    )
+            previous = self._published
+            if target == previous:
+                return None if then is None else await self.registry.workers.run(then)
+            ownership, definition, generation = (
+                self.registry.ownership,
+                self.definition,
+                self.generation,
+            )
+
+            def write() -> T | None:
+                ownership.publish(
+                    self.actor_id, generation, definition.name, self.key, target, previous
                 )
-                self._published = target
+                return None if then is None else then()
+
+            try:
+                result = await self.registry.workers.run(write)
+            except BaseException:
+                self._published = None
+                raise
+            self._published = target
+            return result
 
     def _next_run(self, now: float, run_pending: bool | None = None) -> float | None:
         """When the actor must run next: its next schedule, or `now` while its run handler has
@@ -681,7 +707,7 @@ class ActorInstance:
                     await self._close()
                     if how == "destroy":
                         generation = self.ctx.db.database.generation
-                        await anyio.to_thread.run_sync(lambda: self.kv.drop(fence=generation))
+                        await self.registry.workers.run(partial(self.kv.drop, fence=generation))
                         destroyed = True
                 except FenceMismatch as e:
                     raise ActorTakenOver(

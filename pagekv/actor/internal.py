@@ -1,12 +1,14 @@
 """The runtime's own tables inside each actor's database, and the reserved `_pagekv_` prefix.
 
-Tables are versioned in `_pagekv_meta.schema_version` and upgraded by a ladder of migrations, each
-applied in one transaction; a database written by a newer runtime is refused.
+Tables are versioned in `_pagekv_meta.schema_version` and upgraded by a ladder of migrations, all
+the steps a database needs applied in one transaction; a database written by a newer runtime is
+refused.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
@@ -93,39 +95,71 @@ def migrate(connection: apsw.Connection) -> int:
             f"actor database has internal schema version {version}; this pagekv knows up to "
             f"{SCHEMA_VERSION}. Upgrade pagekv."
         )
-    for target in range(version + 1, SCHEMA_VERSION + 1):
-        with connection:
+    if version == SCHEMA_VERSION:
+        return version
+    with connection:  # every step in one commit: one KV write, and never a version half done
+        for target in range(version + 1, SCHEMA_VERSION + 1):
             for sql in MIGRATIONS[target]:
                 connection.execute(sql)
-            connection.execute(
-                "INSERT OR REPLACE INTO _pagekv_meta VALUES ('schema_version', ?)", (target,)
-            )
+        connection.execute(
+            "INSERT OR REPLACE INTO _pagekv_meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
+        )
     return version
+
+
+def _has_tables(connection: apsw.Connection) -> bool:
+    rows = connection.execute("SELECT 1 FROM sqlite_schema WHERE name = '_pagekv_meta'")
+    return bool(rows.fetchall())
 
 
 def is_initialized(connection: apsw.Connection) -> bool:
     """Whether the database holds a created actor (read only: nothing is migrated)."""
-    if not connection.execute("SELECT 1 FROM sqlite_schema WHERE name = '_pagekv_meta'").fetchall():
+    if not _has_tables(connection):
         return False
     rows = connection.execute("SELECT value FROM _pagekv_meta WHERE key = 'initialized'")
     return bool(rows.fetchall())
 
 
-def load(connection: apsw.Connection) -> tuple[bool, Any, float | None]:
-    """(initialised?, stored state, next schedule due): every read a wake needs, in one go."""
+@dataclass(frozen=True)
+class Loaded:
+    """What a wake reads: whether the database holds a created actor, its state, its next
+    schedule due, and whether it has no internal tables yet (`fresh`)."""
+
+    initialized: bool
+    state: Any
+    due: float | None
+    fresh: bool
+
+
+def load(connection: apsw.Connection, *, create: bool) -> Loaded | None:
+    """Every read a wake needs, in one go, once the internal tables of a database that has
+    them are brought up to date (`migrate`). None if it holds no actor and `create` is false,
+    with nothing written. A fresh database is left as it is: its tables are created in the
+    commit that creates the actor, or by a `migrate` of their own just before the first hook."""
+    if not create and not is_initialized(connection):
+        return None
+    if not _has_tables(connection):
+        return Loaded(False, None, None, fresh=True)
+    migrate(connection)
     rows = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
     state = connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall()
     due = connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0]
-    return bool(rows.get("initialized")), cbor2.loads(state[0][0]) if state else None, due
+    stored = cbor2.loads(state[0][0]) if state else None
+    return Loaded(bool(rows.get("initialized")), stored, due, fresh=False)
 
 
 def save_state(connection: apsw.Connection, data: bytes) -> None:
     connection.execute("INSERT OR REPLACE INTO _pagekv_state(id, data) VALUES (1, ?)", (data,))
 
 
-def mark_initialized(connection: apsw.Connection, name: str, key: str, data: bytes) -> None:
-    """Record creation and the first state in one transaction."""
+def mark_initialized(
+    connection: apsw.Connection, name: str, key: str, data: bytes, *, fresh: bool = False
+) -> None:
+    """Record creation and the first state in one transaction, with the internal tables too
+    if `fresh` (a new actor whose creation runs no hook: it then costs one commit)."""
     with connection:
+        if fresh:
+            migrate(connection)
         connection.executemany(
             "INSERT OR REPLACE INTO _pagekv_meta VALUES (?, ?)",
             [("initialized", 1), ("name", name), ("key", key), ("created_at", time.time())],

@@ -117,11 +117,27 @@ class Ownership:
 
     # -- lease entries ------------------------------------------------------------------------
 
-    def publish(self, aid: str, generation: int, name: str, key: str, lease: Lease) -> None:
+    def publish(
+        self,
+        aid: str,
+        generation: int,
+        name: str,
+        key: str,
+        lease: Lease,
+        previous: Lease | None = None,
+    ) -> None:
         """Record `lease` for the instance of `generation`, and remove the entries of older
         generations. The due entries of this and older generations go in the same batch as the
         new one arrives, so no due entry outlives its time unless a newer generation wrote it
-        (the poll never has to guess what is stale)."""
+        (the poll never has to guess what is stale).
+
+        `previous` is what this generation's entry is known to hold (the instance wrote it, and
+        only it writes that entry): then one write replaces it, with no read. Entries an older
+        generation's stale instance wrote meanwhile stay until the next publish without
+        `previous` (at the next wake) or a wake poll's `still_due`: only the newest
+        generation's entry is ever believed. Without `previous` (the first publish of an
+        instance, or after a write whose outcome is unknown), the entries of this generation
+        and older ones are read and replaced in one batch (one list, one write)."""
         prefix = _lease_prefix(aid)
         entry: dict[str, Any] = {"due": lease.due, "name": name, "key": key}
         if lease.until is not None:
@@ -131,8 +147,17 @@ class Ownership:
         if lease.due is not None:
             puts[_due_key(lease.due, lease_key)] = b""
         with self._lock:
-            older = _due_keys(self._index.list(start=prefix, end=prefix_end(lease_key)))
-            self._index.write(put=puts, delete=[k for k in older if k not in puts])
+            if previous is not None:
+                stale = [] if previous.due is None else [_due_key(previous.due, lease_key)]
+                self._index.write(put=puts, delete=[k for k in stale if k not in puts])
+                return
+            older = self._index.list(start=prefix, end=prefix_end(lease_key))
+            stale = [*_due_keys(older), *(k for k, _ in older)]
+            deletes = [k for k in stale if k not in puts]
+            if len(puts) + len(deletes) <= self._index.limits.max_batch_entries:
+                self._index.write(put=puts, delete=deletes)
+                return
+            self._index.write(put=puts, delete=[k for k in _due_keys(older) if k not in puts])
             self._index.delete_range(prefix, lease_key)
 
     def owner(self, aid: str, now: float) -> Owner | None:

@@ -54,8 +54,9 @@ from pagekv.actor.index import (
 from pagekv.actor.instance import ActorInstance, NotServing
 from pagekv.actor.ownership import Forwarded, Member, Owner, Ownership, Sleeper
 from pagekv.actor.queue import prepare_message
+from pagekv.actor.workers import THREADS, Workers, never_waits
 from pagekv.actor.workflow.handle import WorkflowHandle
-from pagekv.kv import DEFAULT_URL, KvStore, open_kv
+from pagekv.kv import DEFAULT_URL, ActorKv, KvStore, open_kv
 
 REGISTRY_NAMESPACE = "pagekv-registry"
 _IDLE_CHECK_S = 0.05
@@ -78,7 +79,8 @@ class Registry:
     """Serves `actors` on the store `kv`. `lease` (seconds) bounds how long an actor whose
     owner died stays unavailable (and how late its schedules run) before another registry of
     the store takes it over; see `LEASE_S`. `address` is where other registries reach this one
-    to forward calls for the actors it owns (a server's URL); see the module's docstring."""
+    to forward calls for the actors it owns (a server's URL); see the module's docstring.
+    `threads` bounds the worker threads all its actors' blocking work shares (`workers.py`)."""
 
     def __init__(
         self,
@@ -87,9 +89,13 @@ class Registry:
         *,
         lease: float = LEASE_S,
         address: str | None = None,
+        threads: int = THREADS,
     ) -> None:
         if lease <= 0:
             raise ValueError(f"lease must be > 0 seconds, got {lease}")
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self._threads = threads
         self.lease = lease
         self.address = address
         """Where other registries of the store forward calls for the actors this one owns."""
@@ -103,6 +109,7 @@ class Registry:
         self._kv = kv
         self.store: KvStore
         self.ownership: Ownership
+        self.workers: Workers
         self._instances: dict[str, ActorInstance] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._owners: dict[str, Owner] = {}
@@ -121,11 +128,12 @@ class Registry:
         self.id = uuid.uuid4().hex
         self.draining = False
         self.store = open_kv(self._kv) if isinstance(self._kv, str) else self._kv
-        index = await anyio.to_thread.run_sync(self.store.namespace, REGISTRY_NAMESPACE)
+        self.workers = Workers(threads=self._threads, inline=never_waits(self.store))
+        index = await self.workers.run(self.store.namespace, REGISTRY_NAMESPACE)
         self.ownership = Ownership(index, self.id, self.address)
         self._index = index
         try:
-            await anyio.to_thread.run_sync(self.ownership.join, time.time() + self.lease)
+            await self.workers.run(self.ownership.join, time.time() + self.lease)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._housekeeping)
@@ -144,7 +152,7 @@ class Registry:
 
     async def _leave(self) -> None:
         try:
-            await anyio.to_thread.run_sync(self.ownership.leave)
+            await self.workers.run(self.ownership.leave)
         except Exception:
             log.exception("registry %s: member entry not removed; it expires", self.id)
 
@@ -167,7 +175,7 @@ class Registry:
 
     async def peers(self) -> list[Member]:
         """The other registries of the store with a live member lease."""
-        members = await anyio.to_thread.run_sync(self.ownership.members, time.time())
+        members = await self.workers.run(self.ownership.members, time.time())
         return [m for m in members if m.id != self.id]
 
     async def _housekeeping(self) -> None:
@@ -191,12 +199,12 @@ class Registry:
                 self._tend_instances(now)
                 if member_until - now < self.lease / 2:
                     member_until = now + self.lease
-                    await anyio.to_thread.run_sync(
+                    await self.workers.run(
                         partial(self.ownership.join, member_until, draining=self.draining)
                     )
                 if poll:
                     if not indexed:
-                        await anyio.to_thread.run_sync(self.ownership.index_due_times)
+                        await self.workers.run(self.ownership.index_due_times)
                         indexed = True
                     for sleeper in await self._due_sleepers(time.time()):
                         self.spawn(self._wake, sleeper.name, sleeper.key)
@@ -207,7 +215,7 @@ class Registry:
     async def _due_sleepers(self, now: float) -> list[Sleeper]:
         """The actors not awake here whose wake is due (`Ownership.due_sleepers`)."""
         awake = set(self._instances)
-        return await anyio.to_thread.run_sync(self.ownership.due_sleepers, now, awake)
+        return await self.workers.run(self.ownership.due_sleepers, now, awake)
 
     def _tend_instances(self, now: float) -> None:
         """Dispatch the due schedules of live instances, renew their leases, and put idle ones
@@ -224,7 +232,7 @@ class Registry:
         """Wake an actor the poll found due, if it still is (`Ownership.still_due`)."""
         aid = actor_id(name, key)
         try:
-            if await anyio.to_thread.run_sync(self.ownership.still_due, aid, time.time()):
+            if await self.workers.run(self.ownership.still_due, aid, time.time()):
                 await self.instance(name, key, create=False)
         except ActorNotFound:
             log.info("actor %s/%s was destroyed; its lease entries are removed", name, key)
@@ -245,14 +253,17 @@ class Registry:
     async def exists(self, name: str, key: str) -> bool:
         """Whether the index records the actor (see `index.py`: the data decides at a wake)."""
         aid = actor_id(name, key)
-        return bool(await anyio.to_thread.run_sync(records_of, self._index, aid))
+        return bool(await self.workers.run(records_of, self._index, aid))
 
     @asynccontextmanager
     async def _exclusive(self, aid: str) -> AsyncIterator[None]:
         """The actor's lock in this registry: wakes, creates and destroys of one actor run one
         at a time, so in one process they are linearizable (across processes, `index.py`)."""
+        lock = self._locks.get(aid)
+        if lock is None:
+            lock = self._locks[aid] = anyio.Lock(fast_acquire=True)
         try:
-            async with self._locks.setdefault(aid, anyio.Lock()):
+            async with lock:
                 yield
         finally:
             self._drop_unused_lock(aid)
@@ -268,9 +279,15 @@ class Registry:
         via: Forwarded | None = None,
     ) -> ActorInstance:
         """The live instance of (name, key), woken (taken over) if needed, unless another live
-        registry owns it (`OwnedElsewhere`, or `NotOwner` for a forwarded call)."""
+        registry owns it (`OwnedElsewhere`, or `NotOwner` for a forwarded call). One that
+        serves is returned without the actor's lock: what the lock orders (wakes, creates,
+        destroys) begins by stopping it, and a call that finds it stopping is refused there
+        (`NotServing`) and comes back here."""
         definition = self.definition(name)
         aid = actor_id(name, key)
+        live = self._instances.get(aid)
+        if live is not None and not must_be_new and live.serving():
+            return live
         self.ownership.check_fits(aid)
         async with self._exclusive(aid):
             return await self._instance(definition, key, create, must_be_new, input, via)
@@ -295,19 +312,18 @@ class Registry:
             await live.stop(live.stop_reason())
         await self._route(aid, via, cached=True)
         for attempt in range(_CALL_ATTEMPTS):
-            recorded = await anyio.to_thread.run_sync(records_of, self._index, aid)
+            recorded, namespace = await self.workers.run(self._look_up, aid, create, must_be_new)
             if recorded and must_be_new:
                 raise ActorExists(f"actor {name!r} with key {key!r} already exists")
-            if not recorded and not create:
+            if namespace is None:
                 raise ActorNotFound(f"no actor {name!r} with key {key!r}")
-            namespace = await anyio.to_thread.run_sync(self.store.namespace, aid)
             await self._route(aid, via)  # just before the takeover (`ActorInstance._check_won`)
             instance = ActorInstance(self, definition, aid, key, namespace)
             try:
                 await instance.start(input, create=create)
                 break
             except ActorNotFound:  # recorded, but destroyed: its destroyer died before the index
-                await anyio.to_thread.run_sync(self._erase, aid, instance.generation)
+                await self.workers.run(self._erase, aid, instance.generation)
                 raise
             except ActorTakenOver:  # another registry woke it at the same time
                 self.counters["lost_wakes"] += 1
@@ -318,18 +334,28 @@ class Registry:
         for phase, ms in instance.metrics.items():
             self.counters[f"{phase}_total"] += ms
         if instance.created or not recorded:
-            await anyio.to_thread.run_sync(self._record, instance, recorded)
+            await self.workers.run(self._record, instance, recorded)
         self._instances[aid] = instance
         if must_be_new and not instance.created:  # created elsewhere since the index was read
             raise ActorExists(f"actor {name!r} with key {key!r} already exists")
         return instance
+
+    def _look_up(
+        self, aid: str, create: bool, must_be_new: bool
+    ) -> tuple[list[ActorRecord], ActorKv | None]:
+        """The actor's records, and its namespace unless the records refuse the wake (in one
+        worker hop): opening a namespace may create it, which a refused call must not."""
+        recorded = records_of(self._index, aid)
+        if (recorded and must_be_new) or (not recorded and not create):
+            return recorded, None
+        return recorded, self.store.namespace(aid)
 
     async def _await_owner(self, aid: str, generation: int) -> None:
         """After losing a wake to another registry: wait (briefly) for the winner's lease entry,
         which it writes right after its takeover, so that the call is routed to it rather than
         take the actor back. A winner that never writes it died: the call wakes it again."""
         for _ in range(_AWAIT_OWNER_POLLS):
-            owner = await anyio.to_thread.run_sync(self.ownership.owner, aid, time.time())
+            owner = await self.workers.run(self.ownership.owner, aid, time.time())
             if owner is not None and owner.generation > generation:
                 return
             await anyio.sleep(_IDLE_CHECK_S)
@@ -351,7 +377,7 @@ class Registry:
         now = time.time()
         owner = self._owners.get(aid) if cached and via is None else None
         if owner is None or owner.until - now < self.lease / 2:
-            owner = await anyio.to_thread.run_sync(self.ownership.owner, aid, now)
+            owner = await self.workers.run(self.ownership.owner, aid, now)
         if owner is None or owner.address is None or owner.address == self.address:
             self._owners.pop(aid, None)
             if self.draining:  # it would wake here
@@ -380,7 +406,7 @@ class Registry:
         and from then on send on the calls that would wake an actor here (`_route_away`)."""
         self.draining = True
         until = time.time() + self.lease
-        await anyio.to_thread.run_sync(partial(self.ownership.join, until, draining=True))
+        await self.workers.run(partial(self.ownership.join, until, draining=True))
         await self._stop_all()
 
     async def _stop_all(self) -> None:
@@ -443,7 +469,7 @@ class Registry:
             self._drop_unused_lock(instance.actor_id)
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         if destroyed:
-            await anyio.to_thread.run_sync(self._erase, instance.actor_id, instance.generation)
+            await self.workers.run(self._erase, instance.actor_id, instance.generation)
 
     def _erase(self, aid: str, generation: int) -> None:
         """Remove what the index holds of an actor whose data is gone, as of `generation`: its

@@ -9,11 +9,11 @@ carry the instance's fence, so a taken-over instance cannot write here either.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-import anyio
-
 from pagekv.actor.errors import ActorTakenOver
+from pagekv.actor.workers import Workers
 from pagekv.actor.writes import note_writes
 from pagekv.kv import ActorKv, FenceMismatch, InvalidKey, KvIndeterminate, prefix_end
 
@@ -31,13 +31,14 @@ def _stored(key: object, what: str = "key") -> bytes:
 class UserKv:
     """Async, prefixed and fenced access to the actor's own KV entries."""
 
-    def __init__(self, kv: ActorKv, fence: int) -> None:
+    def __init__(self, kv: ActorKv, fence: int, workers: Workers) -> None:
         self._kv = kv
         self._fence = fence
+        self._workers = workers
 
     async def get(self, keys: Iterable[bytes]) -> list[bytes | None]:
         keys = [_stored(k) for k in keys]
-        return await anyio.to_thread.run_sync(self._kv.get, keys)
+        return await self._workers.run(self._kv.get, keys)
 
     async def put(self, entries: Mapping[bytes, bytes]) -> None:
         await self._write(put={_stored(k): v for k, v in entries.items()})
@@ -47,7 +48,7 @@ class UserKv:
 
     async def _write(self, **batch: Any) -> None:
         try:
-            await anyio.to_thread.run_sync(lambda: self._kv.write(**batch, fence=self._fence))
+            await self._workers.run(partial(self._kv.write, **batch, fence=self._fence))
         except FenceMismatch as e:
             raise ActorTakenOver(f"another instance took this actor over: {e}") from e
         except KvIndeterminate:
@@ -59,7 +60,7 @@ class UserKv:
         self, *, prefix: bytes = b"", limit: int | None = None, reverse: bool = False
     ) -> list[tuple[bytes, bytes]]:
         start = _stored(prefix, "prefix")
-        rows = await anyio.to_thread.run_sync(
-            lambda: self._kv.list(start=start, end=prefix_end(start), limit=limit, reverse=reverse)
+        rows = await self._workers.run(
+            partial(self._kv.list, start=start, end=prefix_end(start), limit=limit, reverse=reverse)
         )
         return [(k[len(USER_PREFIX) :], v) for k, v in rows]

@@ -58,7 +58,12 @@ ACTOR_KV_METHODS: tuple[str, ...] = tuple(n for n in vars(ActorKv) if not n.star
 
 class KvStore(Protocol):
     """A store of many actors' namespaces. The stores `open_kv` opens are context managers too
-    (`with open_kv(url) as store:` closes it); the contract needs only `close`."""
+    (`with open_kv(url) as store:` closes it); the contract needs only `close`.
+
+    A store may also say `never_waits = True`: its operations (and `namespace`) complete on the
+    calling thread without I/O, sleeping or waiting on another process, in a few µs, so a caller
+    may run them on its event loop rather than hand them to a thread (the actor runtime does).
+    Without the attribute a store is taken to wait."""
 
     def namespace(self, actor_id: str) -> ActorKv: ...
 

@@ -128,6 +128,9 @@ class MemoryStore:
     def __init__(self, *, limits: KvLimits | None = None, latency_ms: float = 0.0) -> None:
         self.limits = limits or KvLimits()
         self.latency_ms = latency_ms
+        self.never_waits = latency_ms == 0
+        """No operation sleeps or does I/O: callers may run them on an event loop
+        (`KvStore`)."""
         self._data: dict[str, _MemoryData] = {}
         self._lock = Lock()
 

@@ -262,12 +262,28 @@ async def test_messages_are_received_in_order_filtered_and_time_out() -> None:
         none = await wf.queue.next("none", names=["never"], timeout=0.1)
         return [first.body, [m.body for m in batch], none]
 
-    async with Registry([flow_actor(flow)], kv=MemoryStore()).run() as client:
+    a = flow_actor(flow)
+    release = anyio.Event()
+
+    @a.action
+    async def hold(ctx: ActorContext) -> None:
+        await release.wait()
+
+    registry = Registry([a], kv=MemoryStore())
+    async with registry.run() as client:
         handle = client.get_or_create("wf", "k")
         await settle(handle, WorkflowState.SLEEPING)
         await handle.send("other", "ignored")
-        for n in range(3):
-            await handle.workflow.send("orders", n)
+        # An action in flight holds off the transaction that receives the first message, so
+        # all three are queued when it commits and the batch finds two of them waiting,
+        # however the sends and the workflow interleave.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(handle.hold)
+            while not registry.live()[0].active:
+                await anyio.sleep(0.001)
+            for n in range(3):
+                await handle.workflow.send("orders", n)
+            release.set()
         status = await settle(handle)
         history = await handle.workflow.history()
     assert status.output == [0, [1, 2], None]

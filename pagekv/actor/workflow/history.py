@@ -149,6 +149,10 @@ class History:
         self._meta_dirty = False
         self._committed: tuple[WorkflowState, Any, dict[str, Any] | None] = (self.state, None, None)
         """State, output and error as the database holds them."""
+        self._taken: tuple[WorkflowState, Any, dict[str, Any] | None] | None = None
+        """State, output and error as the database holds them once the batch taken last
+        commits (one transaction at a time: at most one is under way); None while unknown
+        (nothing recorded yet)."""
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -169,6 +173,7 @@ class History:
             history.output = cbor2.loads(meta["output"]) if meta.get("output") else None
             history.error = cbor2.loads(meta["error"]) if meta.get("error") else None
         history._committed = (history.state, history.output, history.error)
+        history._taken = history._committed if history.recorded else None
         return history
 
     @classmethod
@@ -252,9 +257,12 @@ class History:
         self._meta_dirty = True
 
     def set_state(self, state: WorkflowState) -> None:
+        """A state that returns to what the database holds (or will, once the commit under
+        way lands) is nothing to write: a workflow woken by a message it does not wait for
+        goes back to sleep without a commit."""
         if state is not self.state:
             self.state = state
-            self._meta_dirty = True
+            self._meta_dirty = (self.state, self.output, self.error) != self._taken
 
     def visible_outcome(self) -> tuple[WorkflowState, Any, dict[str, Any] | None]:
         """State, output and error to show outside the run handler: the ones in memory (ahead of
@@ -299,6 +307,8 @@ class History:
         self._pending_names.clear()
         self._pending_returns.clear()
         self._meta_dirty = False
+        if batch.outcome is not None:
+            self._taken = batch.outcome
         return batch
 
     def committed(self, batch: PendingWrite) -> None:
@@ -306,7 +316,7 @@ class History:
         for entry in batch.staged:
             self.entries[entry.location] = entry
         if batch.outcome is not None:
-            self._committed = batch.outcome
+            self._committed, self.recorded = batch.outcome, True
 
     def not_committed(self, batch: PendingWrite) -> None:
         """The transaction that was to write `batch` failed: its changes are pending again,
@@ -316,7 +326,9 @@ class History:
             self._pending_puts[location] = None
         self._pending_names[:0] = batch.names
         self._pending_returns[:0] = batch.returns
-        self._meta_dirty |= batch.outcome is not None
+        if batch.outcome is not None:
+            self._meta_dirty = True
+            self._taken = self._committed if self.recorded else None
 
 
 @dataclass(frozen=True)
