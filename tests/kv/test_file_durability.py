@@ -10,7 +10,14 @@ the batch recipe the writer uses and the one the checker replays are the same fu
    the last acknowledged batch or the one in flight — never a partial batch — and that
    `used_bytes()` is exact. (SIGKILL ends the process, not the machine: the page cache survives,
    so this proves atomicity and acknowledgement order, not that the fsync reached the disk.)
-2. `test_two_processes_racing_takeovers`: two children start together and loop takeover + fenced
+2. `test_sigkill_of_concurrent_writer_threads_in_several_processes`: three children share one
+   folding log, each with several threads writing their own namespaces (creating new ones as
+   they go) and one writing a shared namespace with fenced writes and takeovers; with slowed
+   flushes the writers group their commits. All are SIGKILLed at random moments; after each
+   kill every acknowledged op is there and nothing beyond one op in flight per thread, usage is
+   exact, ids stable, generations never reissued; the children's `flush_counts()` show that
+   flushes were shared, and their `go` lines that kills landed with writes in flight.
+3. `test_two_processes_racing_takeovers`: two children start together and loop takeover + fenced
    writes on one namespace; the parent checks the generations, the acknowledged and rejected writes
    against what is stored, and, with the system-wide monotonic clock, that no write was accepted
    after a newer takeover had finished or rejected before any newer takeover had begun.
@@ -24,7 +31,9 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -424,12 +433,367 @@ def test_two_processes_racing_takeovers(tmp_path: Path, query: str) -> None:
     print(f"takeovers={len(takeovers)} acks={len(acks)} rejects={len(rejects)} folds={folds}")
 
 
+# --- 3. SIGKILL of several processes, each with several writing threads -------------------------
+
+SHARED = "shared-actor"
+CREATE_EVERY = 3
+"""Op `n` of an own-namespace thread with `n % CREATE_EVERY == 1` first creates namespace
+`ACTOR/cN` and puts its marker there, so namespaces are created all through the run."""
+
+
+def thread_batch(actor: str, n: int) -> tuple[dict[bytes, bytes], list[bytes]]:
+    """Batch `n` of an own-namespace thread: 1-4 fresh keys (mostly small, so many writes fit
+    between flushes), an overwrite of `head`, and deletes of keys of batch `n-2`."""
+    rng = random.Random(f"{actor}:{n}")
+    count = rng.randint(1, 4)
+    puts: dict[bytes, bytes] = {}
+    for j in range(count):
+        size = rng.randint(5000, 12000) if rng.random() < 0.05 else rng.randint(0, 1500)
+        puts[b"b%06d-%d" % (n, j)] = rng.randbytes(size)
+    puts[HEAD] = b"%d:" % n + rng.randbytes(rng.randint(0, 300))
+    deletes = []
+    if n >= 2:
+        older = random.Random(f"{actor}:{n - 2}").randint(1, 4)  # the first draw: its count
+        deletes = [b"b%06d-%d" % (n - 2, j) for j in range(older) if j % 2 == 1]
+    return puts, deletes
+
+
+def _marker(name: str) -> bytes:
+    """What a created namespace holds under `n`: its name, and a size that varies."""
+    return name.encode() * random.Random(name).randint(1, 40)
+
+
+def _shared_value(key: str) -> bytes:
+    return key.encode() * random.Random(key).randint(1, 30)
+
+
+def _emit(line: str) -> None:
+    """One line on stdout in one `write` (atomic on a pipe): threads never interleave."""
+    os.write(1, (line + "\n").encode())
+
+
+def _own_thread(store: FileStore, actor: str, start: int) -> None:
+    """Write batches `start..` to namespace `actor` (created here if new), each op announced
+    (`go`) before it starts and acknowledged (`ack ACTOR N CREATED-ID`) after it returned."""
+    ns = store.namespace(actor)
+    _emit(f"id {actor} {ns._id}")
+    n = start
+    while True:
+        _emit(f"go {actor} {n}")
+        created = "-"
+        if n % CREATE_EVERY == 1:
+            name = f"{actor}/c{n}"
+            new = store.namespace(name)
+            new.put({b"n": _marker(name)})
+            created = str(new._id)
+        puts, deletes = thread_batch(actor, n)
+        ns.write(put=puts, delete=deletes, fence=0)
+        _emit(f"ack {actor} {n} {created}")
+        n += 1
+
+
+def _shared_thread(store: FileStore, name: str) -> None:
+    """Take over the shared namespace, write fenced keys until fenced out, take over again."""
+    ns = store.namespace(SHARED)
+    rng = random.Random(name)
+    i = 0
+    while True:
+        _emit(f"go {name} take")
+        gen = ns.takeover()
+        _emit(f"take {name} {gen}")
+        while True:
+            key = f"{name}-g{gen}-i{i}"
+            _emit(f"go {name} {key}")
+            try:
+                ns.write(put={key.encode(): _shared_value(key)}, fence=gen)
+            except FenceMismatch:
+                _emit(f"rej {name} {key}")
+                time.sleep(rng.uniform(0, 0.003))  # let the new owner's writes through
+                break
+            _emit(f"sack {name} {key}")
+            i += 1
+
+
+def _threads_child(directory: str, spec_json: str) -> None:
+    """A child of `test_sigkill_of_concurrent_writer_threads`: its threads write until killed,
+    and one reports the store's `flush_counts()` every 20 ms (`flush WRITES FLUSHES FOLDS`)."""
+    spec = json.loads(spec_json)
+    store = FileStore(
+        directory,
+        log_bytes=spec["log_kib"] * 1024,
+        flush_delay_ms=spec["flush_delay_ms"],
+    )
+
+    def run(target: Any, *args: object) -> None:
+        try:
+            target(*args)
+        except BaseException as e:
+            _emit(f"error {args[-1]} {e!r}")
+            os._exit(3)
+
+    threads = [
+        threading.Thread(target=run, args=(_own_thread, store, a, s), daemon=True)
+        for a, s in spec["own"].items()
+    ]
+    threads += [
+        threading.Thread(target=run, args=(_shared_thread, store, name), daemon=True)
+        for name in spec["shared"]
+    ]
+    for thread in threads:
+        thread.start()
+    while True:
+        counts = store.flush_counts()
+        _emit(f"flush {counts.writes} {counts.flushes} {counts.folds}")
+        time.sleep(0.02)
+
+
+class _Child:
+    """A running child and the lines it has printed so far (read by a thread of ours)."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = _stream(*args)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def acks(self) -> int:
+        return sum(line.startswith(("ack ", "sack ")) for line in self.lines)
+
+    def kill(self) -> list[str]:
+        """SIGKILL it; every line it printed, once the pipe is drained."""
+        self.process.send_signal(signal.SIGKILL)
+        self._reader.join(30)
+        assert self.process.wait(timeout=30) == -signal.SIGKILL, _stderr(self.process)
+        errors = [line for line in self.lines if line.startswith("error ")]
+        assert not errors, (errors, _stderr(self.process))
+        return self.lines
+
+
+@dataclass
+class _Own:
+    """The parent's model of one own-namespace thread's namespace."""
+
+    start: int = 0  # the next life starts at this op
+    model: dict[bytes, bytes] = field(default_factory=dict)
+    created: dict[str, bytes] = field(default_factory=dict)  # acknowledged `ACTOR/cN`
+
+
+@dataclass
+class _Shared:
+    """The parent's model of the shared namespace, over every life."""
+
+    model: dict[bytes, bytes] = field(default_factory=dict)
+    generation: int = 0
+    gens: set[int] = field(default_factory=set)  # every acknowledged takeover's generation
+    rejected: set[bytes] = field(default_factory=set)
+
+
+def _check_own(
+    store: FileStore, actor: str, own: _Own, lines: list[str], names: set[str], optional: set[str]
+) -> tuple[int, bool, bool]:
+    """Check namespace `actor` after a kill against what its thread acknowledged; return its new
+    start, whether an op was in flight at the kill, and whether that op was found committed.
+    Names the op in flight may have created go to `optional`."""
+    acks = [line.split() for line in lines if line.startswith(f"ack {actor} ")]
+    goes = [int(line.split()[2]) for line in lines if line.startswith(f"go {actor} ")]
+    acked = [int(a[2]) for a in acks]
+    # Acknowledged in order from where the life started: each op returned once.
+    assert acked == list(range(own.start, own.start + len(acked))), (actor, acked)
+    last_ack = own.start - 1 + len(acked)
+    in_flight = bool(goes) and goes[-1] == last_ack + 1
+    if actor not in names:  # killed before its creation was durable: nothing was acknowledged
+        assert not acked and not any(line.startswith(f"id {actor} ") for line in lines), actor
+        return own.start, in_flight, False
+    ns = store.namespace(actor)
+    items = ns.list()
+    k = _stored_head(items)
+    # Every acknowledged op is there; beyond it only the one in flight.
+    assert k == last_ack or (k == last_ack + 1 and in_flight), (actor, k, last_ack, goes[-1:])
+    for n in range(own.start, k + 1):
+        puts, deletes = thread_batch(actor, n)
+        for key in deletes:
+            own.model.pop(key, None)
+        own.model.update(puts)
+        if n % CREATE_EVERY == 1:
+            own.created[f"{actor}/c{n}"] = _marker(f"{actor}/c{n}")
+    assert dict(items) == own.model, actor
+    assert ns.used_bytes() == sum(len(key) + len(v) for key, v in own.model.items()), actor
+    assert ns.generation() == 0
+    for name, marker in own.created.items():  # created before the batch that acknowledged it
+        assert name in names, (name, "created and acknowledged, then lost")
+        created = store.namespace(name)
+        assert created.list() == [(b"n", marker)], name
+        assert created.used_bytes() == 1 + len(marker)
+    if (k + 1) % CREATE_EVERY == 1:
+        name = f"{actor}/c{k + 1}"
+        optional.add(name)
+        if name in names:  # the op in flight got as far as creating it
+            assert in_flight, name
+            assert store.namespace(name).list() in ([], [(b"n", _marker(name))]), name
+    return k + 1, in_flight, k == last_ack + 1
+
+
+def _check_shared(
+    store: FileStore, shared: _Shared, lines: list[str], threads: list[str], names: set[str]
+) -> int:
+    """Check the shared namespace after a kill; return how many of its threads had an op in
+    flight."""
+    acked: dict[bytes, bytes] = {}
+    in_flight_keys: set[bytes] = set()
+    takes_acked, takes_in_flight, in_flight = [], 0, 0
+    for name in threads:
+        last_go: str | None = None
+        for line in lines:
+            word, *rest = line.split()
+            if len(rest) < 2 or rest[0] != name:
+                continue
+            if word == "go":
+                last_go = rest[1]
+            elif word == "take":
+                takes_acked.append(int(rest[1]))
+                last_go = None
+            elif word == "sack":
+                acked[rest[1].encode()] = _shared_value(rest[1])
+                last_go = None
+            elif word == "rej":
+                shared.rejected.add(rest[1].encode())
+                last_go = None
+        if last_go is not None:
+            in_flight += 1
+            if last_go == "take":
+                takes_in_flight += 1
+            else:
+                in_flight_keys.add(last_go.encode())
+    if SHARED not in names:
+        assert not acked and not takes_acked
+        return in_flight
+    ns = store.namespace(SHARED)
+    stored = dict(ns.list())
+    # Generations are handed out once each, across lives: none acknowledged was lost and reissued.
+    assert not shared.gens & set(takes_acked) and len(set(takes_acked)) == len(takes_acked)
+    shared.gens.update(takes_acked)
+    generation = ns.generation()
+    assert max(takes_acked, default=0) <= generation, (takes_acked, generation)
+    assert generation <= shared.generation + len(takes_acked) + takes_in_flight
+    assert all(g > shared.generation for g in takes_acked)
+    shared.generation = generation
+    for key, value in acked.items():
+        assert stored.get(key) == value, (key, "acknowledged, then lost")
+    assert not shared.rejected & stored.keys(), "a fenced-out write was applied"
+    extra = stored.keys() - shared.model.keys() - acked.keys()
+    assert extra <= in_flight_keys, ("unacknowledged writes beyond those in flight", extra)
+    assert set(shared.model) <= set(stored), "a write found after an earlier kill vanished"
+    assert all(stored[key] == _shared_value(key.decode()) for key in stored)
+    shared.model = stored
+    assert ns.used_bytes() == sum(len(k) + len(v) for k, v in stored.items())
+    return in_flight
+
+
+def test_sigkill_of_concurrent_writer_threads_in_several_processes(tmp_path: Path) -> None:
+    """Three processes share one folding log, each running four threads that write their own
+    namespaces (creating namespaces as they go) and one that takes over and writes the shared
+    namespace with fenced writes; with flushes slowed down, writers pile up and share flushes
+    (group commit). All are SIGKILLed at random moments, several times. After each kill every
+    acknowledged op must be there, each namespace hold exactly a prefix of its thread's ops
+    (ending at the last acknowledged one or the one in flight), usage be exact, ids stable,
+    generations never reissued and no fenced-out write applied."""
+    rng = random.Random(20261202)
+    directory = tmp_path / "store"
+    log_kib, flush_delay_ms = 16, 2
+    procs, own_threads, lives = 3, 4, 6
+    owns = {f"p{p}-t{t}": _Own() for p in range(procs) for t in range(own_threads)}
+    shared = _Shared()
+    ids: dict[str, int] = {}
+    grouped_lives = in_flight_lives = landed = total_in_flight = 0
+    for life in range(lives):
+        shared_threads = {p: [f"p{p}-s-l{life}"] for p in range(procs)}
+        children = []
+        for p in range(procs):
+            spec = {
+                "own": {a: o.start for a, o in owns.items() if a.startswith(f"p{p}-")},
+                "shared": shared_threads[p],
+                "log_kib": log_kib,
+                "flush_delay_ms": flush_delay_ms,
+            }
+            children.append(_Child("threads", str(directory), json.dumps(spec)))
+        target = rng.randint(5, 40)
+        deadline = time.monotonic() + 20
+        while not all(child.acks() >= target for child in children):
+            assert time.monotonic() < deadline, [c.lines[-3:] for c in children]
+            for child in children:
+                assert child.process.poll() is None, (child.lines[-3:], _stderr(child.process))
+            time.sleep(0.005)
+        lines: list[str] = []
+        flushes: list[tuple[int, int]] = []
+        for child in children:
+            time.sleep(rng.uniform(0, 0.004))  # each at its own random moment
+            out = child.kill()
+            lines += out
+            counts = [line.split() for line in out if line.startswith("flush ")]
+            if counts:
+                flushes.append((int(counts[-1][1]), int(counts[-1][2])))
+        # Group commit really happened: some child made fewer flushes than writes.
+        grouped_lives += any(f < w for w, f in flushes)
+
+        store = FileStore(directory, log_bytes=log_kib * 1024)
+        names = set(store.actor_ids())
+        optional: set[str] = set()
+        in_flight = 0
+        for actor, own in owns.items():
+            own.start, flying, committed = _check_own(store, actor, own, lines, names, optional)
+            in_flight += flying
+            landed += committed
+        in_flight += _check_shared(
+            store, shared, lines, [t for ts in shared_threads.values() for t in ts], names
+        )
+        required = {a for a in owns if owns[a].start > 0 or a in names}
+        required |= {n for own in owns.values() for n in own.created}
+        if shared.gens:
+            required.add(SHARED)
+        assert required <= names, ("acknowledged namespaces lost", required - names)
+        assert names <= required | optional | {SHARED, *owns}, names - required - optional
+        # Ids are stable across lives and distinct, and the children saw the same ones.
+        for name in names:
+            ns_id = store.namespace(name)._id
+            assert ids.setdefault(name, ns_id) == ns_id, (name, ids[name], ns_id)
+        assert len(set(ids.values())) == len(ids)
+        for line in lines:
+            word, *rest = line.split()
+            if word == "id":
+                assert ids[rest[0]] == int(rest[1]), line
+            elif word == "ack" and rest[2] != "-":
+                assert ids[f"{rest[0]}/c{rest[1]}"] == int(rest[2]), line
+        store.close()
+        _integrity_ok(directory)
+        in_flight_lives += in_flight > 0
+        total_in_flight += in_flight
+    folds = _folded_epochs(directory)
+    print(
+        f"lives={lives} ops per thread={[o.start for o in owns.values()]} "
+        f"shared keys={len(shared.model)} generation={shared.generation} "
+        f"in flight at kills={total_in_flight} (found committed: {landed}) folds={folds} "
+        f"lives with group commit={grouped_lives}"
+    )
+    assert grouped_lives >= 1, "no child ever shared a flush: group commit never happened"
+    assert in_flight_lives >= lives // 2, "the kills did not land while writes were in flight"
+    assert all(own.start >= 2 for own in owns.values()), "a thread made no progress"
+    assert shared.gens and shared.rejected, "the shared namespace saw no race of takeovers"
+    assert folds >= lives, folds
+
+
 if __name__ == "__main__":
     role, *argv = sys.argv[1:]
     if role == "writer":
         _writer(argv[0], int(argv[1]), int(argv[2]), *argv[3:])
     elif role == "racer":
         _racer(argv[0], int(argv[1]), int(argv[2]), int(argv[3]), argv[4])
+    elif role == "threads":
+        _threads_child(argv[0], argv[1])
     else:
         raise SystemExit(f"unknown role {role!r}")
 
