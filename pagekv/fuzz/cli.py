@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from pagekv.cli_args import kv_url, positive_int, positive_seconds
-from pagekv.fuzz.processes import fuzz_processes
+from pagekv.fuzz.processes import DEFAULT_WRITERS, fuzz_processes
 from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.session import FuzzConfig, Runner, fuzz, load_replay
 from pagekv.fuzz.steps import EVENTS, PROCESS_EVENTS, Step, to_json
@@ -46,6 +46,13 @@ def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None
         action="store_true",
         help="real crashes: SIGKILL a child committing on a durable --kv, then verify",
     )
+    p.add_argument(
+        "--writers",
+        type=positive_int,
+        help="with --processes: actors each child commits on at once, one thread each, so "
+        f"their commits share flushes; each is verified after every kill (default "
+        f"{DEFAULT_WRITERS}; 1: one actor, no group commit)",
+    )
     p.add_argument("--replay", type=Path, help="replay a failure file written by a failed run")
     p.add_argument(
         "--out", type=Path, help="where to write a failure (default ./pagekv-fuzz-SEED.json)"
@@ -61,6 +68,8 @@ def _run(args: argparse.Namespace) -> int:
             "pagekv fuzz: --processes needs a durable store the processes share, a file: one "
             f"(e.g. --kv file:./.fuzz); got {redact_url(args.kv)}"
         )
+    if args.writers is not None and not args.processes:
+        raise SystemExit("pagekv fuzz: --writers goes with --processes")
     known = PROCESS_EVENTS if args.processes else EVENTS
     faults = args.faults if args.faults is not None else ",".join(known)
     events = frozenset(e for e in faults.split(",") if e)
@@ -76,7 +85,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.processes:
         try:
             coverage = fuzz_processes(
-                args.kv, seed, seconds or 60.0, max_blob=args.max_blob, events=events
+                args.kv,
+                seed,
+                seconds or 60.0,
+                max_blob=args.max_blob,
+                events=events,
+                writers=args.writers or DEFAULT_WRITERS,
             )
         except FuzzFailure as failure:
             print(f"FAILED (seed {seed}): {failure}", file=sys.stderr)
@@ -172,3 +186,8 @@ def _report(c: Coverage) -> None:
         f"    quota refusals {c.quota_refusals}, re-creations under a snapshot "
         f"{c.recreations} ({c.snapshots_expired} snapshots expired)"
     )
+    if c.store_writes:
+        print(
+            f"    store flushes per write in the children {c.store_flushes / c.store_writes:.2f} "
+            f"({c.store_flushes} flushes for {c.store_writes} writes)"
+        )

@@ -1,18 +1,20 @@
 """Real crashes: a child process commits on a durable store and is killed with SIGKILL.
 
-The parent and the child generate the same transactions from the seed. The child prints
-`ack N` after transaction N commits; the parent kills it at a random moment, reopens the
-namespace itself and checks the content is the oracle's state after the last acknowledged
-transaction, or after the one in flight — then starts a new child from there. When a sequence is
-done, the next one starts on a fresh actor, until the time is up.
+The parent and the child generate the same transactions from the seed. The child runs several
+writers at once, each a thread committing its own sequence on its own actor, so their commits
+share the store's flushes (group commit); each prints `ack W N ...` after its transaction N
+commits. The parent kills the child at a random moment, reopens every actor itself and checks
+each one's content is its oracle's state after its last acknowledged transaction, or after the
+one it had in flight — then starts a new child from there. When the sequences are done, the next
+run starts on fresh actors, until the time is up.
 
 With the `disk` event on a `file:` store, one child life in three fills the disk instead: after a
 few commits the child lowers `RLIMIT_FSIZE` (SIGXFSZ ignored) to a random point just past the
 end of the log, or inside the base that the next fold writes (the child's log is then 64 KiB, so
 it folds often), and goes on committing. Writes past the limit are cut short, then refused with
-`EFBIG`, as on a full disk. The first commit that fails ends the child (`fault N`); its error
-must be a typed KV error, and the parent checks the store as after a kill: a commit acknowledged
-over a short write would be missing.
+`EFBIG`, as on a full disk. The first commit that fails ends the child (`fault W N ...`); its
+error must be a typed KV error, and the parent checks the store as after a kill: a commit
+acknowledged over a short write would be missing.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import Final
 
 import apsw
@@ -33,7 +37,7 @@ from pagekv.fuzz.oracle import Oracle, digest, run_txn
 from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.steps import PROCESS_EVENTS, StepGenerator, Txn
 from pagekv.kv import FileStore, KvError, KvStore, open_kv
-from pagekv.vfs import open_database
+from pagekv.vfs import Database, open_database
 
 
 def _transactions(seed: int, count: int, max_blob: int) -> list[Txn]:
@@ -46,45 +50,105 @@ _COMPACT_DELTAS = 8
 kills land in compactions too."""
 
 
+DEFAULT_WRITERS: Final = 4
+"""Writers (actors, each on a thread of its own) per child: enough that they commit at once and
+share flushes (group commit), which a lone writer never does; each is verified after each life."""
 _FOLDING_LOG_KIB: Final = 64
 """The log of a child that fills the disk: small, so that its commits fold it into the base."""
 
 
 def child_main(argv: list[str]) -> None:
-    """Entry point of the child: commit transactions `start..` and acknowledge each, with the
-    number of compactions this child has finished (`ack N COMPACTIONS`). `disk` is `-`, or
-    `AFTER:SEED`: fill the disk after `AFTER` commits, at a point drawn from `SEED`."""
-    url, actor, seed, start, count, max_blob, disk = argv
-    txns = _transactions(int(seed), int(count), int(max_blob))
+    """Entry point of the child: each writer, a thread on its own actor, commits its transactions
+    `START..` and acknowledges each with the number of compactions it has finished and the
+    store's `flush_counts()` so far (`ack W N COMPACTIONS WRITES FLUSHES`, `W` the writer's index);
+    `done W` when its sequence is over. `disk` is `-`, or `AFTER:SEED`: fill the disk after the
+    child's `AFTER`th commit (of any writer), at a point drawn from `SEED`; the first commit that
+    fails then prints `fault W N WHERE typed|untyped ...` and ends the child. Any other error
+    prints `error W ...` and ends it too. The writers are `ACTOR:SEED:START` arguments."""
+    url, count, max_blob, disk, *writers = argv
     if disk != "-" and "log_kib=" not in url:
         url += ("&" if "?" in url else "?") + f"log_kib={_FOLDING_LOG_KIB}"
     store = open_kv(url)
-    db = open_database(
-        store.namespace(actor),
-        compact_deltas=_COMPACT_DELTAS,
-        in_place_commits=int(seed) % 2 == 0,  # half the runs: deltas, so kills hit compactions
-    )
-    print("ready", flush=True)
-    fill_at = int(start) + int(disk.split(":")[0]) if disk != "-" else -1
-    filled = False
-    where = ""
-    for n in range(int(start), len(txns)):
-        if n == fill_at and isinstance(store, FileStore):
-            where, limit = _fill_point(store, random.Random(int(disk.split(":")[1])))
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    lives = []
+    for spec in writers:
+        actor, seed, start = spec.rsplit(":", 2)
+        db = open_database(
+            store.namespace(actor),
+            compact_deltas=_COMPACT_DELTAS,
+            in_place_commits=int(seed) % 2
+            == 0,  # half the actors: deltas, so kills hit compactions
+        )
+        lives.append((db, _transactions(int(seed), int(count), int(max_blob)), int(start)))
+    fill = _Fill(store, disk)
+    if disk != "-":  # here: only the main thread may set a handler
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _say("ready")
+    threads = [
+        threading.Thread(target=_writer, args=(w, store, db, txns, start, fill), daemon=True)
+        for w, (db, txns, start) in enumerate(lives)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    _say("done")
+
+
+def _say(line: str) -> None:
+    """One line on stdout in one `write`, so the writers' lines never interleave on the pipe."""
+    os.write(1, (line + "\n").encode())
+
+
+class _Fill:
+    """When and where a child fills the disk: after its `after`th commit, by any writer."""
+
+    def __init__(self, store: KvStore, disk: str) -> None:
+        self.store = store
+        self.after = int(disk.split(":")[0]) if disk != "-" else -1
+        self.seed = int(disk.split(":")[1]) if disk != "-" else 0
+        self.filled = False
+        self.where = ""
+        self.commits = 0
+        self.lock = threading.Lock()
+
+    def before_commit(self) -> None:
+        with self.lock:
+            if self.filled or self.after < 0 or self.commits < self.after:
+                return  # `>=`, not `==`: several writers may commit between two looks
+            if not isinstance(self.store, FileStore):
+                return
+            self.where, limit = _fill_point(self.store, random.Random(self.seed))
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-            filled = True
-        try:
-            run_txn(db.connection, txns[n])
-        except apsw.Error as e:
-            if not filled:
-                raise
-            cause = db.take_last_kv_error()
-            typed = "typed" if isinstance(cause, KvError) else "untyped"
-            print(f"fault {n} {where} {typed} {cause!r} {e!r}", flush=True)
-            return
-        print(f"ack {n} {db.metrics()['compactions']}", flush=True)
-    print("done", flush=True)
+            self.filled = True
+
+    def committed(self) -> None:
+        with self.lock:
+            self.commits += 1
+
+
+def _writer(w: int, store: KvStore, db: Database, txns: list[Txn], start: int, fill: _Fill) -> None:
+    """One writer of a child: commit `txns[start:]` on `db`, acknowledging each (`child_main`)."""
+    counts = getattr(store, "flush_counts", None)
+    try:
+        for n in range(start, len(txns)):
+            fill.before_commit()
+            try:
+                run_txn(db.connection, txns[n])
+            except apsw.Error as e:
+                if not fill.filled:
+                    raise
+                cause = db.take_last_kv_error()
+                typed = "typed" if isinstance(cause, KvError) else "untyped"
+                _say(f"fault {w} {n} {fill.where} {typed} {cause!r} {e!r}")
+                os._exit(0)  # the child ends at its first failed commit, whoever made it
+            fill.committed()
+            flushed = counts() if counts is not None else None
+            writes, flushes = (flushed.writes, flushed.flushes) if flushed else (0, 0)
+            _say(f"ack {w} {n} {db.metrics()['compactions']} {writes} {flushes}")
+        _say(f"done {w}")
+    except BaseException as e:
+        _say(f"error {w} {e!r}".replace("\n", " "))
+        os._exit(3)
 
 
 def _fill_point(store: FileStore, rng: random.Random) -> tuple[str, int]:
@@ -104,18 +168,23 @@ def fuzz_processes(
     max_blob: int = 2**20,
     count: int = 400,
     events: frozenset[str] = frozenset(PROCESS_EVENTS),
+    writers: int = DEFAULT_WRITERS,
 ) -> Coverage:
     """Kill committing children at random moments for `seconds`, or fill the disk under them
     (`events`); raise `FuzzFailure` on a loss.
 
-    A run commits one generated sequence of transactions on a fresh actor, across as many child
-    lives as it takes; runs follow each other until the time is up, so a faster store gets more
-    crashes, not an early end.
+    A run commits `writers` generated sequences of transactions, each on a fresh actor of its
+    own, across as many child lives as it takes: every child runs one thread per actor not done
+    yet, so the writers commit at the same time and share the store's flushes (group commit).
+    After each life every actor is checked against its own oracle. Runs follow each other until
+    the time is up, so a faster store gets more crashes, not an early end.
     """
     if url.startswith("memory:"):
         raise ValueError("--processes needs a durable store shared between processes (file://)")
     if not events or not events <= set(PROCESS_EVENTS):
         raise ValueError(f"events must be some of {PROCESS_EVENTS}, got {sorted(events)}")
+    if writers < 1:
+        raise ValueError(f"writers must be at least 1, got {writers}")
     rng = random.Random(seed)
     coverage = Coverage(runs=0)
     deadline = time.monotonic() + seconds
@@ -124,10 +193,35 @@ def fuzz_processes(
         while time.monotonic() < deadline:
             run_seed = rng.randrange(2**32)
             coverage.runs += 1
-            _run(store, url, run_seed, max_blob, count, rng, deadline, coverage, events)
+            _run(store, url, run_seed, max_blob, count, rng, deadline, coverage, events, writers)
     finally:
         store.close()
     return coverage
+
+
+@dataclass
+class _Actor:
+    """One writer's sequence in a run: its actor, transactions, oracle and progress."""
+
+    name: str
+    seed: int
+    txns: list[Txn]
+    oracle: Oracle = field(default_factory=Oracle)
+    done: int = 0
+    """Transactions known committed: the next child life starts this actor here."""
+
+
+@dataclass
+class _Life:
+    """What one child life reported."""
+
+    acked: dict[int, int]
+    """The last acknowledged index per writer (absent: none this life)."""
+    compactions: dict[int, int]
+    faults: list[str]
+    errors: list[str]
+    flushes: tuple[int, int] = (0, 0)
+    """The store's writes and flushes in the child, as of its latest acknowledgement."""
 
 
 def _run(
@@ -140,54 +234,76 @@ def _run(
     deadline: float,
     coverage: Coverage,
     events: frozenset[str],
+    writers: int,
 ) -> None:
-    txns = _transactions(seed, count, max_blob)
-    actor = f"pagekv-fuzz-processes/{seed}/{time.time_ns()}"
-    oracle = Oracle()
+    stamp = time.time_ns()
+    actors = []
+    for w in range(writers):
+        actor_seed = seed if w == 0 else random.Random(f"{seed}:{w}").randrange(2**32)
+        name = f"pagekv-fuzz-processes/{seed}/{stamp}" + (f"/w{w}" if writers > 1 else "")
+        actors.append(_Actor(name, actor_seed, _transactions(actor_seed, count, max_blob)))
     committed_before = coverage.commits
-    done = 0
     fills = "disk" in events and url.startswith("file:")
-    while done < len(txns) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        live = [a for a in actors if a.done < len(a.txns)]
+        if not live:
+            break
         disk = "-"
         if fills and ("crash" not in events or rng.random() < 1 / 3):
-            disk = f"{rng.randrange(4)}:{rng.randrange(2**32)}"
+            disk = f"{rng.randrange(4 * len(live))}:{rng.randrange(2**32)}"
         # A life that fills the disk ends by itself unless crashes are wanted too.
         kill_after = rng.uniform(0.0, 0.3) if disk == "-" or "crash" in events else 60.0
-        acked, compactions, fault = _run_child(
-            url, actor, seed, done, count, max_blob, disk, kill_after
-        )
-        if fault is None:
+        life = _run_child(url, live, count, max_blob, disk, kill_after)
+        if life.errors:
+            raise FuzzFailure(live[0].done, f"a child's writer failed: {life.errors[0]}")
+        if not life.faults:
             coverage.crashes += 1
-        elif fault.split()[3] == "typed":
-            coverage.faults[f"disk-{fault.split()[2]}"] += 1
-            coverage.failed_commits += 1
         else:
-            raise FuzzFailure(done, f"the disk filled up with an untyped error: {fault}")
-        coverage.compactions += compactions
-        for n in range(done, acked + 1):
-            oracle.apply(txns[n])
-        done = acked + 1
-        if done < len(txns):
-            oracle.pending = txns[done]
-        with open_database(store.namespace(actor)) as db:
-            check = db.execute("PRAGMA integrity_check").fetchall()
-            if check != [("ok",)]:
-                raise FuzzFailure(done, f"integrity_check after SIGKILL: {check[:5]}")
-            got = digest(db.connection)
-        old, new = oracle.states()
-        if got == new:
-            oracle.resolve(committed=True)
-            done += 1
-        elif got == old:
-            oracle.resolve(committed=False)
-        else:
+            for fault in life.faults:
+                if fault.split()[4] != "typed":
+                    raise FuzzFailure(
+                        live[0].done, f"the disk filled up with an untyped error: {fault}"
+                    )
+            coverage.faults[f"disk-{life.faults[0].split()[3]}"] += 1
+            coverage.failed_commits += len(life.faults)
+        coverage.compactions += sum(life.compactions.values())
+        coverage.store_writes += life.flushes[0]
+        coverage.store_flushes += life.flushes[1]
+        for w, actor in enumerate(live):
+            _verify(store, actor, life.acked.get(w, actor.done - 1))
+            coverage.verifications += 1
+        coverage.commits = coverage.steps = committed_before + sum(a.done for a in actors)
+    for actor in actors:
+        store.namespace(actor.name).drop()
+
+
+def _verify(store: KvStore, actor: _Actor, acked: int) -> None:
+    """After a child life: `actor`'s content must be its oracle's state after transaction
+    `acked` (the last acknowledged), or after the one in flight; advance `actor.done`."""
+    for n in range(actor.done, acked + 1):
+        actor.oracle.apply(actor.txns[n])
+    actor.done = acked + 1
+    if actor.done < len(actor.txns):
+        actor.oracle.pending = actor.txns[actor.done]
+    with open_database(store.namespace(actor.name)) as db:
+        check = db.execute("PRAGMA integrity_check").fetchall()
+        if check != [("ok",)]:
             raise FuzzFailure(
-                done,
-                "after the child ended (killed, disk full): content neither acknowledged nor next",
+                actor.done, f"{actor.name}: integrity_check after SIGKILL: {check[:5]}"
             )
-        coverage.verifications += 1
-        coverage.commits = coverage.steps = committed_before + done
-    store.namespace(actor).drop()
+        got = digest(db.connection)
+    old, new = actor.oracle.states()
+    if got == new:
+        actor.oracle.resolve(committed=True)
+        actor.done += 1
+    elif got == old:
+        actor.oracle.resolve(committed=False)
+    else:
+        raise FuzzFailure(
+            actor.done,
+            f"{actor.name}: after the child ended (killed, disk full): content neither "
+            "acknowledged nor next",
+        )
 
 
 _CHILD = "import sys; from pagekv.fuzz.processes import child_main; child_main(sys.argv[1:])"
@@ -196,26 +312,19 @@ and running it again as `__main__` made Python warn on every child's start."""
 
 
 def _run_child(
-    url: str,
-    actor: str,
-    seed: int,
-    start: int,
-    count: int,
-    max_blob: int,
-    disk: str,
-    kill_after: float,
-) -> tuple[int, int, str | None]:
-    """Start a child at `start`, SIGKILL it after `kill_after` seconds (unless a full disk ended
-    it first); return the last acknowledged index, the compactions the child had finished by then,
-    and the child's `fault` line if it reported one."""
-    args = [url, actor, str(seed), str(start), str(count), str(max_blob), disk]
-    command = [sys.executable, "-c", _CHILD, *args]
+    url: str, actors: list[_Actor], count: int, max_blob: int, disk: str, kill_after: float
+) -> _Life:
+    """Start a child running one writer per actor from where each is, SIGKILL it after
+    `kill_after` seconds (unless a full disk or the end of every sequence ended it first), and
+    return what it reported (`child_main`)."""
+    specs = [f"{a.name}:{a.seed}:{a.done}" for a in actors]
+    command = [sys.executable, "-c", _CHILD, url, str(count), str(max_blob), disk, *specs]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
-    acked, compactions, fault = start - 1, 0, None
+    life = _Life(acked={}, compactions={}, faults=[], errors=[])
     try:
         if child.stdout.readline().strip() != "ready":
-            raise FuzzFailure(start, f"child failed to start (exit {child.wait()})")
+            raise FuzzFailure(actors[0].done, f"child failed to start (exit {child.wait()})")
         kill_at = time.monotonic() + kill_after
         while True:
             remaining = kill_at - time.monotonic()
@@ -227,24 +336,27 @@ def _run_child(
             line = child.stdout.readline()
             if not line or line.strip() == "done":
                 break
-            if line.startswith("ack "):
-                acked, compactions = _parse_ack(line)
-            elif line.startswith("fault "):
-                fault = line.strip()
+            _parse(line, life)
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
         for line in child.stdout:
-            if line.startswith("ack "):
-                acked, compactions = _parse_ack(line)
-            elif line.startswith("fault "):
-                fault = line.strip()
+            _parse(line, life)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
-    return acked, compactions, fault
+    return life
 
 
-def _parse_ack(line: str) -> tuple[int, int]:
-    _, acked, compactions = line.split()
-    return int(acked), int(compactions)
+def _parse(line: str, life: _Life) -> None:
+    """Take one line of the child's (`child_main`) into `life`."""
+    word = line.split(" ", 1)[0]
+    if word == "ack":
+        _, w, n, compactions, writes, flushes = line.split()
+        life.acked[int(w)] = int(n)
+        life.compactions[int(w)] = int(compactions)
+        life.flushes = max(life.flushes, (int(writes), int(flushes)))
+    elif word == "fault":
+        life.faults.append(line.strip())
+    elif word == "error":
+        life.errors.append(line.strip())

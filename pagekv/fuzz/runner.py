@@ -87,6 +87,10 @@ class Coverage:
     quota_refusals: int = 0
     recreations: int = 0
     snapshots_expired: int = 0
+    store_writes: int = 0
+    """`--processes`: durable writes the children's stores made (`flush_counts()`), and"""
+    store_flushes: int = 0
+    """the flushes they took: fewer flushes than writes is group commit at work."""
 
     def add(self, other: Coverage) -> None:
         for name, value in vars(other).items():

@@ -147,6 +147,25 @@ def test_real_crashes_with_sigkill(tmp_path: Path, capfd: pytest.CaptureFixture[
     assert "Warning" not in err, err
 
 
+def test_real_crashes_of_concurrent_writers(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`--writers 3`: each child commits on three actors at once; after every kill each actor
+    is verified against its own oracle, and the children's flushes per write are reported."""
+    args = ["fuzz", "--processes", "--writers", "3", "--kv", f"file://{tmp_path}/kv"]
+    code = main([*args, "--seconds", "8", "--seed", "11"])
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    crashes = int(out.split("crashes ")[1].split(",")[0])
+    verifications = int(out.split("verifications ")[1].split(",")[0])
+    assert crashes >= 3, out
+    # Every life verifies each of its three actors (none finishes its 400 transactions in 8 s).
+    assert verifications >= 3 * crashes, out
+    flushes, writes = out.split("per write in the children ")[1].split("(")[1].split()[::3][:2]
+    assert int(writes) >= crashes and int(flushes) > 0, out
+    assert "Traceback" not in err and "Warning" not in err, err
+
+
 class _QuotaAfterApplying(KvWrapper):
     """Applies a write, then says the storage quota refused it (every `every`-th big write)."""
 
