@@ -834,7 +834,17 @@ class FileStore:
     def close(self) -> None:
         """Idempotent; also releases what a failed open had opened."""
         with self._lock:
-            self._broken = self._broken or "it was closed"
+            with self._durable:  # a flush in flight must not sync a reused descriptor
+                while self._flushing:
+                    self._durable.wait()
+                if self._broken is None and self._log_pos > self._durable_pos:
+                    try:
+                        self._log.sync()  # what waiters wrote is theirs to keep
+                        self._durable_pos = self._log_pos
+                    except OSError as e:
+                        self._broken = f"a flush of its log failed: {os_reason(e)}"
+                self._broken = self._broken or "it was closed"
+                self._durable.notify_all()
             self._db.close()
             self._log.close()
 
@@ -885,11 +895,13 @@ class _Section:
         timeout = store.lock_timeout
         if not store._lock.acquire(False):
             started = time.monotonic()
-            store._contended += 1  # tells the holder to leave its flush to a group
+            with store._durable:  # `+=` is not atomic between threads of interpreted code
+                store._contended += 1  # tells the holder to leave its flush to a group
             try:
                 acquired = store._lock.acquire(True, timeout)
             finally:
-                store._contended -= 1
+                with store._durable:
+                    store._contended -= 1
             if not acquired:
                 raise KvUnavailable(
                     f"waited {timeout:g} s for another thread of this process to finish with "

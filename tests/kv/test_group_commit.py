@@ -280,3 +280,24 @@ def test_store_objects_creating_namespaces_at_once_agree_on_ids(tmp_path: Path) 
         assert {n: reopened.namespace(n)._id for n in by_name} == {
             n: next(iter(found)) for n, found in by_name.items()
         }
+
+
+def test_close_waits_for_a_flush_in_flight_and_keeps_what_it_covers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    ns = store.namespace("a")
+    _in_groups(store)
+    flushes = _Flushes(monkeypatch)
+    writer, written = _start(lambda: ns.put({b"k": b"v"}))
+    assert flushes.started.wait(WAIT)
+    closer, closed = _start(store.close)
+    time.sleep(0.2)
+    assert closed == [], "closed the log under a flush in flight"
+    flushes.gate.set()
+    writer.join(WAIT)
+    closer.join(WAIT)
+    assert written == [None] and closed == [None]
+    monkeypatch.undo()
+    with FileStore(tmp_path) as reopened:
+        assert reopened.namespace("a").get([b"k"]) == [b"v"]
