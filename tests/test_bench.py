@@ -769,3 +769,27 @@ def test_the_file_stores_flushes_per_commit(
         assert per_commit is not None and 0 < per_commit <= 1.01, name
     assert systems["native-wal-full-x1"]["summary"]["flushes_per_op"] is None
     assert "flush/op: durable flushes of the store per op" in out
+
+
+@pytest.mark.parametrize(("url", "synced"), [("file:{tmp}/store", True), ("memory://", False)])
+def test_a_durable_sample_starts_after_the_last_ones_writeback(
+    url: str, synced: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs: list[int] = []
+    monkeypatch.setattr(pagekv.bench.runner.os, "sync", lambda: syncs.append(1))
+    workspace = Workspace(url.format(tmp=tmp_path), 0, scratch=tmp_path)
+    try:
+        sizes = dataclasses.replace(Sizes.quick(), hot_updates=5)
+        progress = Progress(0, enabled=False)
+        run_workloads(
+            workspace,
+            [WORKLOADS["hot-update"]],
+            [PAGEKV, NATIVE_WAL_FULL],
+            sizes,
+            2,
+            progress,
+            memory=False,
+        )
+    finally:
+        workspace.close()
+    assert len(syncs) == (4 if synced else 0)  # 2 repetitions x 2 systems

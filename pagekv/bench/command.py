@@ -87,7 +87,7 @@ def add_bench_command(commands: Any, summary: str) -> argparse.ArgumentParser:
         nargs="+",
         type=_one_of("workload", WORKLOADS),
         metavar="NAME",
-        help="run only these workloads (repeatable; default: all)",
+        help="run only these workloads (repeatable; default: all but writers)",
     )
     bench.add_argument(
         "--baseline",

@@ -410,6 +410,8 @@ class WorkloadRun:
         try:
             # No gc.collect() here: measured, a full collection right before a sample makes the
             # next native open ~3x slower (it empties free lists and returns arenas to the OS).
+            if self.workspace.durable:
+                os.sync()  # the last sample's writeback must not slow this one down
             subject.kv_reset()
             before = subject.counters()
             flushed = self.workspace.flush_counts() if spec.kind == "pagekv" else None

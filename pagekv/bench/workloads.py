@@ -247,8 +247,8 @@ def writers_workload(counts: Sequence[int] = DEFAULT_WRITERS) -> Workload:
     return Workload(
         name="writers",
         describe=lambda s: (
-            f"concurrent one-row commits: N threads, each making {s.writer_commits:,} autocommit "
-            f"INSERTs of 100 B on a database of its own, N = {', '.join(map(str, writers))}"
+            f"N threads at once, {s.writer_commits:,} one-row commits each on a database of its "
+            f"own (N = {', '.join(map(str, writers))})"
         ),
         unit="commit",
         setup=_table,
