@@ -16,7 +16,10 @@ the batch recipe the writer uses and the one the checker replays are the same fu
    flushes the writers group their commits. All are SIGKILLed at random moments; after each
    kill every acknowledged op is there and nothing beyond one op in flight per thread, usage is
    exact, ids stable, generations never reissued; the children's `flush_counts()` show that
-   flushes were shared, and their `go` lines that kills landed with writes in flight.
+   flushes were shared, and their `go` lines that kills landed with writes in flight. Its
+   `power-loss` variants also cut the log back to what a power loss at the kill may have left
+   (the children journal every write and flush of it): only there would an acknowledgement that
+   no flush covered show up as a lost write.
 3. `test_two_processes_racing_takeovers`: two children start together and loop takeover + fenced
    writes on one namespace; the parent checks the generations, the acknowledged and rejected writes
    against what is stored, and, with the system-wide monotonic clock, that no write was accepted
@@ -25,10 +28,12 @@ the batch recipe the writer uses and the one the checker replays are the same fu
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -515,13 +520,16 @@ def _shared_thread(store: FileStore, name: str) -> None:
 
 
 def _threads_child(directory: str, spec_json: str) -> None:
-    """A child of `test_sigkill_of_concurrent_writer_threads`: its threads write until killed,
+    """A child of `test_sigkill_of_concurrent_writer_threads_in_several_processes`: its threads
+    write until killed,
     and one reports the store's `flush_counts()` every 20 ms (`flush WRITES FLUSHES FOLDS`)."""
     spec = json.loads(spec_json)
+    if spec.get("journal"):
+        _journal_log_io(Path(directory) / "kv.log", Path(spec["journal"]), spec["flush_delay_ms"])
     store = FileStore(
         directory,
         log_bytes=spec["log_kib"] * 1024,
-        flush_delay_ms=spec["flush_delay_ms"],
+        flush_delay_ms=0 if spec.get("journal") else spec["flush_delay_ms"],  # journaled: inside
     )
 
     def run(target: Any, *args: object) -> None:
@@ -547,6 +555,129 @@ def _threads_child(directory: str, spec_json: str) -> None:
         time.sleep(0.02)
 
 
+# A power loss keeps what reached the disk, not what a SIGKILL keeps (the page cache). To see
+# what a power loss at the kill would have kept of `kv.log`, the children journal every write and
+# flush of it to one file shared by all of them (`O_APPEND`: one total order). A buffered write
+# is on the disk once a flush that began after it returned has ended; an `O_DSYNC` write once it
+# returned. The parent rebuilds `kv.log` from the image it had before the life and the journal,
+# keeping those writes and, as a power loss may, a random few of the others (possibly torn),
+# then checks the store as after a kill. (The base is SQLite's, and stays as the kill left it:
+# with `synchronous=FULL` its own journal makes either outcome the same.)
+
+_JOURNAL = struct.Struct("<cQQI")
+"""kind | id | offset | length, then `length` bytes of data for a write's start: `W` buffered
+write started, `w` ended (`length`: bytes written), `D`/`d` the same for a direct `O_DSYNC`
+write, `S`/`s` a flush started/ended."""
+
+
+def _journal_log_io(log: Path, journal: Path, flush_ms: float) -> None:
+    """Patch `os.pwrite`, `os.pwritev` and `os.fdatasync` so that those on `log` are journaled
+    (the store's `file_log` calls them through `os`, compiled or not). A flush takes `flush_ms`
+    more between its start and its end, as on a slow disk (`flush_delay_ms` sleeps after the
+    flush has ended, when nothing is at risk any more)."""
+    st = os.stat(log)
+    key = (st.st_dev, st.st_ino)
+    fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    ids = itertools.count(os.getpid() << 32)
+    pwrite, pwritev, fdatasync = os.pwrite, os.pwritev, os.fdatasync
+
+    def on_log(target: int) -> bool:
+        st = os.fstat(target)
+        return (st.st_dev, st.st_ino) == key
+
+    def note(kind: bytes, i: int, offset: int = 0, length: int = 0, data: bytes = b"") -> None:
+        os.write(fd, _JOURNAL.pack(kind, i, offset, length) + data)
+
+    def journaled_pwrite(target: int, data: Any, offset: int) -> int:
+        if not on_log(target):
+            return pwrite(target, data, offset)
+        i, raw = next(ids), bytes(data)
+        note(b"W", i, offset, len(raw), raw)
+        written = pwrite(target, data, offset)
+        note(b"w", i, offset, written)
+        return written
+
+    def journaled_pwritev(target: int, buffers: Any, offset: int) -> int:
+        if not on_log(target):
+            return pwritev(target, buffers, offset)
+        i, raw = next(ids), b"".join(bytes(b) for b in buffers)
+        note(b"D", i, offset, len(raw), raw)
+        written = pwritev(target, buffers, offset)
+        note(b"d", i, offset, written)
+        return written
+
+    def journaled_fdatasync(target: int) -> None:
+        if not on_log(target):
+            return fdatasync(target)
+        i = next(ids)
+        note(b"S", i)
+        time.sleep(flush_ms / 1000)
+        fdatasync(target)
+        note(b"s", i)
+        return None
+
+    os.pwrite, os.pwritev = journaled_pwrite, journaled_pwritev  # type: ignore[assignment]
+    os.fdatasync = journaled_fdatasync  # type: ignore[assignment]
+
+
+@dataclass
+class _PowerLoss:
+    """What the power losses of a test did to the log's writes."""
+
+    lost: int = 0
+    kept: int = 0
+    """Not durable, but kept, as a power loss may (possibly torn)."""
+    direct: int = 0
+    """`O_DSYNC` writes (a writer alone) and buffered ones, which wait for a flush."""
+    buffered: int = 0
+
+
+def _power_loss_image(
+    baseline: bytes, journal: bytes, rng: random.Random, keep: float, counts: _PowerLoss
+) -> bytes:
+    """What a power loss at the end of `journal` may leave of a log that was `baseline` (on
+    disk) before it: every write the journal shows durable, and each other one with
+    probability `keep` (one that had not returned, torn at a random sector)."""
+    starts: list[tuple[int, bytes, int, bytes]] = []  # (id, kind, offset, data) in write order
+    ended: dict[int, tuple[int, int]] = {}  # id -> (journal index, bytes written)
+    last_flush_start = -1  # the journal index of the latest flush start whose end is there
+    flush_starts: dict[int, int] = {}
+    at = index = 0
+    while at < len(journal):
+        kind, i, offset, length = _JOURNAL.unpack_from(journal, at)
+        at += _JOURNAL.size
+        if kind in (b"W", b"D"):
+            starts.append((i, kind, offset, journal[at : at + length]))
+            at += length
+        elif kind in (b"w", b"d"):
+            ended[i] = (index, length)
+        elif kind == b"S":
+            flush_starts[i] = index
+        elif kind == b"s":
+            last_flush_start = max(last_flush_start, flush_starts[i])
+        index += 1
+    assert at == len(journal), "a torn journal entry: the journal itself is not atomic"
+    image = bytearray(baseline)
+    for i, kind, offset, data in starts:
+        end = ended.get(i)
+        counts.direct += kind == b"D"
+        counts.buffered += kind == b"W"
+        if end is not None and (kind == b"D" or end[0] < last_flush_start):
+            durable = data[: end[1]]
+        elif rng.random() < keep:
+            counts.kept += 1
+            durable = data[: end[1]] if end is not None else data[: rng.randrange(len(data) + 1)]
+            if end is None:  # torn: whole sectors of it
+                durable = durable[: len(durable) // 512 * 512]
+        else:
+            counts.lost += 1
+            continue
+        if offset > len(image):
+            image.extend(bytes(offset - len(image)))
+        image[offset : offset + len(durable)] = durable
+    return bytes(image)
+
+
 class _Child:
     """A running child and the lines it has printed so far (read by a thread of ours)."""
 
@@ -564,9 +695,11 @@ class _Child:
     def acks(self) -> int:
         return sum(line.startswith(("ack ", "sack ")) for line in self.lines)
 
-    def kill(self) -> list[str]:
-        """SIGKILL it; every line it printed, once the pipe is drained."""
+    def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
+
+    def collect(self) -> list[str]:
+        """Every line it printed, once it was killed and the pipe drained."""
         self._reader.join(30)
         assert self.process.wait(timeout=30) == -signal.SIGKILL, _stderr(self.process)
         errors = [line for line in self.lines if line.startswith("error ")]
@@ -694,23 +827,40 @@ def _check_shared(
     return in_flight
 
 
-def test_sigkill_of_concurrent_writer_threads_in_several_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("power_loss", "own_threads"),
+    [(False, 4), (True, 4), (True, 1)],
+    ids=["sigkill", "power-loss", "power-loss-fewer-threads"],
+)
+def test_sigkill_of_concurrent_writer_threads_in_several_processes(
+    tmp_path: Path, power_loss: bool, own_threads: int
+) -> None:
     """Three processes share one folding log, each running four threads that write their own
     namespaces (creating namespaces as they go) and one that takes over and writes the shared
     namespace with fenced writes; with flushes slowed down, writers pile up and share flushes
     (group commit). All are SIGKILLed at random moments, several times. After each kill every
     acknowledged op must be there, each namespace hold exactly a prefix of its thread's ops
     (ending at the last acknowledged one or the one in flight), usage be exact, ids stable,
-    generations never reissued and no fenced-out write applied."""
-    rng = random.Random(20261202)
+    generations never reissued and no fenced-out write applied.
+
+    `power-loss`: after each kill the log is cut back to what a power loss at that moment may
+    have left (`_power_loss_image`), so an acknowledgement that no flush covered shows up as a
+    lost write, which a SIGKILL alone (the page cache survives it) never shows. With one own
+    thread per process writers are often alone, so `O_DSYNC` writes and grouped ones mix."""
+    rng = random.Random(20261202 + power_loss)
     directory = tmp_path / "store"
-    log_kib, flush_delay_ms = 16, 2
-    procs, own_threads, lives = 3, 4, 6
+    # Power losses: a larger log, so that most kills land between folds (a fold flushes all).
+    log_kib, flush_delay_ms = (64, 3) if power_loss else (16, 2)
+    procs, lives = 3, 6
     owns = {f"p{p}-t{t}": _Own() for p in range(procs) for t in range(own_threads)}
     shared = _Shared()
     ids: dict[str, int] = {}
     grouped_lives = in_flight_lives = landed = total_in_flight = 0
+    power = _PowerLoss()
+    FileStore(directory).close()  # the log exists before the children journal its writes
     for life in range(lives):
+        journal = tmp_path / f"journal-{life}"
+        baseline = (directory / "kv.log").read_bytes()
         shared_threads = {p: [f"p{p}-s-l{life}"] for p in range(procs)}
         children = []
         for p in range(procs):
@@ -719,6 +869,7 @@ def test_sigkill_of_concurrent_writer_threads_in_several_processes(tmp_path: Pat
                 "shared": shared_threads[p],
                 "log_kib": log_kib,
                 "flush_delay_ms": flush_delay_ms,
+                "journal": str(journal) if power_loss else "",
             }
             children.append(_Child("threads", str(directory), json.dumps(spec)))
         target = rng.randint(5, 40)
@@ -730,15 +881,23 @@ def test_sigkill_of_concurrent_writer_threads_in_several_processes(tmp_path: Pat
             time.sleep(0.005)
         lines: list[str] = []
         flushes: list[tuple[int, int]] = []
+        time.sleep(rng.uniform(0, 0.004))
         for child in children:
-            time.sleep(rng.uniform(0, 0.004))  # each at its own random moment
-            out = child.kill()
+            if not power_loss:  # each at its own random moment; a power loss hits all at once
+                time.sleep(rng.uniform(0, 0.004))
+            child.kill()
+        for child in children:
+            out = child.collect()
             lines += out
             counts = [line.split() for line in out if line.startswith("flush ")]
             if counts:
                 flushes.append((int(counts[-1][1]), int(counts[-1][2])))
         # Group commit really happened: some child made fewer flushes than writes.
         grouped_lives += any(f < w for w, f in flushes)
+        if power_loss:
+            keep = rng.choice((0.0, 0.3))
+            image = _power_loss_image(baseline, journal.read_bytes(), rng, keep, power)
+            (directory / "kv.log").write_bytes(image)
 
         store = FileStore(directory, log_bytes=log_kib * 1024)
         names = set(store.actor_ids())
@@ -777,8 +936,12 @@ def test_sigkill_of_concurrent_writer_threads_in_several_processes(tmp_path: Pat
         f"lives={lives} ops per thread={[o.start for o in owns.values()]} "
         f"shared keys={len(shared.model)} generation={shared.generation} "
         f"in flight at kills={total_in_flight} (found committed: {landed}) folds={folds} "
-        f"lives with group commit={grouped_lives}"
+        f"lives with group commit={grouped_lives} "
+        f"power losses: {power}"
     )
+    if power_loss:
+        assert power.lost > 0 and power.kept > 0, "the power losses changed nothing"
+        assert power.direct > 0 and power.buffered > 0, "writes did not both go alone and wait"
     assert grouped_lives >= 1, "no child ever shared a flush: group commit never happened"
     assert in_flight_lives >= lives // 2, "the kills did not land while writes were in flight"
     assert all(own.start >= 2 for own in owns.values()), "a thread made no progress"
