@@ -5,6 +5,11 @@
 Runs every case on memory:// and file:// (a temporary directory under the current one),
 interleaved, and prints medians with min-max. Wake is measured from the call that finds the actor
 asleep to its result, with the KV round trips of the wake counted by a CountingKv.
+
+The runtime's overhead: in every repetition, right before the memory:// actions, a loop of
+one-row commits straight on a VFS database over memory:// (`vfs-commit`, no actor runtime), and
+the ratio of the state-only action's rate to it in that same repetition (`bump / vfs-commit`,
+median of the repetitions): what is left of a commit's speed once an action wraps it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import anyio
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.kv import CountingKv, KvStore, open_kv
+from pagekv.vfs import open_database
 
 bench = actor("bench", state={"n": 0}, sleep_timeout=3600)
 
@@ -91,6 +97,20 @@ async def _throughput(url: str, action: str, n: int) -> float:
     return n / elapsed
 
 
+def _vfs_commits(n: int) -> float:
+    """One-row commits/s straight on a VFS database over memory:// (no actor runtime)."""
+    store = open_kv("memory://")
+    database = open_database(store.namespace(f"vfs-{time.time_ns()}"))
+    connection = database.connection
+    connection.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")
+    started = time.perf_counter()
+    for i in range(n):
+        connection.execute("INSERT OR REPLACE INTO t VALUES (1, ?)", (i,))
+    elapsed = time.perf_counter() - started
+    database.close()
+    return n / elapsed
+
+
 async def _wake(url: str, mib: int) -> tuple[float, int]:
     store = _Counting(open_kv(url))
     key = f"wake-{time.time_ns()}"
@@ -120,22 +140,32 @@ def main() -> None:
         urls = {"memory": "memory://", "file": f"file://{os.path.abspath(tmp)}/kv"}
         results: dict[tuple[str, str], list[float]] = {}
         trips: dict[str, list[int]] = {}
+        ratios: list[float] = []
         for _ in range(args.reps):
             for backend, url in urls.items():
+                if backend == "memory":
+                    commits = _vfs_commits(args.actions * 10)
+                    results.setdefault((backend, "vfs-commit"), []).append(commits)
                 for action in ("bump", "bump_sql", "peek"):
                     n = args.actions if backend == "memory" else args.actions // 4
                     rate = _run(_throughput, url, action, n)
                     results.setdefault((backend, action), []).append(rate)
+                    if backend == "memory" and action == "bump":
+                        ratios.append(rate / commits)
                 ms, rt = _run(_wake, url, 10)
                 results.setdefault((backend, "wake-10MiB-ms"), []).append(ms)
                 trips.setdefault(backend, []).append(rt)
     print(f"{'backend':8} {'case':16} {'median':>12} {'min':>12} {'max':>12}")
     for (backend, case), values in results.items():
-        unit = "ms" if case.endswith("ms") else "actions/s"
+        unit = "ms" if case.endswith("ms") else "commits/s" if case == "vfs-commit" else "actions/s"
         print(
             f"{backend:8} {case:16} {statistics.median(values):12,.1f} {min(values):12,.1f} "
             f"{max(values):12,.1f}  {unit}"
         )
+    print(
+        f"memory   bump / vfs-commit, same repetition: median {statistics.median(ratios):.3f} "
+        f"({min(ratios):.3f}-{max(ratios):.3f})"
+    )
     for backend, values in trips.items():
         print(f"{backend:8} wake KV round trips (open + first query): {sorted(set(values))}")
 

@@ -3,13 +3,14 @@
     .venv/bin/python benchmarks/actor_memory.py [--counts 200 2000] [--reps 3] [--kv file]
 
 Each sample is a fresh subprocess (`--child N`): it wakes N actors (each creates a table, writes
-a row and its state), `--concurrency` at a time, waits until every one went to sleep on its
-idle timeout, collects garbage and reads VmRSS and the thread count from /proc/self/status.
-Python's heap (`sys.getallocatedblocks`) is printed beside it: when it stays flat while RSS grows,
-the growth is the allocator's (glibc's per-thread arenas), not objects left behind. The figure is
-RSS(largest N) - RSS(smallest N), medians of `--reps` interleaved samples. Default store: file
-(a temporary directory); memory:// holds every actor's data in the process, so its RSS grows with
-N by design.
+a row and its state, and goes to sleep right after), `--concurrency` at a time, waits until every
+one is asleep and 2 s more (the registry's housekeeping runs), collects garbage and reads VmRSS
+(anonymous and file-backed) and the thread count from /proc/self/status. Python's heap
+(`sys.getallocatedblocks`) is printed beside it: when it stays flat while RSS grows, the growth
+is the C allocator's (glibc's arenas keep what was freed), not objects left behind. The figure
+is RSS(largest N) - RSS(smallest N), medians of `--reps` interleaved samples. Default store: file
+(a temporary directory); memory:// holds every actor's data in the process, so its RSS grows
+with N by design.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import anyio
 
 from pagekv.actor import ActorContext, Registry, actor
 
-sleeper = actor("sleeper", state={"n": 0}, sleep_timeout=0.2)
+_SETTLE_S = 2.0
+"""Waited once all are asleep, before measuring: the registry's housekeeping runs meanwhile."""
+sleeper = actor("sleeper", state={"n": 0}, sleep_timeout=3600)
 
 
 @sleeper.on_migrate
@@ -39,6 +42,7 @@ async def _schema(ctx: ActorContext) -> None:
 async def touch(ctx: ActorContext) -> int:
     await ctx.db.execute("INSERT INTO t VALUES (?)", (os.urandom(200),))
     ctx.state["n"] += 1
+    ctx.sleep()  # at most `--concurrency` actors are awake at once, whatever N
     return ctx.state["n"]
 
 
@@ -47,7 +51,7 @@ def _status() -> dict[str, int]:
     with open("/proc/self/status") as f:
         for line in f:
             name, _, value = line.partition(":")
-            if name in ("VmRSS", "Threads"):
+            if name in ("VmRSS", "RssAnon", "RssFile", "Threads"):
                 fields[name] = int(value.split()[0])
     return fields
 
@@ -66,10 +70,13 @@ async def _child(count: int, concurrency: int, kv: str) -> dict[str, float]:
         peak_threads = _status()["Threads"]
         while registry.live():
             await anyio.sleep(0.05)
+        await anyio.sleep(_SETTLE_S)
         gc.collect()
         status = _status()
     return {
         "rss_mib": status["VmRSS"] / 1024,
+        "anon_mib": status["RssAnon"] / 1024,
+        "file_mib": status["RssFile"] / 1024,
         "threads": status["Threads"],
         "peak_threads": peak_threads,
         "py_blocks": sys.getallocatedblocks(),
@@ -110,14 +117,17 @@ def main() -> None:
         for n in args.counts:
             samples[n].append(_sample(n, args.concurrency, args.kv))
     print(f"{args.kv}, {args.concurrency} at a time, medians of {args.reps}:")
-    print(f"{'actors':>7} {'RSS MiB':>8} {'threads':>8} {'peak':>6} {'py blocks':>10}")
+    print(
+        f"{'actors':>7} {'RSS MiB':>8} {'anon':>6} {'file':>6} {'threads':>8} {'peak':>6} "
+        f"{'py blocks':>10}"
+    )
     rss = {}
     for n, runs in samples.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         rss[n] = med["rss_mib"]
         print(
-            f"{n:>7} {med['rss_mib']:>8.1f} {med['threads']:>8.0f} {med['peak_threads']:>6.0f} "
-            f"{med['py_blocks']:>10,.0f}"
+            f"{n:>7} {med['rss_mib']:>8.1f} {med['anon_mib']:>6.1f} {med['file_mib']:>6.1f} "
+            f"{med['threads']:>8.0f} {med['peak_threads']:>6.0f} {med['py_blocks']:>10,.0f}"
         )
     low, high = min(args.counts), max(args.counts)
     print(f"RSS({high}) - RSS({low}) = {rss[high] - rss[low]:.1f} MiB")

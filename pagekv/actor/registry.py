@@ -54,7 +54,7 @@ from pagekv.actor.index import (
 from pagekv.actor.instance import ActorInstance, NotServing
 from pagekv.actor.ownership import Forwarded, Member, Owner, Ownership, Sleeper
 from pagekv.actor.queue import prepare_message
-from pagekv.actor.workers import THREADS, Workers, never_waits
+from pagekv.actor.workers import THREADS, Workers, never_waits, release_free_memory
 from pagekv.actor.workflow.handle import WorkflowHandle
 from pagekv.kv import DEFAULT_URL, ActorKv, KvStore, open_kv
 
@@ -70,6 +70,11 @@ _CALL_ATTEMPTS = 3
 """Wakes a call may take when an instance stops before the call reaches it (e.g. its run
 handler crashed right after the wake)."""
 _MAX_OWNERS = 10_000
+_TRIM_AFTER_STOPS = 32
+_TRIM_EVERY_S = 1.0
+"""Memory freed by instances that stopped is given back to the system (`release_free_memory`)
+once this many stopped, at most once per `_TRIM_EVERY_S`: RSS then follows the actors awake, not
+the number ever woken."""
 _AWAIT_OWNER_POLLS = 20
 """Polls, `_IDLE_CHECK_S` apart, for the lease entry of a registry that won a wake."""
 log = logging.getLogger("pagekv.actor")
@@ -117,6 +122,7 @@ class Registry:
         self._tg: TaskGroup | None = None
         self.draining = False
         """Stopping: forwarded calls are refused (`NotOwner`) so their senders take over."""
+        self._stops_since_trim = 0
         self.counters: Counter[str] = Counter()
         """Wakes, sleeps, destroys, crashes, takeovers, actions, calls owned elsewhere, and
         startup phase times."""
@@ -180,14 +186,14 @@ class Registry:
 
     async def _housekeeping(self) -> None:
         """Put idle instances to sleep, renew leases, dispatch due schedules, wake sleeping
-        actors on time.
+        actors on time, give the memory of stopped ones back to the system.
 
         A round that fails (the store unreachable for a moment, say) is logged and counted
         (`housekeeping_errors`), and the next round tries again: the loop outlives any error,
         since without it no actor would sleep or wake on time again.
         """
         indexed = False
-        last_poll = 0.0
+        last_poll = last_trim = 0.0
         member_until = time.time() + self.lease
         while True:
             await anyio.sleep(_IDLE_CHECK_S)
@@ -197,6 +203,12 @@ class Registry:
             try:
                 now = time.time()
                 self._tend_instances(now)
+                if self._stops_since_trim >= _TRIM_AFTER_STOPS and (
+                    time.monotonic() - last_trim >= _TRIM_EVERY_S
+                ):
+                    self._stops_since_trim, last_trim = 0, time.monotonic()
+                    if await self.workers.run(release_free_memory):
+                        self.counters["memory_trims"] += 1
                 if member_until - now < self.lease / 2:
                     member_until = now + self.lease
                     await self.workers.run(
@@ -468,6 +480,7 @@ class Registry:
             del self._instances[instance.actor_id]
             self._drop_unused_lock(instance.actor_id)
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
+        self._stops_since_trim += 1
         if destroyed:
             await self.workers.run(self._erase, instance.actor_id, instance.generation)
 

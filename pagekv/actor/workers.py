@@ -17,10 +17,17 @@ One `Workers` per registry, shared by every actor it hosts:
   a checkpoint (as a hop would begin), so a loop of database calls still lets other tasks in
   and sees its cancellation. SQL that computes for long then holds the loop, as CPU-bound code
   in an action does.
+
+Even with few threads, glibc keeps what slept actors freed (their SQLite connections, caches
+and buffers) mapped: it returns only the top of each heap, and the rest stays in RSS, fragmented,
+growing with the number of actors woken. `release_free_memory` gives it back (the registry calls
+it after actors have gone to sleep); elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -58,3 +65,29 @@ class Workers:
     def busy(self) -> int:
         """Pieces of work running on the pool's threads now (0 inline)."""
         return int(self._limiter.borrowed_tokens)
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    trim = getattr(libc, "malloc_trim", None)  # glibc's; musl has none
+    if trim is None:
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim  # type: ignore[no-any-return]
+
+
+_malloc_trim = _find_malloc_trim()
+
+
+def release_free_memory() -> bool:
+    """Return the memory the C allocator holds free to the system (glibc's `malloc_trim`: a
+    walk over its heaps, a few ms); False where there is no such call."""
+    if _malloc_trim is None:
+        return False
+    _malloc_trim(0)
+    return True
