@@ -1,0 +1,66 @@
+"""`benchmarks/peers/workflows.py`: it parses, reports and runs pagekv's side without DBOS
+installed (DBOS is an optional extra); with DBOS installed a tiny run of DBOS with WAL+FULL
+completes too, with the pragmas it claims. Timings are never asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "peers" / "workflows.py"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("peers_workflows", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_parses_without_importing_dbos() -> None:
+    script = _script()
+    args = script.parse_args(["--reps", "2", "--systems", "pagekv", "dbos-wal-full"])
+    assert (args.reps, args.requests, args.systems) == (2, 200, ["pagekv", "dbos-wal-full"])
+    assert "dbos" not in sys.modules
+    with pytest.raises(SystemExit):
+        script.parse_args(["--requests", "4", "--concurrency", "8"])
+
+
+def test_ratios_are_medians_of_each_repetitions_ratio() -> None:
+    script = _script()
+    sizes = script.Sizes(requests=10, concurrency=2, steps=50)
+
+    def run(pagekv: float, dbos: float) -> dict[str, dict[str, object]]:
+        return {
+            "pagekv": {"figures": dict.fromkeys(script.CASES, pagekv), "setup": {}},
+            "dbos-wal-full": {"figures": dict.fromkeys(script.CASES, dbos), "setup": {}},
+        }
+
+    table = script.report(
+        [run(100, 50), run(60, 60), run(90, 30)], sizes, ["pagekv", "dbos-wal-full"]
+    )
+    row = next(line for line in table.splitlines() if "50-step" in line)
+    assert row.split(" | ")[1:] == ["90 (60-100)", "50 (30-60)", "2.00x (1.00-3.00) |"]
+
+
+def test_a_tiny_run(tmp_path: Path) -> None:
+    """pagekv's side always (it breaks when pagekv's API moves), DBOS's when it is installed."""
+    with_dbos = importlib.util.find_spec("dbos") is not None
+    systems = ["pagekv", "dbos-wal-full"] if with_dbos else ["pagekv"]
+    out = tmp_path / "figures.json"
+    command = [sys.executable, str(SCRIPT), "--reps", "1", "--requests", "2"]
+    command += ["--concurrency", "2", "--steps", "3", "--dir", str(tmp_path), "--json", str(out)]
+    subprocess.run([*command, "--systems", *systems], check=True, capture_output=True, timeout=120)
+    (run,) = json.loads(out.read_text())["runs"]
+    assert sorted(run) == sorted(systems)
+    assert all(v > 0 for s in run.values() for v in s["figures"].values())
+    if with_dbos:
+        assert run["dbos-wal-full"]["setup"]["connections"] == ["journal_mode=wal synchronous=2"]
