@@ -21,13 +21,15 @@ of the current epoch, kept in memory over the base. A write checks the fence and
 applies its change and writes one record; if that write fails, the store refuses every request
 until it is reopened (`_append`). Creating a namespace is one such record too.
 
-**Group commit.** A write alone (no other thread waiting for the lock, every earlier record
-durable) makes its record durable before it lets go of the locks: one `O_DSYNC` write, the
-fastest way for one writer. Otherwise it writes its record to the page cache, lets go, and waits
-for a flush that covers it (`_await_durable`): one waiter at a time flushes, outside the locks,
-while the others append, so concurrent writers of any namespaces, in any of the processes sharing
-the directory, share one `fdatasync`. An operation that saw a record not yet durable (a read of
-its namespace, a fence it failed) waits for it too, so nothing returns what a crash could undo.
+**Group commit.** A write alone (no other thread or process waited for the lock, every earlier
+record durable) makes its record durable before it lets go of the locks: one `O_DSYNC` write, the
+fastest way for one writer. Otherwise it writes its record to the page cache, lets go, and waits for
+a flush that covers it (`_await_durable`): one waiter per process, and one process of the host at a
+time, flushes outside the locks while the others append, so concurrent writers of any namespaces, in
+any of the processes sharing the directory, share one `fdatasync`. Records are chained by their CRCs
+(`file_log.py`), so one stranded after a hole can never rejoin the log. An operation that saw a
+record not yet durable (a read of its namespace, a fence it failed) waits for it too, so nothing
+returns what a crash could undo.
 
 Invariants:
 - The visible state is the pending state over the base. The pending state is a function of the
@@ -121,6 +123,13 @@ DEFAULT_LOCK_TIMEOUT: Final = 30.0
 _BASE_PAGE_SIZE: Final = 32 * 1024
 _KEYS_PER_QUERY: Final = 500
 DEFAULT_LOG_BYTES: Final = 32 * 2**20
+_EPOCH_END: Final = 2**32 - 1
+"""The largest `seq` of an epoch's positions: `_position(epoch, _EPOCH_END)` is past every
+record of the epoch."""
+_FIRST_POLL: Final = 20e-6
+_MAX_POLL: Final = 500e-6
+"""A process waiting for another's flush looks again after 20 µs, then twice as long each time
+up to 0.5 ms: a flush takes from 0.1 ms to a few ms."""
 _GROUPING_S: Final = 0.1
 """How long after a flush shared by several writes a write still leaves its flush to a group:
 writers that have just been woken by one flush are about to write again, and one of them going
@@ -329,8 +338,10 @@ class FileStore:
         self._created: dict[str, int] = {}  # namespaces created in this epoch, by name
         self._writes = self._folds = 0
         self._contended = 0  # threads waiting for `_lock` to enter a section
+        self._lock_waited = False  # under `_lock`: this section waited for another process
         self._owed = 0  # under `_lock`: the position the current section must see durable
         self._log_pos = 0  # every record up to this position is in the file (maybe not durable)
+        self._chain = 0  # the seed of the next record's CRC
         flush_lock = threading.Lock()
         self._durable = threading.Condition(flush_lock)
         self._gathered = threading.Condition(flush_lock)  # the flusher waits for writes on it
@@ -404,9 +415,10 @@ class FileStore:
                 f"cannot open the file store at {self.path}: {_describe(e, self.path)}"
             ) from e
         with self._section(exclusive=False):
-            if self._log.durable_mark() > self._log_pos:  # left by another copy of the directory
-                self._log.sync()
-                self._log.reset_mark(self._log_pos)
+            # What the log holds now is durable, whatever `kv.shm` says (it may come from a copy
+            # of the directory, or from before a reboot).
+            self._flush_under_lock()
+            self._log.reset_marks(self._log_pos)
 
     @property
     def log_used(self) -> int:
@@ -445,11 +457,7 @@ class FileStore:
         log = self._log
         trusted = self._header_bytes is not None  # the pending state matches `_header`
         if trusted and self._live:
-            current = self._header
-            assert current is not None
-            while (body := log.read_record(self._offset, current.salt, self._seq + 1)) is not None:
-                self._replay(body)
-            self._log_pos = _position(current.epoch, self._seq)
+            self._replay_records()
         raw = log.header_bytes()
         # A sealed epoch may have been folded since without a header write: look at the base.
         sealed = self._live and self._header is not None and self._header.sealed
@@ -463,6 +471,7 @@ class FileStore:
                 # Only sealed since, and not folded yet (its folder died before the base): the
                 # pending state still describes the epoch. Once the base holds the epoch, the
                 # pending state must go, or a lookup of a key's old size would find its new one.
+                self._sealed_is_durable(header)
                 return
             if header.epoch != folded + 1:
                 raise KvUnavailable(
@@ -473,10 +482,51 @@ class FileStore:
         self._created.clear()
         self._offset, self._seq = DATA_START, 0
         self._live = header is not None and header.epoch > folded
-        if header is not None and self._live:
-            while (body := log.read_record(self._offset, header.salt, self._seq + 1)) is not None:
-                self._replay(body)
-        self._log_pos = _position(header.epoch if header is not None else 0, self._seq)
+        if header is None:
+            return
+        self._chain = log.salt_seed(header.salt)
+        if self._live:
+            self._replay_records()
+            if header.sealed:
+                self._sealed_is_durable(header)
+        else:  # folded, so its seal was flushed before the base changed: all of it is durable
+            self._raise_log_pos(_position(header.epoch, _EPOCH_END))
+            self._mark_durable(self._log_pos)
+
+    def _replay_records(self) -> None:
+        """Apply the live epoch's records past the ones applied already."""
+        log, header = self._log, self._header
+        assert header is not None
+        while (found := log.read_record(self._offset, self._chain, self._seq + 1)) is not None:
+            body, crc = found
+            self._replay(body)
+            if header.chained:
+                self._chain = crc
+        self._raise_log_pos(_position(header.epoch, self._seq))
+
+    def _sealed_is_durable(self, header: LogHeader) -> None:
+        """A sealed epoch takes no more records, and its folder flushed the log as it sealed it,
+        unless it died before that flush: flush it once more, so its waiters can all return."""
+        end = _position(header.epoch, _EPOCH_END)
+        self._raise_log_pos(end)
+        if self._durable_pos < end:
+            self._flush_under_lock()
+            self._mark_durable(end)
+
+    def _flush_under_lock(self) -> None:
+        """Flush the log from inside a section; a failure breaks the store (pages may be lost)."""
+        try:
+            self._log.sync()
+        except OSError as e:
+            self._broken = f"a flush of its log failed: {os_reason(e)}"
+            raise KvUnavailable(
+                f"flush of {self._log.path} failed: {os_reason(e)}; the store refuses requests "
+                "until it is reopened"
+            ) from e
+
+    def _raise_log_pos(self, position: int) -> None:
+        if position > self._log_pos:
+            self._log_pos = position
 
     def _replay(self, body: bytes) -> None:
         try:
@@ -495,9 +545,10 @@ class FileStore:
         pending.last = _position(header.epoch, self._seq)
 
     def _make_writable(self) -> None:
-        """Ensure the header is live and unsealed: finish an interrupted fold first."""
+        """Ensure the header is live, unsealed and chained: finish an interrupted fold first,
+        and fold an older pagekv's unchained epoch before appending."""
         header = self._header
-        if self._live and header is not None and not header.sealed:
+        if self._live and header is not None and not header.sealed and header.chained:
             return
         if self._live:
             self._fold()
@@ -530,12 +581,7 @@ class FileStore:
         header = self._header
         assert header is not None and self._live and not header.sealed
         offset, seq = self._offset, self._seq + 1
-        try:
-            self._log.ensure_size(offset + size)
-        except OSError as e:  # a full disk, say: nothing of this record was written
-            raise KvUnavailable(
-                f"cannot grow {self._log.path}: {os_reason(e)}; nothing was written"
-            ) from e
+        self._grow(offset + size)
         pending = self._pending_for(ns) if created is None else self._add_created(ns, created)
         change(pending)
         self._offset, self._seq = offset + size, seq
@@ -543,32 +589,42 @@ class FileStore:
         pending.last = position
         durable = (
             self._contended == 0
+            and not self._lock_waited
             and time.monotonic() >= self._grouping_until
             and self._is_durable(position - 1)
         )
         try:
             self._changes = self._log.bump()
-            self._log.append(offset, header.salt, seq, body, durable)
+            self._chain = self._log.append(offset, self._chain, seq, body, durable)
         except OSError as e:
             self._broken = f"an append to its log failed: {os_reason(e)}"
             raise KvIndeterminate(
                 f"append to {self._log.path} failed: {os_reason(e)}; the write may or may not "
                 "have been applied, and the store refuses requests until it is reopened"
             ) from e
-        self._log_pos = position
+        self._raise_log_pos(position)
+        self._log.raise_written(position)
         self._writes += 1
         if durable:
             self._mark_durable(position)
         else:
             self._owed = position
 
-    def _write_header(self, header: LogHeader) -> None:
+    def _grow(self, size: int) -> None:
+        """Make the log at least `size` bytes. A full disk leaves the store usable (nothing of
+        the request was written); a failed flush of the new blocks breaks it."""
         try:
-            self._log.ensure_size(DATA_START)
-        except OSError as e:  # nothing written: the store stays usable
+            grown = self._log.ensure_size(size)
+        except OSError as e:
             raise KvUnavailable(
                 f"cannot grow {self._log.path}: {os_reason(e)}; nothing was written"
             ) from e
+        if grown:
+            self._flush_under_lock()
+            self._mark_durable(self._log_pos)
+
+    def _write_header(self, header: LogHeader) -> None:
+        self._grow(DATA_START)
         try:
             self._changes = self._log.bump()
             self._log.write_header(header)  # a flush: every record written so far is durable
@@ -639,11 +695,14 @@ class FileStore:
         previous = self._header
         hseq = previous.hseq + 1 if previous is not None else 1
         epoch = self._folded_epoch() + 1
-        self._write_header(LogHeader(hseq, epoch, os.urandom(8), sealed=False))
+        salt = os.urandom(8)
+        self._write_header(LogHeader(hseq, epoch, salt, sealed=False))
         self._pending.clear()
         self._created.clear()
         self._live, self._offset, self._seq = True, DATA_START, 0
-        self._log_pos = _position(epoch, 0)
+        self._chain = self._log.salt_seed(salt)
+        self._raise_log_pos(_position(epoch, 0))
+        self._log.raise_written(self._log_pos)
         self._mark_durable(self._log_pos)
 
     # -- the base ----------------------------------------------------------------------------
@@ -722,6 +781,8 @@ class FileStore:
         racing `_mark_durable` can only lower it, which costs a flush, never a lost write."""
         if position <= self._durable_pos:
             return True
+        if self._broken is not None:  # closed, maybe: only what this process saw flushed
+            return False
         mark = self._log.durable_mark()
         if position <= mark:
             self._durable_pos = max(self._durable_pos, mark)
@@ -738,11 +799,10 @@ class FileStore:
     def _await_durable(self, position: int) -> None:
         """Return once the log is durable up to `position`, flushing it if no other thread is.
 
-        The flusher holds no lock while it flushes, so writers go on appending meanwhile, and
-        the next flush covers all of them at once: that is the group commit. A flush that
-        follows one shared by several writes first gives those writers, woken by it and about
-        to write again, up to half a flush's time to append (`_gather`). A failed flush breaks
-        the store; every waiter then learns that its write may be lost.
+        One waiting thread per process flushes (`_flush_for_all`) while the others wait on
+        `_durable`; it holds no lock while it flushes, so writers go on appending meanwhile, and
+        the next flush covers all of them at once: that is the group commit. A failed flush
+        breaks the store; every waiter then learns that its write may be lost.
         """
         durable = self._durable
         with durable:
@@ -757,30 +817,62 @@ class FileStore:
                     durable.wait()
                     continue
                 self._flushing = True
-                self._gather()
-                target, writes = self._log_pos, self._writes
-                self._covered = writes - self._flushed_writes
-                if self._covered > 1:
-                    self._grouping_until = time.monotonic() + _GROUPING_S
-                self._flushed_writes = writes
-                durable.release()
-                started = time.monotonic()
                 try:
-                    self._log.sync()
+                    self._flush_for_all()
+                finally:
+                    self._flushing = False
+                    durable.notify_all()
+
+    def _flush_for_all(self) -> None:
+        """Under `_durable`, as this process's flusher: flush what this process has written or
+        seen, unless another process's flush covers it.
+
+        A flush that follows one shared by several writes first gives the writers it woke, about
+        to write again, up to half a flush's time to append (`_gather`). Then one process of the
+        host at a time flushes (the flusher lock on `kv.shm`), up to the last record any process
+        has written; a process that finds the lock taken waits for that flush, whose end often
+        covers it, and else flushes next, for everything written meanwhile. A flusher that keeps
+        the lock past `lock_timeout` (a stopped process) is flushed around, never waited for.
+        """
+        self._gather()
+        want, log, writes = self._log_pos, self._log, self._writes
+        self._covered, self._flushed_writes = writes - self._flushed_writes, writes
+        before = target = 0
+        self._durable.release()
+        try:
+            locked, delay = log.try_lock_flusher(), _FIRST_POLL
+            deadline = time.monotonic() + self.lock_timeout
+            while not locked and not self._is_durable(want) and time.monotonic() < deadline:
+                time.sleep(delay)
+                delay = min(2 * delay, _MAX_POLL)
+                locked = log.try_lock_flusher()
+            try:
+                if self._is_durable(want):
+                    return
+                before = max(self._durable_pos, log.durable_mark())
+                started, end = time.monotonic(), max(want, log.written_mark())
+                try:
+                    log.sync()
                 except OSError as e:
                     self._broken = f"a flush of its log failed: {os_reason(e)}"
-                finally:
-                    durable.acquire()
-                    self._flushing = False
+                    return
                 self._flush_s += (time.monotonic() - started - self._flush_s) / 4
-                if self._broken is None:
-                    self._durable_pos = max(self._durable_pos, target)
-                    self._log.raise_mark(target)
-                durable.notify_all()
+                log.raise_mark(end)
+                target = end
+            finally:
+                if locked:
+                    log.unlock_flusher()
+        finally:
+            self._durable.acquire()
+        if target - before > 1:  # several records, from this process or others
+            self._grouping_until = time.monotonic() + _GROUPING_S
+        if self._broken is None and target > self._durable_pos:
+            self._durable_pos = target
 
     def _gather(self) -> None:
-        """Under `_durable`: wait until as many writes have come since the latest flush as it
-        covered, or half a flush's time, whichever is first (nothing if it covered one)."""
+        """Under `_durable`: wait until as many writes of this process have come since the
+        latest flush as it covered, or half a flush's time, whichever is first (nothing if it
+        covered one)."""
         if self._covered < 2:
             return
         deadline = time.monotonic() + self._flush_s / 2
@@ -914,7 +1006,7 @@ class _Section:
                     f"the file store {store.path} refuses requests ({store._broken}); reopen it"
                 )
             try:
-                store._log.lock(self._exclusive, timeout)
+                store._lock_waited = store._log.lock(self._exclusive, timeout)
             except TimeoutError as e:
                 raise KvUnavailable(
                     f"the file store {store.path} is locked: {e.strerror}; nothing was done"

@@ -5,19 +5,23 @@ Layout of `kv.log` (integers little-endian):
 - bytes 0-511 and 512-1023: two **header slots**, `magic:8 | hseq:u64 | epoch:u64 | salt:8 |
   sealed:u8 | crc32c:u32` over the bytes before the CRC. The valid slot with the larger `hseq`
   is the header; a new header goes to slot `hseq % 2`, so a torn header write leaves the previous
-  one readable.
+  one readable. The magic says how records check out: `pkvlog2` chains them (below); `pkvlog1`,
+  written by pagekv before group commit, seeds every record with the salt alone.
 - from byte 4096: **records**, each starting on a 512-byte boundary: `crc32c:u32 | length:u32 |
-  seq:u64 | body`, where the CRC covers the header's salt, the length, the sequence number and
-  the body, and `seq` counts from 1 in each epoch. The log ends at the first record that does not
-  check out.
+  seq:u64 | body`, where the CRC covers the length, the sequence number and the body, seeded with
+  the previous record's CRC (the first record's with the CRC of the header's salt), and `seq`
+  counts from 1 in each epoch. The log ends at the first record that does not check out.
 
-Why a salted CRC and a contiguous `seq`: after a crash the bytes past the last record can be a
-torn record or records of an earlier epoch (the file is reused, never truncated). Neither can pass
-for a record of the current epoch, and a stored value that happens to contain record-shaped bytes
-cannot either, because it cannot know the random salt. Why 512-byte alignment: records are
-written with `O_DIRECT`, which needs sector-aligned offsets and lengths; on this ext4 a direct
-write of 4.3 KB took the same time at 512-byte and at 4 KiB alignment, and 512 wastes less of the
-log (a 100-byte write takes one sector, not one page).
+Why a salted CRC and a contiguous `seq`: after a crash the bytes past the last record can be a torn
+record or records of an earlier epoch (the file is reused, never truncated). Neither can pass for a
+record of the current epoch, and a stored value that happens to contain record-shaped bytes cannot
+either, because it cannot know the random salt. Why the chain: with group commit several records
+wait in the page cache for one flush, and a power loss can keep a later one and lose an earlier one.
+The replay stops at the hole; the record written there next differs from the lost one, so the
+stranded record after it no longer checks out and can never rejoin the log. Why 512-byte alignment:
+records are written with `O_DIRECT`, which needs sector-aligned offsets and lengths; on this ext4 a
+direct write of 4.3 KB took the same time at 512-byte and at 4 KiB alignment, and 512 wastes less of
+the log (a 100-byte write takes one sector, not one page).
 
 Invariants: a record is acknowledged only once it is durable: written with `O_DSYNC`, or
 written to the page cache and covered by a later `sync`. A record is written durably at once only
@@ -42,6 +46,7 @@ from crc32c import crc32c
 DATA_START: Final = 4096
 ALIGN: Final = 512
 _MAGIC: Final = b"pkvlog1\0"
+_MAGIC_CHAINED: Final = b"pkvlog2\0"
 _SLOT_SIZE: Final = 512
 _HEADER: Final = struct.Struct("<8sQQ8sB")
 _CRC: Final = struct.Struct("<I")
@@ -50,7 +55,8 @@ _RECORD: Final = struct.Struct("<IIQ")
 _LENGTH_SEQ: Final = struct.Struct("<IQ")
 _COUNTER: Final = struct.Struct("<Q")
 _MARK_AT: Final = 8
-_SHARED_BYTES: Final = 16
+_WRITTEN_AT: Final = 16
+_SHARED_BYTES: Final = 24
 _FIRST_EXTENT: Final = 256 * 1024
 _MAX_EXTENT: Final = 2 * 2**20
 _PADDING: Final = bytes(ALIGN)
@@ -64,26 +70,30 @@ _MAX_POLL: Final = 1e-3
 
 @dataclass(frozen=True, slots=True)
 class LogHeader:
-    """Which epoch the records belong to; `sealed` means a fold of it into the base has begun."""
+    """Which epoch the records belong to; `sealed` means a fold of it into the base has begun;
+    `chained` that each record's CRC is seeded with the previous one's (every epoch this pagekv
+    starts; an older pagekv's epoch is folded before anything is appended to it)."""
 
     hseq: int
     epoch: int
     salt: bytes
     sealed: bool
+    chained: bool = True
 
     def encode(self) -> bytes:
-        head = _HEADER.pack(_MAGIC, self.hseq, self.epoch, self.salt, self.sealed)
+        magic = _MAGIC_CHAINED if self.chained else _MAGIC
+        head = _HEADER.pack(magic, self.hseq, self.epoch, self.salt, self.sealed)
         return head + _CRC.pack(crc32c(head))
 
 
 def _decode_header(raw: bytes) -> LogHeader | None:
     size = _HEADER.size
-    if len(raw) < _HEADER_BYTES or raw[:8] != _MAGIC:
+    if len(raw) < _HEADER_BYTES or raw[:8] not in (_MAGIC, _MAGIC_CHAINED):
         return None
     if _CRC.unpack_from(raw, size)[0] != crc32c(raw[:size]):
         return None
-    _, hseq, epoch, salt, sealed = _HEADER.unpack_from(raw)
-    return LogHeader(hseq, epoch, salt, bool(sealed))
+    magic, hseq, epoch, salt, sealed = _HEADER.unpack_from(raw)
+    return LogHeader(hseq, epoch, salt, bool(sealed), magic == _MAGIC_CHAINED)
 
 
 def _aligned(size: int) -> int:
@@ -108,7 +118,7 @@ class LogFile:
         self._size = 0  # a lower bound of the file's size: other processes may have grown it
         self._direct = _open_direct(path)
         self._buffer: mmap.mmap | None = None
-        self._shm = _map_counter(path.with_suffix(".shm"))
+        self._shm_fd, self._shm = _map_shared(path.with_suffix(".shm"))
         self._salt, self._salt_crc = b"", crc32c(b"")
 
     def changes(self) -> int:
@@ -128,10 +138,33 @@ class LogFile:
         if position > _COUNTER.unpack_from(self._shm, _MARK_AT)[0]:
             _COUNTER.pack_into(self._shm, _MARK_AT, position)
 
-    def reset_mark(self, position: int) -> None:
-        """Set the mark to `position` even if lower: for a mark found past the end of the log
-        (a `kv.shm` left over from another copy of the directory)."""
+    def written_mark(self) -> int:
+        """The position of the last record any process has written to the file (to the page
+        cache at least): a flush that starts now covers the log up to it."""
+        return _COUNTER.unpack_from(self._shm, _WRITTEN_AT)[0]
+
+    def raise_written(self, position: int) -> None:
+        """Record a record written; the caller holds the exclusive lock, so no writer races it."""
+        if position > _COUNTER.unpack_from(self._shm, _WRITTEN_AT)[0]:
+            _COUNTER.pack_into(self._shm, _WRITTEN_AT, position)
+
+    def reset_marks(self, position: int) -> None:
+        """Set both marks to `position`, the end of the log, just flushed: at open, where
+        `kv.shm` may come from before a reboot or from another copy of the directory."""
         _COUNTER.pack_into(self._shm, _MARK_AT, position)
+        _COUNTER.pack_into(self._shm, _WRITTEN_AT, position)
+
+    def try_lock_flusher(self) -> bool:
+        """Take the host's flusher lock (a `flock` on `kv.shm`) if it is free: one process at a
+        time flushes for all, the others wait for its flush or the next one."""
+        try:
+            fcntl.flock(self._shm_fd, _LOCK_EX | _LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock_flusher(self) -> None:
+        fcntl.flock(self._shm_fd, _LOCK_UN)
 
     def bump(self) -> int:
         """Count a change about to be made (under the exclusive lock); return the new value.
@@ -145,8 +178,9 @@ class LogFile:
         _COUNTER.pack_into(self._shm, 0, value)
         return value
 
-    def lock(self, exclusive: bool, timeout: float) -> None:
+    def lock(self, exclusive: bool, timeout: float) -> bool:
         """Take the log's `flock`, waiting at most `timeout` seconds; `TimeoutError` past it.
+        Return whether it had to wait (another process held it).
 
         A blocking `flock` cannot be given a timeout, and a holder that is stopped (SIGSTOP, a
         debugger, a frozen cgroup) would stall every other process for good. So a lock not free
@@ -157,7 +191,7 @@ class LogFile:
         kind = _LOCK_EX if exclusive else _LOCK_SH
         try:
             fcntl.flock(self.fd, kind | _LOCK_NB)
-            return
+            return False
         except BlockingIOError:
             pass
         deadline = time.monotonic() + timeout
@@ -166,7 +200,7 @@ class LogFile:
             time.sleep(delay)
             try:
                 fcntl.flock(self.fd, kind | _LOCK_NB)
-                return
+                return True
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
@@ -210,8 +244,10 @@ class LogFile:
         write_all(self.fd, header.encode(), (header.hseq % 2) * _SLOT_SIZE)
         self.sync()
 
-    def read_record(self, offset: int, salt: bytes, seq: int) -> bytes | None:
-        """The body of record `seq` at `offset`, or None where the log ends."""
+    def read_record(self, offset: int, seed: int, seq: int) -> tuple[bytes, int] | None:
+        """The body and CRC of record `seq` at `offset`, or None where the log ends. `seed` is
+        what its CRC starts from: the previous record's CRC in a chained epoch, else
+        `salt_seed(salt)`."""
         view = self._view(offset + _RECORD.size)
         if view is None:
             return None
@@ -223,12 +259,13 @@ class LogFile:
         if view is None:
             return None
         body = view[start : start + length]
-        if crc != crc32c(body, crc32c(view[offset + 4 : start], self._seed(salt))):
+        if crc != crc32c(body, crc32c(view[offset + 4 : start], seed)):
             return None
-        return body
+        return body, crc
 
-    def _seed(self, salt: bytes) -> int:
-        """The CRC of the salt, which every record's CRC starts from (cached per epoch)."""
+    def salt_seed(self, salt: bytes) -> int:
+        """The CRC of the salt: the first record's seed, and every record's in an unchained
+        epoch (cached per epoch)."""
         if salt != self._salt:
             self._salt, self._salt_crc = salt, crc32c(salt)
         return self._salt_crc
@@ -244,10 +281,11 @@ class LogFile:
         if self.flush_delay:
             time.sleep(self.flush_delay)
 
-    def append(self, offset: int, salt: bytes, seq: int, body: bytes, durable: bool) -> None:
-        """Write record `seq` at `offset`: on disk when this returns if `durable`, else in the
-        page cache, for a later `sync` to cover along with its neighbours' (group commit). The
-        caller has made room with `ensure_size`, so the write lands on allocated, zeroed blocks.
+    def append(self, offset: int, seed: int, seq: int, body: bytes, durable: bool) -> int:
+        """Write record `seq` at `offset`, its CRC seeded with `seed`, and return the CRC: on disk
+        when this returns if `durable`, else in the page cache, for a later `sync` to cover along
+        with its neighbours' (group commit). The caller has made room with `ensure_size`, so the
+        write lands on allocated, zeroed blocks.
 
         A durable record's blocks (zero-padded to whole blocks) are written where the file
         system allows it with `O_DIRECT | O_DSYNC`, one system call that bypasses the page cache
@@ -266,10 +304,11 @@ class LogFile:
             _LENGTH_SEQ.pack_into(buffer, _CRC.size, len(body), seq)
             buffer[_RECORD.size : end] = body
             buffer[end:size] = _PADDING[: size - end]
-            _CRC.pack_into(buffer, 0, crc32c(record[_CRC.size : end], self._seed(salt)))
+            crc = crc32c(record[_CRC.size : end], seed)
+            _CRC.pack_into(buffer, 0, crc)
             if not durable:
                 write_all(self.fd, buffer, offset, 0, size)
-                return
+                return crc
             if self._direct is not None:
                 try:
                     written = os.pwritev(self._direct, [record[:size]], offset)
@@ -281,37 +320,41 @@ class LogFile:
                 else:
                     if written == size:
                         self._flushed()
-                        return
+                        return crc
                     # A short direct write (a full disk, a quota, RLIMIT_FSIZE): the rest goes
                     # through the page cache, which either completes it or says why it cannot.
                     write_all(self.fd, buffer, offset + written, written, size)
                     self.sync()
-                    return
+                    return crc
             write_all(self.fd, buffer, offset, 0, end)
             self.sync()
+            return crc
 
     @staticmethod
     def record_size(body: bytes) -> int:
         return _aligned(_RECORD.size + len(body))
 
-    def ensure_size(self, size: int) -> None:
-        """Grow the file with zeros ahead of the records, so they overwrite allocated blocks.
+    def ensure_size(self, size: int) -> bool:
+        """Grow the file with zeros ahead of the records, so they overwrite allocated blocks; return
+        whether it grew, and so must be synced before records go on the new blocks.
 
-        Overwriting allocated blocks lets a durable write skip the file-size metadata; the zeros
-        are synced here, once per extension, not with each record. Extensions double up to
+        Overwriting allocated blocks lets a durable write skip the file-size metadata; the zeros are
+        synced once per extension, not with each record. The caller syncs: that flush also covers
+        records waiting in the page cache, so its failure is theirs too. Extensions double up to
         `_MAX_EXTENT`, which bounds the pause of the write that pays for one. The current size is
         read from the file before growing it: zeros written from a stale size would erase records.
         """
         if size <= self._size:
-            return
+            return False
         current = os.fstat(self.fd).st_size
-        if size > current:
+        grown = size > current
+        if grown:
             step = min(max(current, _FIRST_EXTENT), _MAX_EXTENT)
             target = max(_aligned(size), current + step)
             write_all(self.fd, bytes(target - current), current)
-            self.sync()
             current = target
         self._size = current
+        return grown
 
     def _close_buffer(self) -> None:
         if self._buffer is not None:
@@ -325,6 +368,9 @@ class LogFile:
             if resource is not None and not resource.closed:
                 resource.close()
         self._map = None
+        if self._shm_fd >= 0:
+            fd, self._shm_fd = self._shm_fd, -1
+            os.close(fd)
         if self._direct is not None:
             os.close(self._direct)
             self._direct = None
@@ -389,14 +435,16 @@ def _process_state(pid: str) -> str:
     return f" ({states[state]})" if state in states else ""
 
 
-def _map_counter(path: Path) -> mmap.mmap:
+def _map_shared(path: Path) -> tuple[int, mmap.mmap]:
+    """`kv.shm`'s descriptor (for the flusher lock) and its shared mapping."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         if os.fstat(fd).st_size < _SHARED_BYTES:
             os.ftruncate(fd, DATA_START)  # only grows it: every process truncates to this size
-        return mmap.mmap(fd, _SHARED_BYTES)
-    finally:
+        return fd, mmap.mmap(fd, _SHARED_BYTES)
+    except BaseException:
         os.close(fd)
+        raise
 
 
 def _open_direct(path: Path) -> int | None:

@@ -329,10 +329,9 @@ def test_a_torn_header_falls_back_to_the_other_slot(
     model.check(FileStore(tmp_path, log_bytes=SMALL_LOG))
 
 
-def _tail(store: FileStore) -> tuple[int, int, bytes]:
-    header = store._header
-    assert header is not None
-    return store._offset, store._seq + 1, header.salt
+def _tail(store: FileStore) -> tuple[int, int, int]:
+    """Where the next record goes, its `seq`, and the seed its CRC needs (the chain so far)."""
+    return store._offset, store._seq + 1, store._chain
 
 
 @pytest.mark.parametrize("salt_known", [False, True], ids=["forged", "genuine"])
@@ -340,12 +339,12 @@ def test_a_record_counts_only_with_the_epochs_salt(tmp_path: Path, salt_known: b
     store = FileStore(tmp_path)
     ns = store.namespace("a")
     ns.put({b"a": b"1"})
-    offset, seq, salt = _tail(store)
+    offset, seq, seed = _tail(store)
     store.close()
     record = encode_write(ns._id, {b"b": b"forged"}, [])
     log = LogFile(tmp_path / "kv.log")
     log.ensure_size(offset + LogFile.record_size(record))
-    log.append(offset, salt if salt_known else os.urandom(8), seq, record, durable=True)
+    log.append(offset, seed if salt_known else seed ^ 1, seq, record, durable=True)
     log.close()
     reopened = FileStore(tmp_path)
     expected = {b"a": b"1", b"b": b"forged"} if salt_known else {b"a": b"1"}
@@ -357,12 +356,12 @@ def test_a_torn_record_is_ignored_and_overwritten(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     ns = store.namespace("a")
     ns.put({b"a": b"1"})
-    offset, seq, salt = _tail(store)
+    offset, seq, seed = _tail(store)
     store.close()
     body = encode_write(ns._id, {b"b": os.urandom(9000)}, [])
     log = LogFile(tmp_path / "kv.log")
     log.ensure_size(offset + LogFile.record_size(body))
-    log.append(offset, salt, seq, body, durable=True)
+    log.append(offset, seed, seq, body, durable=True)
     log.close()
     with open(tmp_path / "kv.log", "r+b") as f:  # the crash left the last block unwritten
         f.seek(offset + 8192)

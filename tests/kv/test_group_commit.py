@@ -12,6 +12,9 @@ from __future__ import annotations
 import errno
 import math
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from pagekv.kv import FileStore, KvIndeterminate, KvUnavailable, file_log, open_kv
+from pagekv.kv import FileStore, KvIndeterminate, KvLimits, KvUnavailable, file_log, open_kv
 from pagekv.kv.file import FileNamespace
+from pagekv.kv.file_log import LogFile, LogHeader
+from pagekv.kv.file_records import encode_write
 
 WAIT = 10.0
 
@@ -301,3 +306,227 @@ def test_close_waits_for_a_flush_in_flight_and_keeps_what_it_covers(
     monkeypatch.undo()
     with FileStore(tmp_path) as reopened:
         assert reopened.namespace("a").get([b"k"]) == [b"v"]
+
+
+def test_a_record_stranded_after_a_hole_never_rejoins_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Record A frees room under the quota and B uses it; both wait for one flush, and a power
+    loss keeps B's sector but not A's. The replay stops at A's hole; the next write lands there,
+    and B must not check out after it (the CRC chain), or it would come back over the quota."""
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    limits = KvLimits(max_storage_bytes=1500)
+    store = FileStore(live, limits=limits)
+    x, y = store.namespace("x"), store.namespace("y")
+    x.put({b"big": b"1" * 896})
+    y.put({b"k": b"0"})
+    _in_groups(store)
+    flushes = _Flushes(monkeypatch)
+    hole, seq = store.log_used, store._seq
+    a, _ = _start(lambda: x.delete([b"big"]))
+    assert flushes.started.wait(WAIT)
+    b, _ = _start(lambda: x.put({b"big2": b"2" * 896}))
+    deadline = time.monotonic() + WAIT
+    while store._seq < seq + 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store._seq == seq + 2, "both records are in the file"
+    crashed.mkdir()
+    shutil.copy(live / "kv.sqlite3", crashed)
+    image = bytearray((live / "kv.log").read_bytes())
+    image[hole : hole + 512] = bytes(512)  # A never reached the disk; B did
+    (crashed / "kv.log").write_bytes(image)
+    flushes.gate.set()
+    a.join(WAIT)
+    b.join(WAIT)
+    monkeypatch.undo()
+    store.close()
+    with FileStore(crashed, limits=limits) as reopened:
+        assert [k for k, _ in reopened.namespace("x").list()] == [b"big"]
+        reopened.namespace("y").put({b"k": b"after the crash"})  # written where A was
+    with FileStore(crashed, limits=limits) as reopened:
+        x = reopened.namespace("x")
+        assert [k for k, _ in x.list()] == [b"big"] and x.used_bytes() <= 1500
+        assert reopened.namespace("y").get([b"k"]) == [b"after the crash"]
+
+
+def test_a_flusher_interrupted_mid_flush_leaves_the_others_to_flush(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Interrupted(BaseException):
+        pass
+
+    namespaces = [store.namespace(f"a{i}") for i in range(3)]
+    _in_groups(store)
+    started, gate, calls = threading.Event(), threading.Event(), []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # the first flusher is interrupted (a signal, Ctrl-C) in its flush
+            started.set()
+            assert gate.wait(WAIT)
+            raise Interrupted
+        real(fd)
+
+    monkeypatch.setattr(file_log.os, "fdatasync", fdatasync)
+    first, first_out = _start(lambda: _interruptible(namespaces[0], Interrupted))
+    assert started.wait(WAIT)
+    others = [_start(lambda ns=ns: ns.put({b"k": b"v"})) for ns in namespaces[1:]]
+    time.sleep(0.1)
+    gate.set()
+    first.join(WAIT)
+    for thread, out in others:
+        thread.join(WAIT)
+        assert out == [None], "a waiter was left behind by the interrupted flusher"
+    assert first_out == ["interrupted"] and len(calls) >= 2
+    namespaces[0].put({b"k": b"after"})
+    assert namespaces[0].get([b"k"]) == [b"after"]
+
+
+def _interruptible(ns: FileNamespace, kind: type[BaseException]) -> str:
+    try:
+        ns.put({b"k": b"v"})
+    except kind:
+        return "interrupted"
+    return "done"
+
+
+def test_a_failed_flush_while_the_log_grows_fails_the_writes_it_covered(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Growing the log flushes it, and that flush covers records waiting in the page cache: its
+    failure breaks the store like a failed group flush (the kernel reports an error only once,
+    so the group flush after it could not tell)."""
+    a, b = store.namespace("a"), store.namespace("b")
+    while store.log_used + 1024 <= store._log._size:
+        a.put({b"f%d" % store.log_used: b"x" * 300})
+    _in_groups(store)
+    calls: list[int] = []
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # the group flush covering a's record, held
+            assert gate.wait(WAIT)
+        elif len(calls) == 2:  # the flush of the grown log fails
+            raise OSError(errno.EIO, "injected writeback failure")
+        real(fd)
+
+    monkeypatch.setattr(file_log.os, "fdatasync", fdatasync)
+    writer, written = _start(lambda: a.put({b"covered": b"1"}))
+    deadline = time.monotonic() + WAIT
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(KvUnavailable, match="EIO"):
+        b.put({b"big": b"y" * 4000})
+    gate.set()
+    writer.join(WAIT)
+    assert len(calls) == 2
+    assert len(written) == 1 and isinstance(written[0], KvIndeterminate)
+    with pytest.raises(KvUnavailable, match="refuses requests"):
+        a.put({b"later": b"z"})
+
+
+def test_a_waiter_returns_after_a_fold_whose_folder_died(tmp_path: Path) -> None:
+    """Another process folds the epoch a waiter's record is in and dies before the next epoch's
+    header: the record is durable (the fold sealed it with a flush), and the waiter must see it,
+    not flush for ever towards a position the log no longer grows to."""
+    log_bytes = 16 * 1024
+    mine = FileStore(tmp_path, log_bytes=log_bytes, flush_delay_ms=1000)
+    folder = FileStore(tmp_path, log_bytes=log_bytes)
+    p1, p2, q = mine.namespace("p1"), mine.namespace("p2"), folder.namespace("q")
+    while folder.log_used < log_bytes - 4 * 512:
+        q.put({b"f%d" % folder.log_used: b"x"})
+    _in_groups(mine)
+    first, first_out = _start(lambda: p1.put({b"k": b"1"}))  # flushes for a second
+    time.sleep(0.3)
+    second, second_out = _start(lambda: p2.put({b"k": b"2"}))  # waits for the next flush
+    time.sleep(0.3)
+    real = os.urandom
+
+    def die(n: int) -> bytes:
+        raise SystemExit("the folder dies before the next epoch's header")
+
+    os.urandom = die  # the next epoch's salt
+    try:
+        with pytest.raises(SystemExit):
+            q.put({b"big": b"y" * 3000})  # does not fit: folds
+    finally:
+        os.urandom = real
+    FileStore(tmp_path, log_bytes=log_bytes).close()  # a process opening the store meanwhile
+    assert p1.get([b"x"]) == [None]
+    first.join(WAIT)
+    second.join(WAIT)
+    assert first_out == [None] and second_out == [None]
+    mine.close()
+
+
+_PROCESS_WRITER = """
+import sys, time
+from pagekv.kv import FileStore
+store = FileStore(sys.argv[1], flush_delay_ms=3)
+ns = store.namespace("p" + sys.argv[2])
+start = float(sys.argv[3])
+while time.time() < start:
+    time.sleep(0.001)
+before = store.flush_counts()
+for i in range(40):
+    ns.put({b"k%02d" % i: b"v"})
+after = store.flush_counts()
+print(after.writes - before.writes, after.flushes - before.flushes)
+"""
+
+
+def test_writers_in_several_processes_share_flushes(tmp_path: Path) -> None:
+    """One thread per process: no process sees another thread wait, yet they wait for each
+    other's lock and flush; one process flushes for all at a time."""
+    FileStore(tmp_path).close()
+    start = str(time.time() + 2.0)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PROCESS_WRITER, str(tmp_path), str(p), start],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(4)
+    ]
+    counts = [tuple(map(int, child.communicate(timeout=60)[0].split())) for child in children]
+    writes, flushes = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    assert writes == 160
+    assert flushes <= 0.75 * writes, f"{flushes} flushes for {writes} writes in 4 processes"
+    with FileStore(tmp_path) as reopened:
+        for p in range(4):
+            assert len(reopened.namespace(f"p{p}").list()) == 40
+
+
+def test_an_older_pagekvs_unchained_epoch_is_read_then_folded_before_a_write(
+    tmp_path: Path,
+) -> None:
+    FileStore(tmp_path).close()
+    ns_id = 1
+    with FileStore(tmp_path) as store:
+        assert store.namespace("a")._id == ns_id
+        with store._section(exclusive=True):  # fold the creation away: version 2 had none
+            store._fold()
+            store._start_epoch()
+        epoch = store._header.epoch if store._header else 0
+    log = LogFile(tmp_path / "kv.log")
+    salt = os.urandom(8)
+    log.write_header(LogHeader(hseq=99, epoch=epoch, salt=salt, sealed=False, chained=False))
+    offset = file_log.DATA_START
+    for seq, body in enumerate(
+        [encode_write(ns_id, {b"old": b"1"}, []), encode_write(ns_id, {b"old2": b"2"}, [])], 1
+    ):
+        log.ensure_size(offset + LogFile.record_size(body))
+        log.append(offset, log.salt_seed(salt), seq, body, durable=True)
+        offset += LogFile.record_size(body)
+    log.close()
+    with FileStore(tmp_path) as store:
+        ns = store.namespace("a")
+        assert dict(ns.list()) == {b"old": b"1", b"old2": b"2"}
+        ns.put({b"new": b"3"})
+        assert store._header is not None and store._header.chained
+        assert store._header.epoch == epoch + 1, "the unchained epoch was folded first"
+    with FileStore(tmp_path) as store:
+        assert dict(store.namespace("a").list()) == {b"old": b"1", b"old2": b"2", b"new": b"3"}
