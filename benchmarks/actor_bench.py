@@ -1,6 +1,7 @@
 """Actor runtime figures: in-process action throughput and wake latency of a 10 MiB actor.
 
     .venv/bin/python benchmarks/actor_bench.py [--reps 5] [--actions 2000]
+    .venv/bin/python benchmarks/actor_bench.py --concurrent 64 [--flush-delay-ms 2]
 
 Runs every case on memory:// and file:// (a temporary directory under the current one),
 interleaved, and prints medians with min-max. Wake is measured from the call that finds the actor
@@ -25,7 +26,7 @@ from typing import Any
 import anyio
 
 from pagekv.actor import ActorContext, Registry, actor
-from pagekv.kv import CountingKv, KvStore, open_kv
+from pagekv.kv import CountingKv, FileStore, KvStore, open_kv
 from pagekv.vfs import open_database
 
 bench = actor("bench", state={"n": 0}, sleep_timeout=3600)
@@ -97,6 +98,35 @@ async def _throughput(url: str, action: str, n: int) -> float:
     return n / elapsed
 
 
+async def _concurrent(url: str, actors: int, seconds: float) -> tuple[float, float]:
+    """Aggregate state-only actions/s of `actors` actors called at once, each by its own task,
+    on one store; and the store's flushes per action (NaN where it keeps no counts)."""
+    store = open_kv(url)
+    async with Registry([bench], kv=store).run() as client:
+        handles = [client.get_or_create("bench", f"c{i}-{time.time_ns()}") for i in range(actors)]
+        for handle in handles:
+            await handle.call("bump")
+        before = store.flush_counts() if isinstance(store, FileStore) else None
+        done = [0]
+        deadline = time.perf_counter() + seconds
+
+        async def caller(handle: Any) -> None:
+            while time.perf_counter() < deadline:
+                await handle.call("bump")
+                done[0] += 1
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            for handle in handles:
+                group.start_soon(caller, handle)
+        elapsed = time.perf_counter() - started
+        flushes = float("nan")
+        if before is not None and isinstance(store, FileStore):
+            flushes = (store.flush_counts().flushes - before.flushes) / done[0]
+    store.close()
+    return done[0] / elapsed, flushes
+
+
 def _vfs_commits(n: int) -> float:
     """One-row commits/s straight on a VFS database over memory:// (no actor runtime)."""
     store = open_kv("memory://")
@@ -135,7 +165,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--actions", type=int, default=2000)
+    parser.add_argument(
+        "--concurrent",
+        type=int,
+        metavar="N",
+        help="instead: N actors called at once vs 1 on file:?flush_delay_ms=2 (a slow disk)",
+    )
+    parser.add_argument("--flush-delay-ms", type=float, default=2.0)
     args = parser.parse_args()
+    if args.concurrent:
+        _main_concurrent(args.concurrent, args.reps, args.flush_delay_ms)
+        return
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         urls = {"memory": "memory://", "file": f"file://{os.path.abspath(tmp)}/kv"}
         results: dict[tuple[str, str], list[float]] = {}
@@ -168,6 +208,30 @@ def main() -> None:
     )
     for backend, values in trips.items():
         print(f"{backend:8} wake KV round trips (open + first query): {sorted(set(values))}")
+
+
+def _main_concurrent(actors: int, reps: int, delay: float) -> None:
+    """1 actor and `actors` actors, interleaved, each on a fresh store in its own directory."""
+    rates: dict[int, list[float]] = {1: [], actors: []}
+    flushes: dict[int, list[float]] = {1: [], actors: []}
+    with tempfile.TemporaryDirectory(dir=".") as tmp:
+        for rep in range(reps):
+            for n in (1, actors):
+                url = f"file://{os.path.abspath(tmp)}/kv-{rep}-{n}?flush_delay_ms={delay:g}"
+                rate, per = _run(_concurrent, url, n, 3.0)
+                rates[n].append(rate)
+                flushes[n].append(per)
+    for n in (1, actors):
+        print(
+            f"{n:4} actor(s), flush_delay_ms={delay:g}: {statistics.median(rates[n]):10,.0f} "
+            f"actions/s ({min(rates[n]):,.0f}-{max(rates[n]):,.0f}), "
+            f"{statistics.median(flushes[n]):.3f} flushes/action"
+        )
+    ratios = [many / one for one, many in zip(rates[1], rates[actors], strict=True)]
+    print(
+        f"{actors} vs 1, same repetition: median {statistics.median(ratios):.1f}x "
+        f"({min(ratios):.1f}-{max(ratios):.1f})"
+    )
 
 
 if __name__ == "__main__":

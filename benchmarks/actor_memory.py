@@ -101,15 +101,18 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument(
-        "--kv", default="file", help="file (a temporary directory) or memory:// (data in RSS)"
+        "--kv",
+        default="file",
+        help="file (a temporary directory; file?OPTIONS passes options such as log_kib=N) "
+        "or memory:// (data in RSS)",
     )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         kv = args.kv
         with tempfile.TemporaryDirectory(dir=".") as tmp:
-            if kv.startswith("file"):
-                kv = f"file://{os.path.abspath(tmp)}/kv"
+            if kv == "file" or kv.startswith("file?"):
+                kv = f"file://{os.path.abspath(tmp)}/kv" + kv[len("file") :]
             print(json.dumps(anyio.run(_child, args.child, args.concurrency, kv)))
         return
     samples: dict[int, list[dict[str, float]]] = {n: [] for n in args.counts}
