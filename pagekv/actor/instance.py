@@ -201,7 +201,9 @@ class ActorInstance:
         registries at once), both in one worker hop. The loser's hooks never run, and it steps
         aside for the winner, whose lease entry the registry then finds (`ActorTakenOver`)."""
         started = time.monotonic()
-        generation = await self._publish(self._next_run(time.time()), then=self.kv.generation)
+        generation = await self._publish(
+            self._next_run(time.time()), then=self.kv.generation, upkeep=False
+        )
         if generation != self.generation:
             raise ActorTakenOver(f"actor {self.actor_id} was woken elsewhere at the same time")
         self._checked_at = started
@@ -524,18 +526,24 @@ class ActorInstance:
         return Lease(None if next_run is None else max(next_run, until), until)
 
     async def _publish(
-        self, next_run: float | None, *, then: Callable[[], T] | None = None
+        self,
+        next_run: float | None,
+        *,
+        then: Callable[[], T] | None = None,
+        upkeep: bool = True,
     ) -> T | None:
-        """Write the lease entry for `next_run` unless it is there already, then run `then` in
-        the same worker hop and return its result. One write at a time, so what `_published`
-        says is what the index holds; None while that is unknown (before the first write, and
-        after one that failed: it may have landed), which makes the next write read the
+        """Write the lease entry for `next_run` unless it is there already, then run `then` in the
+        same worker hop and return its result; on the registry's upkeep threads unless `upkeep` is
+        False (a wake, which a call waits for, shares the actors' pool). One write at a time, so
+        what `_published` says is what the index holds; None while that is unknown (before the first
+        write, and after one that failed: it may have landed), which makes the next write read the
         entries first (`Ownership.publish`)."""
         async with self._publishing:
             target = self._lease_target(next_run, time.time())
             previous = self._published
+            hop = self.registry.workers.upkeep if upkeep else self.registry.workers.run
             if target == previous:
-                return None if then is None else await self.registry.workers.run(then)
+                return None if then is None else await hop(then)
             ownership, definition, generation = (
                 self.registry.ownership,
                 self.definition,
@@ -549,7 +557,7 @@ class ActorInstance:
                 return None if then is None else then()
 
             try:
-                result = await self.registry.workers.run(write)
+                result = await hop(write)
             except BaseException:
                 self._published = None
                 raise

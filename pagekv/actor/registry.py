@@ -139,7 +139,7 @@ class Registry:
         self.ownership = Ownership(index, self.id, self.address)
         self._index = index
         try:
-            await self.workers.run(self.ownership.join, time.time() + self.lease)
+            await self.workers.upkeep(self.ownership.join, time.time() + self.lease)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._housekeeping)
@@ -158,7 +158,7 @@ class Registry:
 
     async def _leave(self) -> None:
         try:
-            await self.workers.run(self.ownership.leave)
+            await self.workers.upkeep(self.ownership.leave)
         except Exception:
             log.exception("registry %s: member entry not removed; it expires", self.id)
 
@@ -181,7 +181,7 @@ class Registry:
 
     async def peers(self) -> list[Member]:
         """The other registries of the store with a live member lease."""
-        members = await self.workers.run(self.ownership.members, time.time())
+        members = await self.workers.upkeep(self.ownership.members, time.time())
         return [m for m in members if m.id != self.id]
 
     async def _housekeeping(self) -> None:
@@ -207,16 +207,16 @@ class Registry:
                     time.monotonic() - last_trim >= _TRIM_EVERY_S
                 ):
                     self._stops_since_trim, last_trim = 0, time.monotonic()
-                    if await self.workers.run(release_free_memory):
+                    if await self.workers.upkeep(release_free_memory):
                         self.counters["memory_trims"] += 1
                 if member_until - now < self.lease / 2:
                     member_until = now + self.lease
-                    await self.workers.run(
+                    await self.workers.upkeep(
                         partial(self.ownership.join, member_until, draining=self.draining)
                     )
                 if poll:
                     if not indexed:
-                        await self.workers.run(self.ownership.index_due_times)
+                        await self.workers.upkeep(self.ownership.index_due_times)
                         indexed = True
                     for sleeper in await self._due_sleepers(time.time()):
                         self.spawn(self._wake, sleeper.name, sleeper.key)
@@ -227,7 +227,7 @@ class Registry:
     async def _due_sleepers(self, now: float) -> list[Sleeper]:
         """The actors not awake here whose wake is due (`Ownership.due_sleepers`)."""
         awake = set(self._instances)
-        return await self.workers.run(self.ownership.due_sleepers, now, awake)
+        return await self.workers.upkeep(self.ownership.due_sleepers, now, awake)
 
     def _tend_instances(self, now: float) -> None:
         """Dispatch the due schedules of live instances, renew their leases, and put idle ones
@@ -244,7 +244,7 @@ class Registry:
         """Wake an actor the poll found due, if it still is (`Ownership.still_due`)."""
         aid = actor_id(name, key)
         try:
-            if await self.workers.run(self.ownership.still_due, aid, time.time()):
+            if await self.workers.upkeep(self.ownership.still_due, aid, time.time()):
                 await self.instance(name, key, create=False)
         except ActorNotFound:
             log.info("actor %s/%s was destroyed; its lease entries are removed", name, key)
@@ -418,7 +418,7 @@ class Registry:
         and from then on send on the calls that would wake an actor here (`_route_away`)."""
         self.draining = True
         until = time.time() + self.lease
-        await self.workers.run(partial(self.ownership.join, until, draining=True))
+        await self.workers.upkeep(partial(self.ownership.join, until, draining=True))
         await self._stop_all()
 
     async def _stop_all(self) -> None:

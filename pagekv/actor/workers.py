@@ -10,6 +10,10 @@ One `Workers` per registry, shared by every actor it hosts:
   one piece at a time (`ActorDb` serialises it); the pool only bounds the total. A KV stuck
   under one actor holds one thread: other actors keep being served while fewer than `threads`
   are stuck.
+- **Upkeep apart.** The registry's own upkeep (lease and member renewals, the wake poll, giving
+  memory back) runs on `UPKEEP_THREADS` threads of its own (`upkeep`), never queued behind the
+  actors' work: a pool full of long SQL or stuck KV calls must not let the leases of the other
+  actors run out, or another registry would take healthy actors over.
 - **Inline on a store that never waits.** A store whose operations complete without I/O,
   sleeping or waiting for another process (`never_waits`: memory:// without simulated latency)
   has no slow KV to keep off the event loop, and there a hop to a thread and back costs ten to
@@ -35,6 +39,8 @@ import anyio
 import anyio.lowlevel
 
 T = TypeVar("T")
+UPKEEP_THREADS = 2
+"""Threads for the registry's upkeep: a renewal and the wake poll can run at once."""
 THREADS = 8
 """Default size of a registry's pool: enough for the commits of that many actors to wait on a
 remote store (PostgreSQL) at once, few enough that their arenas stay a few MiB."""
@@ -53,6 +59,7 @@ class Workers:
         self.threads = threads
         self.inline = inline
         self._limiter = anyio.CapacityLimiter(threads)
+        self._upkeep = anyio.CapacityLimiter(UPKEEP_THREADS)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)`, on a worker thread unless inline. Not cancellable once begun (a hop's
@@ -61,6 +68,13 @@ class Workers:
             await anyio.lowlevel.checkpoint()
             return fn(*args)
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    async def upkeep(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` for the registry's upkeep: like `run`, on threads of its own."""
+        if self.inline:
+            await anyio.lowlevel.checkpoint()
+            return fn(*args)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._upkeep)
 
     def busy(self) -> int:
         """Pieces of work running on the pool's threads now (0 inline)."""

@@ -12,10 +12,12 @@ from typing import Any
 import anyio
 import pytest
 
-from pagekv.actor import ActorContext, Registry, actor
+from pagekv.actor import ActorContext, OwnedElsewhere, Registry, actor
 from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.workers import UPKEEP_THREADS
 from pagekv.actor.workflow import StepContext, WorkflowContext, WorkflowState
 from pagekv.kv import ActorKv, CountingKv, FaultyStore, MemoryStore
+from pagekv.kv.wrappers import KvWrapper
 
 pytestmark = pytest.mark.anyio
 
@@ -85,7 +87,8 @@ class _CountingStore:
 
 async def test_worker_threads_stay_bounded_when_300_actors_wake_at_once() -> None:
     """A thread per concurrent call grew malloc's arenas with every actor ever woken; the
-    registry's pool holds at most `threads` whatever the number of actors."""
+    registry's pool holds at most `threads` whatever the number of actors (and its upkeep
+    `UPKEEP_THREADS` more)."""
     store = FaultyStore(MemoryStore())  # a wrapper: not inline, every hop goes to a thread
     registry = Registry([counter], kv=store, threads=4)
     before = threading.active_count()
@@ -102,7 +105,7 @@ async def test_worker_threads_stay_bounded_when_300_actors_wake_at_once() -> Non
                 tg.start_soon(wake, i)
         assert len(registry.live()) == 300
         assert registry.workers.threads == 4 and not registry.workers.inline
-    assert before < peak <= before + 4, (before, peak)
+    assert before < peak <= before + 4 + UPKEEP_THREADS, (before, peak)
 
 
 async def test_a_slept_actor_leaves_no_instance_connection_or_lock_behind() -> None:
@@ -166,3 +169,55 @@ async def test_kv_round_trips_of_a_new_actor_and_of_a_three_step_workflow() -> N
                 "write": 5,
                 "generation": 1,
             }
+
+
+class _StuckStore:
+    """A memory store whose `counter/stuck-*` namespaces hang in every call while `stuck` is set
+    (a stalled PostgreSQL connection, a row lock), until `release` is set."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.stuck, self.release = threading.Event(), threading.Event()
+        self.hung = 0
+
+    def namespace(self, actor_id: str) -> ActorKv:
+        namespace = self.inner.namespace(actor_id)
+        return _Stuck(namespace, self) if actor_id.startswith("counter/stuck-") else namespace
+
+    def close(self) -> None:
+        pass
+
+
+class _Stuck(KvWrapper):
+    def __init__(self, inner: ActorKv, store: _StuckStore) -> None:
+        super().__init__(inner)
+        self._store = store
+
+    def _call(self, op: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._store.stuck.is_set():
+            self._store.hung += 1
+            self._store.release.wait(30)
+        return fn(*args, **kwargs)
+
+
+async def test_a_pool_full_of_stuck_actors_still_renews_the_other_actors_leases() -> None:
+    """The registry's upkeep has threads of its own: with every pool thread stuck under some
+    actors' KV for longer than a lease, a healthy actor's lease is still renewed, so another
+    registry does not take it over."""
+    store, lease = _StuckStore(), 1.0
+    first = Registry([counter], kv=store, lease=lease, address="http://a:1", threads=2)
+    second = Registry([counter], kv=store, lease=lease, address="http://b:1")
+    async with first.run() as a, second.run() as b:
+        for name in ("stuck-0", "stuck-1", "healthy"):
+            await a.get_or_create("counter", name).bump()
+        store.stuck.set()
+        async with anyio.create_task_group() as group:
+            for name in ("stuck-0", "stuck-1"):
+                group.start_soon(a.get_or_create("counter", name).bump)
+            await anyio.sleep(lease * 2)
+            assert store.hung == 2 and first.workers.busy() == 2, "the pool is full"
+            with pytest.raises(OwnedElsewhere):
+                await b.get_or_create("counter", "healthy").bump()
+            store.release.set()
+        assert first.counters["takeovers"] == 0
+        assert await a.get_or_create("counter", "healthy").bump() == 2
