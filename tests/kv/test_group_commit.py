@@ -433,16 +433,16 @@ def test_a_waiter_returns_after_a_fold_whose_folder_died(tmp_path: Path) -> None
     header: the record is durable (the fold sealed it with a flush), and the waiter must see it,
     not flush for ever towards a position the log no longer grows to."""
     log_bytes = 16 * 1024
-    mine = FileStore(tmp_path, log_bytes=log_bytes, flush_delay_ms=1000)
+    mine = FileStore(tmp_path, log_bytes=log_bytes, flush_delay_ms=600)
     folder = FileStore(tmp_path, log_bytes=log_bytes)
     p1, p2, q = mine.namespace("p1"), mine.namespace("p2"), folder.namespace("q")
     while folder.log_used < log_bytes - 4 * 512:
         q.put({b"f%d" % folder.log_used: b"x"})
     _in_groups(mine)
-    first, first_out = _start(lambda: p1.put({b"k": b"1"}))  # flushes for a second
-    time.sleep(0.3)
+    first, first_out = _start(lambda: p1.put({b"k": b"1"}))  # flushes for 0.6 s
+    time.sleep(0.15)
     second, second_out = _start(lambda: p2.put({b"k": b"2"}))  # waits for the next flush
-    time.sleep(0.3)
+    time.sleep(0.15)
     real = os.urandom
 
     def die(n: int) -> bytes:
