@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, Literal, TypeVar, assert_never
 
 import anyio
+import apsw
 import cbor2
 
 from pagekv.actor.context import ActorContext
@@ -210,7 +211,11 @@ class ActorInstance:
 
     async def _create(self, input: Any, *, fresh: bool) -> None:
         """Run the create hooks and record the creation with the first state; `fresh`: the
-        internal tables are created in that same commit."""
+        internal tables are created in that same commit.
+
+        `on_create` runs in one transaction with the record of the creation, so its SQL is
+        there exactly once: a crash or a failed commit before the record rolls it back with the
+        rest, and the next wake runs the hook again on a database without it."""
         hooks, ctx = self.definition.hooks, self.ctx
         if "create_state" in hooks:
             ctx.state = await self._timed(
@@ -218,11 +223,18 @@ class ActorInstance:
             )
         else:
             ctx.state = self.definition.initial_state()
+        name, key = self.definition.name, self.key
         if "on_create" in hooks:
-            await self._timed("on_create", hooks["on_create"](ctx, input), user=True)
+
+            def mark_created(connection: apsw.Connection) -> None:
+                mark_initialized(connection, name, key, encode_state(ctx.state))
+
+            async with ctx.db.transaction(before_commit=mark_created):
+                await self._timed("on_create", hooks["on_create"](ctx, input), user=True)
+            return
         data = encode_state(ctx.state)
-        mark = partial(mark_initialized, name=self.definition.name, key=self.key, data=data)
-        await ctx.db.run(partial(mark, fresh=fresh), internal=True)
+        mark = partial(mark_initialized, name=name, key=key, data=data, fresh=fresh)
+        await ctx.db.run(mark, internal=True)
         ctx._cell.mark_saved(data)
 
     def start_run(self) -> None:

@@ -24,8 +24,8 @@ from pagekv.actor import (
     Registry,
     actor,
 )
-from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.kv import KeyTooLarge, MemoryStore
+from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
+from pagekv.kv import WRITE_OPS, Fault, FaultKind, FaultyStore, KeyTooLarge, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -791,3 +791,41 @@ def test_hooks_are_methods_an_ide_and_a_type_checker_can_see() -> None:
     a = actor("typed")
     with pytest.raises(AttributeError):
         a.on_wakeup  # noqa: B018  # a typo is an error, not a silent hook
+
+
+@pytest.mark.parametrize("kind", [FaultKind.FAIL_BEFORE, FaultKind.APPLY_THEN_RAISE])
+async def test_on_create_s_sql_is_there_once_whichever_write_of_the_creation_fails(
+    kind: FaultKind,
+) -> None:
+    """`on_create` commits with the record of the creation: a write of the new actor that fails
+    (before or after it landed) never leaves the hook's SQL behind for the retry to repeat."""
+    a = actor("once")
+    runs: list[int] = []
+
+    @a.on_create
+    async def on_create(ctx: ActorContext, input: Any) -> None:
+        runs.append(1)
+        await ctx.db.execute("CREATE TABLE IF NOT EXISTS t(x)")
+        await ctx.db.execute("INSERT INTO t VALUES (1)")
+
+    @a.action
+    async def rows(ctx: ActorContext) -> int:
+        return (await ctx.db.execute("SELECT count(*) FROM t"))[0][0]
+
+    fired = 0
+    for position in range(10):  # every op of the creation, and past its end
+        store = FaultyStore(MemoryStore(), exclude=[REGISTRY_NAMESPACE])
+        store.namespace(actor_id("once", "k"))
+        faulty = store.faulty[actor_id("once", "k")]
+        faulty.add(Fault(position, kind, WRITE_OPS))
+        runs.clear()
+        async with Registry([a], kv=store).run() as client:
+            for _ in range(3):
+                try:
+                    counted = await client.get_or_create("once", "k").rows()
+                    break
+                except Exception:
+                    continue
+        fired += faulty.fired_count()
+        assert counted == 1, f"fault at op {position}: on_create ran {len(runs)}, {counted} rows"
+    assert fired >= 3, "faults fired inside the creation"
