@@ -59,7 +59,7 @@ from pagekv.bench.systems import (
 from pagekv.bench.targets import TargetResult, evaluate
 from pagekv.bench.workloads import Sizes, default_selection, writers_workload
 from pagekv.cli import main
-from pagekv.kv import ActorKv, FileStore, KvStore, redact_url
+from pagekv.kv import ActorKv, KvStore, redact_url
 from pagekv.kv.api import FlushCounts
 from pagekv.kv.wrappers import KvWrapper
 
@@ -755,9 +755,6 @@ def test_the_concurrency_targets() -> None:
     assert commits["one-row commits on a warm database, file:// vs WAL+FULL"].status == "n/a"
 
 
-@pytest.mark.skipif(
-    not hasattr(FileStore, "flush_counts"), reason="the file store keeps no flush counts yet"
-)
 def test_the_file_stores_flushes_per_commit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

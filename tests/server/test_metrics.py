@@ -269,9 +269,6 @@ async def test_a_store_without_flush_counts_writes_no_flush_metric(served: Serve
     assert "pagekv_kv_writes" not in text and "pagekv_kv_flushes" not in text
 
 
-@pytest.mark.skipif(
-    not hasattr(FileStore, "flush_counts"), reason="the file store keeps no flush counts yet"
-)
 async def test_the_file_stores_flush_counts_are_served(tmp_path: Path) -> None:
     store = FileStore(tmp_path / "kv")
     try:
