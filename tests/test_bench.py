@@ -59,8 +59,7 @@ from pagekv.bench.systems import (
 from pagekv.bench.targets import TargetResult, evaluate
 from pagekv.bench.workloads import Sizes, default_selection, writers_workload
 from pagekv.cli import main
-from pagekv.kv import ActorKv, KvStore, redact_url
-from pagekv.kv.api import FlushCounts
+from pagekv.kv import ActorKv, FlushCounts, KvStore, redact_url
 from pagekv.kv.wrappers import KvWrapper
 
 TARGET_STATUSES = {"met", "missed", "not measured", "n/a"}

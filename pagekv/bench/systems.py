@@ -40,8 +40,7 @@ from urllib.parse import urlsplit
 
 import apsw
 
-from pagekv.kv import OPS, ActorKv, FaultyKv, FileStore, KvStats, KvStore, open_kv
-from pagekv.kv.api import FlushCounts
+from pagekv.kv import OPS, ActorKv, FaultyKv, FileStore, FlushCounts, KvStats, KvStore, open_kv
 from pagekv.vfs import Database, open_database
 
 PAGE_SIZE = 4096

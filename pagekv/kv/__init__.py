@@ -1,6 +1,6 @@
 """The actor KV store: contract, limits, errors, backends and wrappers."""
 
-from pagekv.kv.api import ACTOR_KV_METHODS, ActorKv, KvStore
+from pagekv.kv.api import ACTOR_KV_METHODS, ActorKv, FlushCounts, KvStore
 from pagekv.kv.errors import (
     BatchTooLarge,
     FenceMismatch,
@@ -53,6 +53,7 @@ __all__ = [
     "FenceMismatch",
     "FileStore",
     "FiredFault",
+    "FlushCounts",
     "InjectedIndeterminate",
     "InjectedUnavailable",
     "InvalidArgument",

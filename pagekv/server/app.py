@@ -24,8 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.kv import KvStore, open_kv
-from pagekv.kv.api import FlushCounts
+from pagekv.kv import FlushCounts, KvStore, open_kv
 from pagekv.server import gateway, inspector
 from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.codec import answer, error_answer

@@ -38,8 +38,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.kv import ActorKv, KvStore
-from pagekv.kv.api import FlushCounts
+from pagekv.kv import ActorKv, FlushCounts, KvStore
 from pagekv.kv.limits import is_mapping
 from pagekv.kv.wrappers import KvWrapper
 
