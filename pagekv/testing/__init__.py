@@ -1,0 +1,46 @@
+"""Checking a KV backend against pagekv's contract, and fuzzing building blocks for your tests.
+
+`check_backend(factory)` (and `pagekv check-backend MODULE:CALLABLE`) runs the contract clauses,
+a concurrent model-based run, a restart run and the page-I/O fuzz on a backend of your own.
+`KvContract` is the same clauses as a pytest suite. `machine(factory)` is a hypothesis state
+machine running fuzz steps on any `ActorKv` (it needs hypothesis: `pip install 'pagekv[testing]'`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagekv.testing.clauses import CLAUSES, Clause, NotChecked, Trial, clause, run_clause
+from pagekv.testing.report import Violation
+from pagekv.testing.subject import Subject, UsageError, load_factory
+
+__all__ = [
+    "CLAUSES",
+    "Clause",
+    "NotChecked",
+    "Subject",
+    "Trial",
+    "UsageError",
+    "Violation",
+    "blobs",
+    "clause",
+    "faults",
+    "load_factory",
+    "machine",
+    "run_clause",
+    "statements",
+    "steps",
+    "transactions",
+]
+
+_MACHINE = ("machine", "blobs", "statements", "transactions", "faults", "steps", "TABLES")
+
+
+def __getattr__(name: str) -> Any:
+    """The hypothesis-based helpers on first use: the rest of `pagekv.testing` (and
+    `pagekv check-backend`) runs without hypothesis installed."""
+    if name in _MACHINE:
+        from pagekv.testing import machine
+
+        return getattr(machine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,271 @@
+"""The contract as a sequential model: what a conforming namespace answers to each call.
+
+`Model.apply(op)` is the outcome the contract requires of `op` in the model's state, and the state
+after it. The concurrent part checks histories against it (linearizability), the restart part
+compares a reopened namespace with it, and the fuzz part mirrors every call the VFS makes on it.
+
+Validation is our own (`pagekv.kv.limits`), which is the contract's: the model raises what a
+request deserves. A request that breaks several rules may deserve several errors; `Outcome.errors`
+is then the set of them, and a backend may raise any one.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagekv.kv import (
+    ActorKv,
+    FenceMismatch,
+    InvalidArgument,
+    KvError,
+    KvLimits,
+    LimitError,
+    StorageQuotaExceeded,
+    prefix_end,
+)
+from pagekv.kv.limits import (
+    check_bound,
+    check_fence_arg,
+    check_key,
+    check_keys,
+    check_limit,
+    check_quota,
+    check_reverse,
+    check_write,
+    entry_size,
+    quota_delta,
+)
+from pagekv.testing.report import show, show_call
+
+READS = frozenset({"get", "list", "generation", "used_bytes"})
+WRITES = frozenset({"write", "put", "delete", "delete_range", "takeover", "drop"})
+
+
+@dataclass(frozen=True)
+class Op:
+    """One call on a namespace: `method` with keyword-normalised arguments."""
+
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @staticmethod
+    def of(method: str, *args: Any, **kwargs: Any) -> Op:
+        return Op(method, args, tuple(kwargs.items()))
+
+    def call(self, kv: ActorKv) -> Any:
+        return getattr(kv, self.method)(*self.args, **dict(self.kwargs))
+
+    def __str__(self) -> str:
+        return show_call(self.method, self.args, dict(self.kwargs))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "args": _enc(self.args), "kwargs": _enc(dict(self.kwargs))}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Op:
+        return Op(data["method"], tuple(_dec(data["args"])), tuple(_dec(data["kwargs"]).items()))
+
+
+def _enc(value: Any) -> Any:
+    """JSON for op arguments: bytes as `{"hex": ...}`, tuples as lists."""
+    if isinstance(value, bytes):
+        return {"hex": value.hex()}
+    if isinstance(value, dict):
+        return {"dict": [[_enc(k), _enc(v)] for k, v in value.items()]}
+    if isinstance(value, list | tuple):
+        return [_enc(v) for v in value]
+    return value
+
+
+def _dec(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "hex" in value:
+            return bytes.fromhex(value["hex"])
+        if "dict" in value:
+            return {_dec(k): _dec(v) for k, v in value["dict"]}
+    if isinstance(value, list):
+        return [_dec(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a call did: returned `value`, or raised one of `errors` (an empty set: no error)."""
+
+    value: Any = None
+    errors: frozenset[type[KvError]] = frozenset()
+    raised: BaseException | None = None
+    """The exception itself, for an observed outcome."""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
+
+    def admits(self, observed: Outcome) -> bool:
+        """Whether `observed` is an outcome the contract allows where this one is required."""
+        if not self.errors:
+            return not observed.errors and _same(self.value, observed.value)
+        return observed.raised is not None and isinstance(observed.raised, tuple(self.errors))
+
+    def __str__(self) -> str:
+        if self.raised is not None:
+            return f"raised {type(self.raised).__name__}: {self.raised}"
+        if self.errors:
+            return "raises " + " or ".join(sorted(e.__name__ for e in self.errors))
+        return f"returns {show(self.value)}"
+
+
+def _same(a: Any, b: Any) -> bool:
+    return _plain(a) == _plain(b)
+
+
+def _plain(value: Any) -> Any:
+    """Lists and tuples alike, bytes-likes as bytes: the shape a result is compared in."""
+    if isinstance(value, list | tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return value
+
+
+def observe(kv: ActorKv, op: Op) -> Outcome:
+    """Run `op` on a real namespace; a `KvError` becomes an outcome, anything else propagates."""
+    try:
+        value = op.call(kv)
+    except KvError as e:
+        return Outcome(errors=frozenset({type(e)}), raised=e)
+    return Outcome(value)
+
+
+@dataclass
+class Model:
+    """A namespace as the contract defines it: sorted keys, values, generation, exact usage."""
+
+    limits: KvLimits
+    values: dict[bytes, bytes] = field(default_factory=dict)
+    keys: list[bytes] = field(default_factory=list)
+    generation: int = 0
+    used: int = 0
+
+    def copy(self) -> Model:
+        return Model(self.limits, dict(self.values), list(self.keys), self.generation, self.used)
+
+    def state(self) -> tuple[Any, ...]:
+        """Hashable: the state, for memoisation in the linearizability search."""
+        return (tuple(self.values.items()), self.generation, self.used)
+
+    def contents(self) -> list[tuple[bytes, bytes]]:
+        return [(k, self.values[k]) for k in self.keys]
+
+    def apply(self, op: Op) -> Outcome:
+        """The required outcome of `op`; the model's state moves only when `op` succeeds."""
+        kwargs = dict(op.kwargs)
+        try:
+            match op.method:
+                case "get":
+                    return self._get(*op.args, **kwargs)
+                case "list":
+                    return Outcome(self._list(*op.args, **kwargs))
+                case "write":
+                    return self._write(*op.args, **kwargs)
+                case "put":
+                    return self._write(*op.args[1:], put=op.args[0], **kwargs)
+                case "delete":
+                    return self._write(*op.args[1:], delete=op.args[0], **kwargs)
+                case "delete_range":
+                    return self._delete_range(*op.args, **kwargs)
+                case "takeover":
+                    self.generation += 1
+                    return Outcome(self.generation)
+                case "generation":
+                    return Outcome(self.generation)
+                case "used_bytes":
+                    return Outcome(self.used)
+                case "drop":
+                    return self._drop(**kwargs)
+                case _:
+                    raise ValueError(f"no model of {op.method!r}")
+        except (LimitError, InvalidArgument) as e:
+            return Outcome(errors=frozenset({type(e)}))
+
+    def _get(self, keys: Iterable[bytes]) -> Outcome:
+        return Outcome([self.values.get(k) for k in check_keys(self.limits, keys)])
+
+    def _list(
+        self,
+        *,
+        prefix: object = None,
+        start: object = None,
+        end: object = None,
+        limit: object = None,
+        reverse: object = False,
+    ) -> list[tuple[bytes, bytes]]:
+        p = check_bound(self.limits, prefix, "prefix")
+        lo = check_bound(self.limits, start, "start key")
+        hi = check_bound(self.limits, end, "end key")
+        n = check_limit(limit)
+        backwards = check_reverse(reverse)
+        if p is not None:
+            if lo is not None or hi is not None:
+                raise InvalidArgument("pass either prefix or start/end, not both")
+            lo, hi = p, prefix_end(p)
+        i = 0 if lo is None else bisect.bisect_left(self.keys, lo)
+        j = len(self.keys) if hi is None else bisect.bisect_left(self.keys, hi)
+        chosen = self.keys[i:j] if i < j else []
+        if backwards:
+            chosen = chosen[::-1]
+        if n is not None:
+            chosen = chosen[:n]
+        return [(k, self.values[k]) for k in chosen]
+
+    def _fence_errors(self, fence: int | None) -> set[type[KvError]]:
+        return {FenceMismatch} if fence is not None and fence != self.generation else set()
+
+    def _write(self, *, put: Any = (), delete: Any = (), fence: object = None) -> Outcome:
+        batch = check_write(self.limits, put, delete)
+        checked = check_fence_arg(fence)
+        errors = self._fence_errors(checked)
+        delta = quota_delta(batch, self.values)
+        try:
+            after = check_quota(self.limits, self.used, delta)
+        except StorageQuotaExceeded:
+            errors.add(StorageQuotaExceeded)
+            after = self.used
+        if errors:
+            return Outcome(errors=frozenset(errors))
+        for key in batch.deletes:
+            if key in self.values:
+                del self.values[key]
+                self.keys.pop(bisect.bisect_left(self.keys, key))
+        for key, value in batch.puts.items():
+            if key not in self.values:
+                bisect.insort(self.keys, key)
+            self.values[key] = bytes(value)
+        self.used = after
+        return Outcome(None)
+
+    def _delete_range(self, start: object, end: object, *, fence: object = None) -> Outcome:
+        lo = check_key(self.limits, start, "start key")
+        hi = check_key(self.limits, end, "end key")
+        errors = self._fence_errors(check_fence_arg(fence))
+        if errors:
+            return Outcome(errors=frozenset(errors))
+        if lo < hi:
+            i, j = bisect.bisect_left(self.keys, lo), bisect.bisect_left(self.keys, hi)
+            for key in self.keys[i:j]:
+                self.used -= entry_size(key, self.values.pop(key))
+            del self.keys[i:j]
+        return Outcome(None)
+
+    def _drop(self, *, fence: object = None) -> Outcome:
+        errors = self._fence_errors(check_fence_arg(fence))
+        if errors:
+            return Outcome(errors=frozenset(errors))
+        self.values.clear()
+        self.keys.clear()
+        self.used = 0
+        return Outcome(None)
