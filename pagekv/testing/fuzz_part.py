@@ -1,0 +1,214 @@
+"""The fuzz part: pagekv's page-I/O fuzz over the backend, every KV call checked on the model.
+
+The fuzz alone sees a broken backend only through its symptoms (a corrupt page, a fence that
+fails): it cannot say which call misbehaved. So each namespace it is given is `Monitored`: every
+call the VFS makes is mirrored on the contract's `Model`, and the first call whose answer the model
+does not admit is the finding, named with its arguments. A run the fuzz fails with no such call is
+reported with the fuzz's own failure and the minimised steps.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+from pagekv.fuzz import FuzzConfig, Runner, Step, minimize, run_seed
+from pagekv.fuzz.session import run_options
+from pagekv.fuzz.steps import EVENTS, from_json, to_json
+from pagekv.kv import ActorKv, KvError, KvIndeterminate, KvUnavailable
+from pagekv.kv.wrappers import KvWrapper
+from pagekv.testing.model import Model, Op, Outcome
+from pagekv.testing.outcome import PartResult, Status
+from pagekv.testing.report import Violation
+from pagekv.testing.subject import Subject
+
+T = TypeVar("T")
+_SEQUENCE_SHOWN: Final = 30
+_MAX_BLOB: Final = 512 * 1024
+"""Blobs up to 512 KiB: values at the 128 KiB limit, staged commits, in a run of a second."""
+_EVENTS: Final = frozenset(EVENTS) - {"quota"}
+"""Quota runs need limits of the fuzz's choosing; the contract part checks the quota."""
+_CANDIDATES: Final = 8
+"""States the model keeps after indeterminate outcomes before it gives up checking a run."""
+
+_CLAUSES: Final = {
+    "get": "get returns the value last written to each key",
+    "list": "list returns the stored entries in range, in order",
+    "write": "a write is applied or refused as the contract says",
+    "delete_range": "delete_range deletes exactly [start, end)",
+    "takeover": "takeover increments the generation by exactly one",
+    "generation": "generation() is the latest takeover's",
+    "used_bytes": "used_bytes() is the exact size of the stored keys and values",
+    "drop": "drop removes everything and keeps the generation",
+}
+
+
+class Monitored(KvWrapper):
+    """Mirrors every call on the contract's model and records the first one it does not admit.
+
+    The backend's answers pass through unchanged, so the VFS above sees what it would see
+    without the monitor. Calls are serialised (one lock), so the model's order is the calls'."""
+
+    def __init__(self, inner: ActorKv, limits: Any) -> None:
+        super().__init__(inner)
+        self._models = [Model(limits, generation=inner.generation())]
+        self._lock = threading.Lock()
+        self.calls: list[str] = []
+        self.violation: Violation | None = None
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        call = Op(op, args, tuple(kwargs.items()))
+        with self._lock:
+            try:
+                result = fn(*args, **kwargs)
+            except KvError as e:
+                self._judge(call, Outcome(errors=frozenset({type(e)}), raised=e))
+                raise
+            except Exception as e:
+                self._untyped(call, e)
+                raise
+            self._judge(call, Outcome(result))
+            return result
+
+    def _untyped(self, op: Op, error: Exception) -> None:
+        self.calls.append(f"{op} raised {type(error).__name__}: {error}")
+        if self.violation is None:
+            self.violation = Violation(
+                part="fuzz",
+                clause="every error is a KvError",
+                requires="a backend raises only the contract's typed errors (KvError subclasses)",
+                call=f"kv.{op}",
+                got=f"raised {type(error).__name__}: {error}",
+                sequence=self.calls[-_SEQUENCE_SHOWN:],
+            )
+
+    def _judge(self, op: Op, observed: Outcome) -> None:
+        self.calls.append(f"{op} {observed}")
+        if self.violation is not None or not self._models:
+            return
+        if isinstance(observed.raised, KvUnavailable):
+            return
+        if isinstance(observed.raised, KvIndeterminate):
+            applied = [m.copy() for m in self._models]
+            for m in applied:
+                m.apply(op)
+            self._models = (self._models + applied)[:_CANDIDATES]
+            return
+        admitted, required = [], None
+        for model in self._models:
+            expected = model.apply(op)
+            if expected.admits(observed):
+                admitted.append(model)
+            elif required is None:
+                required = expected
+        if admitted:
+            self._models = admitted
+            return
+        assert required is not None
+        self.violation = Violation(
+            part="fuzz",
+            clause=_CLAUSES.get(op.method, op.method),
+            requires=f"{op.method} answers as the contract's model of the namespace does",
+            call=f"kv.{op}",
+            got=str(observed),
+            expected=str(required),
+            sequence=self.calls[-_SEQUENCE_SHOWN:],
+        )
+
+
+@dataclass
+class _Runs:
+    """Fresh monitored namespaces for fuzz runs, and what the latest one found."""
+
+    subject: Subject
+    monitors: list[Monitored] = field(default_factory=list)
+
+    def __call__(self) -> ActorKv:
+        kv = self.subject.namespace()
+        monitor = Monitored(kv, self.subject.limits_of(kv, None))
+        self.monitors.append(monitor)
+        return monitor
+
+    def found(self) -> Violation | None:
+        return next((m.violation for m in self.monitors if m.violation is not None), None)
+
+    def reset(self) -> None:
+        self.monitors.clear()
+        self.subject.close()
+
+
+def _execute(runs: _Runs, steps: list[Step], options: dict[str, Any]) -> Violation | None:
+    """Run steps on a fresh monitored namespace: the first violation, from the model or the fuzz."""
+    runs.reset()
+    failure: Exception | None = None
+    try:
+        Runner(runs, **options).run(steps)
+    except Exception as e:  # a FuzzFailure, or the backend failing the database's open
+        failure = e
+    found = runs.found()
+    runs.reset()
+    if found is None and failure is not None:
+        found = Violation(
+            part="fuzz",
+            clause="the database survives every step",
+            requires="what pagekv fuzz checks: no acknowledged commit lost, no corruption, "
+            "no storage error without an injected fault",
+            got=f"{type(failure).__name__}: {failure}",
+        )
+    return found
+
+
+def run_fuzz(subject: Subject, *, seconds: float, seed: int) -> PartResult:
+    started = time.monotonic()
+    config = FuzzConfig(seed=seed, seconds=seconds, events=_EVENTS, max_blob=_MAX_BLOB)
+    runs = _Runs(subject)
+    rng = random.Random(seed)
+    n = 0
+    while time.monotonic() - started < seconds:
+        n += 1
+        run = rng.randrange(2**63)
+        steps = run_seed(run, config)
+        options = run_options(run, config)
+        found = _execute(runs, steps, options)
+        if found is not None:
+            return _failed(runs, found, run, steps, options, seed, started, seconds)
+    summary = f"{n} runs of {config.steps_per_run} steps, every KV call as the model requires"
+    return PartResult("fuzz", Status.PASSED, summary, time.monotonic() - started)
+
+
+def _failed(
+    runs: _Runs,
+    found: Violation,
+    run: int,
+    steps: list[Step],
+    options: dict[str, Any],
+    seed: int,
+    started: float,
+    seconds: float,
+) -> PartResult:
+    took = time.monotonic() - started
+
+    def fails(candidate: list[Step]) -> bool:
+        again = _execute(runs, candidate, options)
+        return again is not None and again.clause == found.clause
+
+    small = minimize(steps, fails, max(5.0, seconds))
+    final = _execute(runs, small, options) or found
+    final.seed = seed
+    final.details = {"run": run, "db_options": options, "steps": [to_json(s) for s in small]}
+    final.sequence = [f"step {to_json(s)}" for s in small] + final.sequence
+    return PartResult(
+        "fuzz", Status.FAILED, f"found in run {run} after {took:.1f} s", took, [final]
+    )
+
+
+def replay_fuzz(subject: Subject, details: dict[str, Any]) -> Violation | None:
+    steps = [from_json(s) for s in details["steps"]]
+    found = _execute(_Runs(subject), steps, details.get("db_options", {}))
+    if found is not None:
+        found.details = details
+    return found
