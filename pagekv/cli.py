@@ -35,6 +35,11 @@ _COMMANDS = {
         "add_fuzz_command",
         "crash, fault and takeover fuzzing against a native SQLite oracle",
     ),
+    "check-backend": (
+        "pagekv.testing.command",
+        "add_check_backend_command",
+        "check a KV backend of your own against pagekv's contract",
+    ),
 }
 """Subcommand -> the module and function that add its parser, and its one-line summary. A run
 imports only its own command's module, and `pagekv --help` none of them: the server, bench and

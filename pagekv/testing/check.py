@@ -12,13 +12,13 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from pagekv.testing import contract as _contract  # noqa: F401  (registers the clauses)
 from pagekv.testing.clauses import CLAUSES, NotChecked, run_clause
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation
-from pagekv.testing.subject import Factory, Subject
+from pagekv.testing.subject import Factory, Subject, UsageError
 
 PARTS: Final = ("contract", "concurrent", "restart", "fuzz")
 DEFAULT_SECONDS: Final = 30.0
@@ -81,10 +81,6 @@ def check_backend(
     `seconds` is shared by the timed parts; `seed` (default random) makes a run repeatable as far
     as threads allow; `progress` is called with each part's result as it finishes.
     """
-    from pagekv.testing.concurrent import run_concurrent
-    from pagekv.testing.fuzz_part import run_fuzz
-    from pagekv.testing.restart import run_restart
-
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; the parts are {', '.join(PARTS)}")
@@ -92,7 +88,6 @@ def check_backend(
         seed = random.SystemRandom().randrange(2**32)
     subject = Subject(factory, name)
     results: list[PartResult] = []
-    timed = {"concurrent": run_concurrent, "restart": run_restart, "fuzz": run_fuzz}
     try:
         for part in PARTS:
             if part not in parts:
@@ -102,7 +97,7 @@ def check_backend(
             else:
                 budget = seconds * SHARES[part] / sum(SHARES[p] for p in parts if p in SHARES)
                 try:
-                    result = timed[part](subject, seconds=budget, seed=seed)
+                    result = _timed(part)(subject, seconds=budget, seed=seed)
                 finally:
                     subject.close()
             results.append(result)
@@ -111,3 +106,47 @@ def check_backend(
     finally:
         subject.close()
     return CheckResult(subject.name, seed, results)
+
+
+def _timed(part: str) -> Callable[..., PartResult]:
+    """The run function of a timed part, imported when it runs."""
+    if part == "concurrent":
+        from pagekv.testing.concurrent import run_concurrent
+
+        return run_concurrent
+    if part == "restart":
+        from pagekv.testing.restart import run_restart
+
+        return run_restart
+    from pagekv.testing.fuzz_part import run_fuzz
+
+    return run_fuzz
+
+
+def replay(subject: Subject, part: str, details: dict[str, Any]) -> Violation | None:
+    """Re-run what a violation's `details` record; the violation again, or None."""
+    try:
+        if part == "contract":
+            found = next((c for c in CLAUSES if c.name == details["clause"]), None)
+            if found is None:
+                raise UsageError(f"no clause {details['clause']!r} in this version of pagekv")
+            try:
+                run_clause(subject, found)
+            except Violation as v:
+                return v
+            return None
+        if part == "concurrent":
+            from pagekv.testing.concurrent import replay_concurrent
+
+            return replay_concurrent(subject, details)
+        if part == "restart":
+            from pagekv.testing.restart import replay_restart
+
+            return replay_restart(subject, details)
+        if part == "fuzz":
+            from pagekv.testing.fuzz_part import replay_fuzz
+
+            return replay_fuzz(subject, details)
+        raise UsageError(f"unknown part {part!r}; the parts are {', '.join(PARTS)}")
+    finally:
+        subject.close()

@@ -23,7 +23,7 @@ from pagekv.kv import ActorKv, KvError, KvIndeterminate, KvUnavailable
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.testing.model import Model, Op, Outcome
 from pagekv.testing.outcome import PartResult, Status
-from pagekv.testing.report import Violation
+from pagekv.testing.report import Violation, show
 from pagekv.testing.subject import Subject
 
 T = TypeVar("T")
@@ -59,6 +59,8 @@ class Monitored(KvWrapper):
         self._lock = threading.Lock()
         self.calls: list[str] = []
         self.violation: Violation | None = None
+        self._written_by: dict[bytes, int] = {}
+        """Each key's latest write: the index in `calls` of the call that put it."""
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         call = Op(op, args, tuple(kwargs.items()))
@@ -107,17 +109,35 @@ class Monitored(KvWrapper):
                 required = expected
         if admitted:
             self._models = admitted
+            if op.method == "write" and not observed.errors:
+                for key in dict(op.kwargs)["put"]:
+                    self._written_by[key] = len(self.calls) - 1
             return
         assert required is not None
+        shown = self.calls[-_SEQUENCE_SHOWN:]
         self.violation = Violation(
             part="fuzz",
             clause=_CLAUSES.get(op.method, op.method),
             requires=f"{op.method} answers as the contract's model of the namespace does",
             call=f"kv.{op}",
-            got=str(observed),
+            got=str(observed) + self._writers(op, observed, required, len(shown)),
             expected=str(required),
-            sequence=self.calls[-_SEQUENCE_SHOWN:],
+            sequence=shown,
         )
+
+    def _writers(self, op: Op, observed: Outcome, required: Outcome, shown: int) -> str:
+        """Which earlier calls wrote the keys a read got wrong: often the misbehaving call."""
+        if op.method != "get" or observed.errors or required.errors:
+            return ""
+        keys = op.args[0]
+        wrong = [k for k, a, b in zip(keys, observed.value, required.value, strict=False) if a != b]
+        first = len(self.calls) - shown
+        notes = [
+            f"{show(k)} was last written by call {self._written_by[k] - first}"
+            for k in wrong
+            if self._written_by.get(k, -1) >= first
+        ]
+        return f" ({'; '.join(notes)})" if notes else ""
 
 
 @dataclass

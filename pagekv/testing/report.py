@@ -15,6 +15,8 @@ _SHOWN_BYTES: Final = 24
 """Bytes of a key or value shown in full; longer ones are shown by their head and length."""
 _SHOWN_ITEMS: Final = 8
 """Entries of a list or mapping shown; the rest are counted."""
+_LINE: Final = 200
+"""Characters of a sequence line shown in a report (the replay file keeps everything)."""
 
 
 def show(value: object) -> str:
@@ -112,7 +114,10 @@ class Violation(AssertionError):
             lines.append(f"  seed:     {self.seed}")
         if self.sequence:
             lines.append(f"  sequence ({len(self.sequence)} calls):")
-            lines.extend(f"    {n:3d} {line}" for n, line in enumerate(self.sequence))
+            lines.extend(
+                f"    {n:3d} {line if len(line) <= _LINE else line[: _LINE - 3] + '...'}"
+                for n, line in enumerate(self.sequence)
+            )
         return "\n".join(lines)
 
     def __reduce__(self) -> tuple[Any, ...]:
