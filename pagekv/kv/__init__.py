@@ -1,4 +1,8 @@
-"""The actor KV store: contract, limits, errors, backends and wrappers."""
+"""The actor KV store: contract, limits, errors, backends and wrappers.
+
+The `check_*` helpers, `quota_delta` and `entry_size` are the contract's validation, exported for
+backends of your own: call them before you apply a request and yours refuses exactly what ours do.
+"""
 
 from pagekv.kv.api import ACTOR_KV_METHODS, ActorKv, FlushCounts, KvStore
 from pagekv.kv.errors import (
@@ -16,8 +20,24 @@ from pagekv.kv.errors import (
     TooManyEntries,
     ValueTooLarge,
 )
+from pagekv.kv.fence import check_fence
 from pagekv.kv.file import FileStore
-from pagekv.kv.limits import KvLimits
+from pagekv.kv.limits import (
+    Entries,
+    KvLimits,
+    WriteBatch,
+    check_bound,
+    check_fence_arg,
+    check_key,
+    check_keys,
+    check_limit,
+    check_name,
+    check_quota,
+    check_reverse,
+    check_write,
+    entry_size,
+    quota_delta,
+)
 from pagekv.kv.memory import MemoryStore
 from pagekv.kv.namespace import KvNamespace, prefix_end
 from pagekv.kv.redact import redact_url
@@ -46,6 +66,7 @@ __all__ = [
     "ActorKv",
     "BatchTooLarge",
     "CountingKv",
+    "Entries",
     "Fault",
     "FaultKind",
     "FaultyKv",
@@ -74,9 +95,22 @@ __all__ = [
     "StorageQuotaExceeded",
     "TooManyEntries",
     "ValueTooLarge",
+    "WriteBatch",
+    "check_bound",
+    "check_fence",
+    "check_fence_arg",
+    "check_key",
+    "check_keys",
     "check_kv_url",
+    "check_limit",
+    "check_name",
+    "check_quota",
+    "check_reverse",
+    "check_write",
+    "entry_size",
     "open_kv",
     "prefix_end",
+    "quota_delta",
     "redact_url",
 ]
 
