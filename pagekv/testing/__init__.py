@@ -10,23 +10,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagekv.testing.check import PARTS, CheckResult, check_backend, replay
 from pagekv.testing.clauses import CLAUSES, Clause, NotChecked, Trial, clause, run_clause
+from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation
 from pagekv.testing.subject import Subject, UsageError, load_factory
 
 __all__ = [
     "CLAUSES",
+    "PARTS",
+    "CheckResult",
     "Clause",
     "NotChecked",
+    "PartResult",
+    "Status",
     "Subject",
     "Trial",
     "UsageError",
     "Violation",
     "blobs",
+    "check_backend",
     "clause",
     "faults",
     "load_factory",
     "machine",
+    "replay",
     "run_clause",
     "statements",
     "steps",
@@ -40,7 +48,7 @@ def __getattr__(name: str) -> Any:
     """The hypothesis-based helpers on first use: the rest of `pagekv.testing` (and
     `pagekv check-backend`) runs without hypothesis installed."""
     if name in _MACHINE:
-        from pagekv.testing import machine
+        from pagekv.testing import fuzz_machine
 
-        return getattr(machine, name)
+        return getattr(fuzz_machine, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
