@@ -1,0 +1,900 @@
+"""The restart part: what a store acknowledged is there after it is closed and reopened, and after
+its process is killed.
+
+Each run takes a fresh location, two or three namespaces and a seeded sequence of calls (puts,
+deletes, batches, fenced and not, takeovers, stale fences that must fail, range deletes, drops,
+values as large as the store advertises), each checked against the contract's `Model` as it
+runs. The store is restarted one of two ways:
+
+- clean: `store.close()`, then the factory called again with the same location. Everything
+  acknowledged must be there, generations and `used_bytes()` exactly.
+- kill: the calls run in a forked child, which acknowledges each one over a pipe; the parent
+  sends SIGKILL right after a seeded call's acknowledgement (the child runs on until it lands) and
+  reopens the location. Every acknowledged call must be there, the one in flight entirely or not
+  at all, and nothing else.
+
+After a run's last restart a takeover of each namespace must return one more than the generation
+it came back with. A failure is minimised (delta debugging over the calls and restart points, a
+kill candidate tried a few times since where a kill lands varies) and its report names the
+earliest acknowledged call whose effect is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import os
+import random
+import select
+import shutil
+import signal
+import struct
+import threading
+import time
+import traceback
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final
+
+from pagekv.kv import ActorKv, KvError, KvLimits
+from pagekv.testing.clauses import NotChecked
+from pagekv.testing.model import Model, Op, Outcome, observe
+from pagekv.testing.outcome import PartResult, Status
+from pagekv.testing.report import Violation, show
+from pagekv.testing.subject import NAMESPACE, Subject
+
+CLEAN: Final = "clean"
+KILL: Final = "kill"
+_NAMES: Final = (NAMESPACE, f"{NAMESPACE}-2", f"{NAMESPACE}-3")
+_KEYS: Final = tuple(b"k%02d" % n for n in range(12))
+_KILL_TRIES: Final = 3
+"""Times a kill candidate is run while minimising before it is taken not to fail."""
+_MINIMISE_SECONDS: Final = 10.0
+"""The most a failure's minimisation takes (at most the part's own `seconds`, at least 1 s)."""
+_CHILD_SECONDS: Final = 10.0
+"""How long a child may take to reach its kill point; it is killed then wherever it is."""
+_RECORD: Final = struct.Struct("<iI")
+"""An acknowledgement from the child: the call's index (-1: the store opened) and a status;
+8 bytes, so one `write` of it is atomic on a pipe."""
+_LENGTH: Final = struct.Struct("<I")
+_OK, _WRONG, _BROKEN = 0, 1, 2
+"""A child's statuses: acknowledged as the model requires; answered otherwise (a text follows);
+our own code failed in the child (a traceback follows)."""
+_OPENED: Final = -1
+_CRASHED: Final = -2
+
+
+@dataclass(frozen=True)
+class _Clause:
+    name: str
+    requires: str
+
+
+_CLOSE_KEEPS: Final = _Clause(
+    "close() keeps everything acknowledged",
+    "a store opened again at the same location after close() holds every write, takeover and "
+    "drop it acknowledged",
+)
+_KILL_KEEPS: Final = _Clause(
+    "acknowledged writes survive a kill",
+    "a store reopened after its process was killed (SIGKILL) holds every write it acknowledged; "
+    "the call in flight applied entirely or not at all",
+)
+_GENERATION: Final = _Clause(
+    "the generation survives a restart",
+    "after a reopen, generation() is that of the last acknowledged takeover, and the next "
+    "takeover returns one more",
+)
+_WHOLE: Final = _Clause(
+    "a call in flight at a kill applies entirely or not at all",
+    "after a kill, the call that had not been acknowledged left all of its effects or none",
+)
+_NOTHING_ELSE: Final = _Clause(
+    "a restart changes nothing not acknowledged",
+    "a reopened namespace holds what its acknowledged calls left (and the call in flight, "
+    "entirely or not at all), nothing else",
+)
+_USAGE: Final = _Clause(
+    "used_bytes() is exact after a restart",
+    "after a reopen, used_bytes() is the sizes of the keys and values the namespace holds",
+)
+_ANSWERS: Final = _Clause(
+    "calls answer as the contract requires",
+    "each call of a restart run answers as the contract's model does",
+)
+_REOPENS: Final = _Clause(
+    "the store reopens after a restart",
+    "the factory called again with the same location opens the store, and its namespaces "
+    "answer reads",
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A call `op` on the run's namespace number `ns`, or a restart (`op` None)."""
+
+    ns: int = 0
+    op: Op | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"restart": True} if self.op is None else {"ns": self.ns, "op": self.op.to_json()}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Step:
+        return Step() if data.get("restart") else Step(data["ns"], Op.from_json(data["op"]))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One run: its kind of restart, its namespaces and its steps.
+
+    A clean scenario restarts at each of its restart steps; a kill scenario has exactly one, the
+    point the kill is sent at, and every call of it runs in the child."""
+
+    kind: str
+    names: tuple[str, ...]
+    steps: tuple[Step, ...]
+    delay: float = 0.0
+    """Seconds from the acknowledgement the kill follows to the kill: a kill that lands in the
+    middle of the next call (0: at once)."""
+
+    def calls(self) -> list[Step]:
+        return [s for s in self.steps if s.op is not None]
+
+    @property
+    def kill_after(self) -> int:
+        """The index of the call whose acknowledgement the kill is sent after (-1: the open)."""
+        return sum(1 for s in self.steps[: self.steps.index(Step())] if s.op is not None) - 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "names": list(self.names),
+            "steps": [s.to_json() for s in self.steps],
+            "delay": self.delay,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Scenario:
+        steps = tuple(Step.from_json(s) for s in data["steps"])
+        return Scenario(data["kind"], tuple(data["names"]), steps, data.get("delay", 0.0))
+
+
+@dataclass
+class _Tally:
+    runs: int = 0
+    restarts: int = 0
+    kills: int = 0
+    calls: int = 0
+
+    def add(self, run: _Run) -> None:
+        self.runs += 1
+        self.restarts += run.restarts
+        self.kills += run.scenario.kind == KILL
+        self.calls += run.calls
+
+    def __str__(self) -> str:
+        return (
+            f"{self.runs:,} runs, {self.restarts:,} clean restarts, {self.kills:,} kills, "
+            f"{self.calls:,} ops"
+        )
+
+
+def run_restart(subject: Subject, *, seconds: float, seed: int) -> PartResult:
+    """Seeded runs until `seconds` are used (at least two); the first failure, minimised."""
+    started = time.monotonic()
+    if not subject.reopens:
+        return PartResult("restart", Status.NOT_CHECKED, _cannot_reopen(subject))
+    no_kills = _cannot_kill()
+    limits = _limits(subject)
+    rng = random.Random(seed)
+    tally = _Tally()
+    while tally.runs < 2 or time.monotonic() - started < seconds:
+        kind = KILL if no_kills is None and tally.runs % 2 else CLEAN
+        scenario = _generate(random.Random(rng.getrandbits(64)), kind, limits)
+        run = _Run(subject, scenario, limits, seed)
+        found = run.execute()
+        tally.add(run)
+        if found is not None:
+            budget = min(_MINIMISE_SECONDS, max(1.0, seconds))
+            found = _minimise(subject, scenario, limits, seed, found, budget)
+            calls = len(Scenario.from_json(found.details["scenario"]).calls())
+            summary = (
+                f"{tally}; run {tally.runs} ({kind}) failed, minimised to {calls} "
+                f"call{'s' if calls != 1 else ''}"
+            )
+            return PartResult(
+                "restart",
+                Status.FAILED,
+                summary,
+                time.monotonic() - started,
+                [found],
+                [] if no_kills is None else [no_kills],
+            )
+    if no_kills is not None:
+        return PartResult(
+            "restart",
+            Status.PASSED,
+            f"{tally}, nothing lost; no kills: {no_kills}",
+            time.monotonic() - started,
+            not_checked=[no_kills],
+        )
+    return PartResult(
+        "restart", Status.PASSED, f"{tally}, nothing lost", time.monotonic() - started
+    )
+
+
+def replay_restart(subject: Subject, details: dict[str, Any]) -> Violation | None:
+    """Run a reported scenario again (a kill one up to a few times); its violation, or None."""
+    if not subject.reopens:
+        raise NotChecked(_cannot_reopen(subject))
+    scenario = Scenario.from_json(details["scenario"])
+    if scenario.kind == KILL and (reason := _cannot_kill()) is not None:
+        raise NotChecked(f"cannot replay a kill: {reason}")
+    limits = _limits(subject)
+    for _ in range(_KILL_TRIES if scenario.kind == KILL else 1):
+        found = _Run(subject, scenario, limits, details.get("seed")).execute()
+        if found is not None:
+            return found
+    return None
+
+
+def _cannot_reopen(subject: Subject) -> str:
+    why = (
+        "this one returns namespaces"
+        if not subject.returns_store
+        else "this one takes no location= argument"
+    )
+    return f"needs a store factory taking location= (to reopen a store): {why}"
+
+
+def _cannot_kill() -> str | None:
+    """Why this process cannot run kills, or None: a kill forks, from the main thread only."""
+    if not hasattr(os, "fork") or "fork" not in multiprocessing.get_all_start_methods():
+        return "killing a store's process needs os.fork, which this platform lacks"
+    if threading.current_thread() is not threading.main_thread():
+        return "killing a store's process forks, which is done only from the main thread"
+    return None
+
+
+def _limits(subject: Subject) -> KvLimits:
+    """The limits the factory's namespaces advertise: what the calls are generated within."""
+    location = subject.location()
+    store = subject.open_store(location=location)
+    try:
+        return subject.limits_of(store.namespace(_NAMES[0]), None)
+    finally:
+        store.close()
+        shutil.rmtree(location, ignore_errors=True)
+
+
+# --- generating a run ---------------------------------------------------------------------------
+
+
+def _generate(rng: random.Random, kind: str, limits: KvLimits) -> Scenario:
+    names = _NAMES[: rng.choice((2, 3))]
+    shadows = [Model(limits) for _ in names]
+    calls: list[Step] = []
+    for number in range(rng.randint(6, 40)):
+        ns = rng.randrange(len(names))
+        op = _next_op(rng, shadows[ns], limits, number)
+        shadows[ns].apply(op)
+        calls.append(Step(ns, op))
+    n = len(calls)
+    delay = 0.0
+    if kind == CLEAN:
+        cuts = set(rng.sample(range(1, n), rng.randint(0, 2))) | {n}
+    else:
+        cuts = {rng.randint(1, n)}
+        delay = rng.choice((0.0, 0.0, rng.uniform(0, 0.001), rng.uniform(0, 0.02)))
+    steps: list[Step] = []
+    for done, call in enumerate(calls, 1):
+        steps.append(call)
+        if done in cuts:
+            steps.append(Step())
+    return Scenario(kind, names, tuple(steps), delay)
+
+
+def _next_op(rng: random.Random, shadow: Model, limits: KvLimits, number: int) -> Op:
+    """A call chosen against `shadow` (the namespace as the model has it by then), so that
+    fences are current or stale as intended and deletes mostly hit."""
+
+    def small() -> bytes:
+        return b"v%d." % number + rng.randbytes(rng.randint(0, 12))
+
+    def keys(most: int) -> list[bytes]:
+        pool = shadow.keys if shadow.keys and rng.random() < 0.7 else list(_KEYS)
+        return rng.sample(pool, min(len(pool), rng.randint(1, most)))
+
+    gen = shadow.generation
+    fenced: dict[str, int] = {"fence": gen} if rng.random() < 0.4 else {}
+    r = rng.random()
+    if r < 0.06:
+        size = max(1, min(limits.max_value_bytes, limits.max_batch_bytes - 3))
+        return Op.of("put", {rng.choice(_KEYS): rng.randbytes(size)}, **fenced)
+    if r < 0.38:
+        return Op.of("put", {k: small() for k in rng.sample(_KEYS, rng.randint(1, 3))}, **fenced)
+    if r < 0.50:
+        return Op.of("delete", keys(2), **fenced)
+    if r < 0.62:
+        gone = keys(2)
+        put = {k: small() for k in rng.sample([k for k in _KEYS if k not in gone], 2)}
+        return Op.of("write", put=put, delete=gone, **fenced)
+    if r < 0.70:
+        start, end = sorted(rng.sample(_KEYS, 2))
+        return Op.of("delete_range", start, end, **fenced)
+    if r < 0.83:
+        return Op.of("takeover")
+    if r < 0.95:
+        stale = rng.choice([g for g in (gen - 1, gen + 1) if g >= 0])
+        method = rng.choice(("put", "put", "delete", "delete_range", "drop"))
+        if method == "put":
+            return Op.of("put", {rng.choice(_KEYS): small()}, fence=stale)
+        if method == "delete":
+            return Op.of("delete", keys(2), fence=stale)
+        if method == "delete_range":
+            return Op.of("delete_range", _KEYS[0], _KEYS[-1], fence=stale)
+        return Op.of("drop", fence=stale)
+    return Op.of("drop", **fenced)
+
+
+# --- running one ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Acked:
+    """A call the namespace acknowledged: its place in the run, and how the report shows it."""
+
+    number: int
+    op: Op
+    line: str
+
+
+@dataclass
+class _Seen:
+    """A reopened namespace as its reads show it."""
+
+    contents: Outcome
+    generation: Outcome
+    used: Outcome
+
+
+def _observe(kv: ActorKv, op: Op) -> Outcome:
+    try:
+        return observe(kv, op)
+    except Exception as e:  # not a KvError: no outcome the contract allows (`errors` is a marker)
+        return Outcome(errors=frozenset({KvError}), raised=e)
+
+
+def _said(outcome: Outcome) -> str:
+    """An outcome as a report's sequence shows it: `-> value` or `raised Error`."""
+    if outcome.raised is not None:
+        return f"raised {show(outcome.raised)}"
+    if outcome.failed:
+        return "raised " + " or ".join(sorted(e.__name__ for e in outcome.errors))
+    return f"-> {show(outcome.value)}"
+
+
+def _line(handle: str, op: Op, outcome: Outcome) -> str:
+    return f"{handle}.{op} {_said(outcome)}"
+
+
+def _handle(ns: int) -> str:
+    return "kv" if ns == 0 else f"kv{ns + 1}"
+
+
+class _Run:
+    """One scenario against the subject: the models of its namespaces follow what the store
+    acknowledged (invariant: `models[i]` is `history[i]` applied to an empty namespace), and
+    `lines` is the report's sequence so far."""
+
+    def __init__(
+        self, subject: Subject, scenario: Scenario, limits: KvLimits, seed: int | None
+    ) -> None:
+        self.subject = subject
+        self.scenario = scenario
+        self.limits = limits
+        self.seed = seed
+        self.models = [Model(limits) for _ in scenario.names]
+        self.history: list[list[_Acked]] = [[] for _ in scenario.names]
+        self.lines = ["store = factory(location=L)"] + [
+            f"{_handle(i)} = store.namespace({name!r})" for i, name in enumerate(scenario.names)
+        ]
+        self.calls = 0
+        self.restarts = 0
+        self.restart = ""
+        """How the last restart was done, as the report shows it."""
+
+    def execute(self) -> Violation | None:
+        location = self.subject.location()
+        try:
+            return self._clean(location) if self.scenario.kind == CLEAN else self._kill(location)
+        finally:
+            shutil.rmtree(location, ignore_errors=True)
+
+    def violation(self, clause: _Clause, call: str, got: str, expected: str = "") -> Violation:
+        return Violation(
+            part="restart",
+            clause=clause.name,
+            requires=clause.requires,
+            call=call,
+            got=got,
+            expected=expected,
+            sequence=list(self.lines),
+            seed=self.seed,
+            details={"scenario": self.scenario.to_json(), "seed": self.seed},
+        )
+
+    def _ack(self, ns: int, op: Op, outcome: Outcome, note: str = "") -> None:
+        line = _line(_handle(ns), op, outcome)
+        self.history[ns].append(_Acked(sum(map(len, self.history)), op, line))
+        self.lines.append(line + note)
+
+    # --- clean restarts ---------------------------------------------------------------------
+
+    def _clean(self, location: Path) -> Violation | None:
+        last = max(i for i, s in enumerate(self.scenario.steps) if s.op is None)
+        store: Any = None
+        try:
+            store = self.subject.open_store(location=location)
+            kvs = [store.namespace(n) for n in self.scenario.names]
+            for i, step in enumerate(self.scenario.steps):
+                if step.op is not None:
+                    if (found := self._call(kvs[step.ns], step.ns, step.op)) is not None:
+                        return found
+                    continue
+                self.restart = "store.close(); store = factory(location=L)"
+                self.lines.append(f"{self.restart}  (a clean restart)")
+                closing, store = store, None
+                try:
+                    closing.close()
+                except Exception as e:
+                    return self.violation(_CLOSE_KEEPS, "store.close()", f"raised {show(e)}")
+                self.restarts += 1
+                reopened = self._reopen(location)
+                if isinstance(reopened, Violation):
+                    return reopened
+                store, kvs = reopened
+                found = self._check(kvs, None) or (self._takeovers(kvs) if i == last else None)
+                if found is not None:
+                    return found
+            return None
+        finally:
+            if store is not None:
+                _close_quietly(store)
+
+    def _call(self, kv: ActorKv, ns: int, op: Op) -> Violation | None:
+        observed = _observe(kv, op)
+        required = self.models[ns].apply(op)
+        self.calls += 1
+        if not required.admits(observed):
+            call = f"{_handle(ns)}.{op}"
+            self.lines.append(f"{call} {observed}")
+            return self.violation(_ANSWERS, call, str(observed), str(required))
+        self._ack(ns, op, required)
+        return None
+
+    def _reopen(self, location: Path) -> tuple[Any, list[ActorKv]] | Violation:
+        try:
+            store = self.subject.open_store(location=location)
+        except Exception as e:
+            return self.violation(_REOPENS, "factory(location=L)", f"raised {show(e)}")
+        try:
+            return store, [store.namespace(n) for n in self.scenario.names]
+        except Exception as e:
+            _close_quietly(store)
+            return self.violation(_REOPENS, "store.namespace(...)", f"raised {show(e)}")
+
+    # --- kills ------------------------------------------------------------------------------
+
+    def _kill(self, location: Path) -> Violation | None:
+        calls = self.scenario.calls()
+        kill_after = self.scenario.kill_after
+        if kill_after < 0:
+            self.lines.append("SIGKILL once the store is open")
+        acked = 0
+        for index, status, text in _run_child(self.subject, location, self.scenario, self.limits):
+            if status == _BROKEN:
+                if index == _CRASHED:
+                    raise RuntimeError(f"the restart check's child process failed:\n{text}")
+                return self.violation(
+                    _ANSWERS, "factory(location=L) in a forked process", text or "failed"
+                )
+            if index == _OPENED:
+                continue
+            ns, op = calls[index].ns, calls[index].op
+            assert op is not None
+            required = self.models[ns].apply(op)
+            if status == _WRONG:
+                got = text or "(cut short by the kill)"
+                self.lines.append(f"{_handle(ns)}.{op} {got}")
+                return self.violation(_ANSWERS, f"{_handle(ns)}.{op}", got, str(required))
+            self._ack(ns, op, required, "  (after the kill was sent)" if index > kill_after else "")
+            if index == kill_after:
+                after = (
+                    f"{self.scenario.delay * 1000:.2f} ms after" if self.scenario.delay else "once"
+                )
+                self.lines.append(f"SIGKILL {after} the call above returned")
+            acked += 1
+        self.calls += acked
+        if acked <= kill_after:
+            self.lines.append(f"SIGKILL after {_CHILD_SECONDS:g} s, or the process died, first")
+        in_flight = calls[acked] if acked < len(calls) else None
+        if in_flight is not None:
+            assert in_flight.op is not None
+            self.lines.append(f"{_handle(in_flight.ns)}.{in_flight.op}  (in flight at the kill)")
+        self.restart = "SIGKILL; store = factory(location=L)"
+        self.lines.append("store = factory(location=L)  (reopened after the kill)")
+        reopened = self._reopen(location)
+        if isinstance(reopened, Violation):
+            return reopened
+        store, kvs = reopened
+        try:
+            return self._check(kvs, in_flight) or self._takeovers(kvs)
+        finally:
+            _close_quietly(store)
+
+    # --- checking a reopened store ----------------------------------------------------------
+
+    def _check(self, kvs: list[ActorKv], in_flight: Step | None) -> Violation | None:
+        """Each namespace must be as its model, or (in flight's) as its model after that call.
+
+        Contents are compared first, then generations, then usage; within the first that
+        differs the report is of the earliest acknowledged call whose effect is missing."""
+        seen: list[_Seen] = []
+        for ns, kv in enumerate(kvs):
+            reads = []
+            for method in ("list", "generation", "used_bytes"):
+                outcome = _observe(kv, Op.of(method))
+                if outcome.raised is not None:
+                    got = f"after the restart, raised {show(outcome.raised)}"
+                    return self.violation(_REOPENS, f"{_handle(ns)}.{method}()", got)
+                reads.append(outcome)
+            seen.append(_Seen(*reads))
+        candidates = [[m] for m in self.models]
+        applied = Outcome(None)
+        if in_flight is not None and in_flight.op is not None:
+            after = self.models[in_flight.ns].copy()
+            applied = after.apply(in_flight.op)
+            if not applied.failed and after.state() != self.models[in_flight.ns].state():
+                candidates[in_flight.ns].append(after)
+        aspects = (
+            (lambda c, s: Outcome(c.contents()).admits(s.contents), self._wrong_contents),
+            (lambda c, s: Outcome(c.generation).admits(s.generation), self._wrong_generation),
+            (lambda c, s: Outcome(c.used).admits(s.used), self._wrong_usage),
+        )
+        for admits, wrong in aspects:
+            findings: list[_Finding] = []
+            for ns, kv in enumerate(kvs):
+                kept = [c for c in candidates[ns] if admits(c, seen[ns])]
+                if kept:
+                    candidates[ns] = kept
+                else:
+                    findings.append(wrong(ns, kv, seen[ns], candidates[ns], in_flight))
+            if findings:
+                return min(findings, key=lambda f: f.number).violation
+        for ns, (chosen, *_) in enumerate(candidates):
+            if chosen is not self.models[ns]:
+                assert in_flight is not None and in_flight.op is not None
+                self._ack(ns, in_flight.op, applied, "  (it had applied)")
+                self.models[ns] = chosen
+        return None
+
+    def _wrong_contents(
+        self, ns: int, kv: ActorKv, seen: _Seen, candidates: list[Model], in_flight: Step | None
+    ) -> _Finding:
+        h = _handle(ns)
+        try:
+            got = {bytes(k): bytes(v) for k, v in seen.contents.value}
+        except (TypeError, ValueError):
+            got = None
+        if got is None or any(got == c.values for c in candidates):
+            text = f"after the restart, {h}.list() -> {show(seen.contents.value)}"
+            expected = " or ".join(show(c.contents()) for c in candidates)
+            return _Finding(math.inf, self.violation(_NOTHING_ELSE, self.restart, text, expected))
+        states = self._states(ns)
+        lost: list[tuple[int, bytes]] = []
+        invented: list[bytes] = []
+        keys = sorted(set(got).union(*(c.values for c in candidates)))
+        for key in keys:
+            value = got.get(key)
+            if value in {c.values.get(key) for c in candidates}:
+                continue
+            was = [j for j, s in enumerate(states) if s.values.get(key) == value]
+            if not was:
+                invented.append(key)
+                continue
+            j = was[-1] + 1
+            while states[j].values.get(key) == value:
+                j += 1
+            lost.append((self.history[ns][j - 1].number, key))
+        if lost:
+            number, key = min(lost)
+            acked = next(a for a in self.history[ns] if a.number == number)
+            clause = _CLOSE_KEEPS if self.scenario.kind == CLEAN else _KILL_KEEPS
+            expected = _either([c.values.get(key)] for c in candidates)
+            got_text = self._got(kv, h, [key], [got.get(key)])
+            return _Finding(number, self.violation(clause, acked.line, got_text, expected))
+        if invented:
+            key = invented[0]
+            expected = _either([c.values.get(key)] for c in candidates)
+            got_text = self._got(kv, h, [key], [got.get(key)])
+            return _Finding(
+                math.inf, self.violation(_NOTHING_ELSE, self.restart, got_text, expected)
+            )
+        assert in_flight is not None and in_flight.op is not None
+        torn = [k for k in keys if len({c.values.get(k) for c in candidates}) > 1]
+        expected = _either([c.values.get(k) for k in torn] for c in candidates)
+        got_text = self._got(kv, h, torn, [got.get(k) for k in torn])
+        call = f"{_handle(in_flight.ns)}.{in_flight.op}"
+        return _Finding(math.inf, self.violation(_WHOLE, call, got_text, expected))
+
+    def _got(self, kv: ActorKv, h: str, keys: list[bytes], listed: list[bytes | None]) -> str:
+        """What `get` says of `keys` after the restart, and what `list` said if it differs."""
+        got = _observe(kv, Op.of("get", keys))
+        text = f"after the restart, {h}.get({show(keys)}) {_said(got)}"
+        if not Outcome(listed).admits(got):
+            text += f" (and list() has {show(listed)})"
+        return text
+
+    def _wrong_generation(
+        self, ns: int, kv: ActorKv, seen: _Seen, candidates: list[Model], in_flight: Step | None
+    ) -> _Finding:
+        value = seen.generation.value
+        states = self._states(ns)
+        was = [j for j, s in enumerate(states) if type(value) is int and s.generation == value]
+        got = f"after the restart, {_handle(ns)}.generation() -> {show(value)}"
+        expected = " or ".join(str(c.generation) for c in candidates)
+        if not was or was[-1] + 1 == len(states):
+            return _Finding(math.inf, self.violation(_GENERATION, self.restart, got, expected))
+        j = was[-1] + 1
+        while states[j].generation == value:
+            j += 1
+        acked = self.history[ns][j - 1]
+        return _Finding(acked.number, self.violation(_GENERATION, acked.line, got, expected))
+
+    def _wrong_usage(
+        self, ns: int, kv: ActorKv, seen: _Seen, candidates: list[Model], in_flight: Step | None
+    ) -> _Finding:
+        got = f"after the restart, {_handle(ns)}.used_bytes() -> {show(seen.used.value)}"
+        expected = " or ".join(str(c.used) for c in candidates)
+        return _Finding(math.inf, self.violation(_USAGE, self.restart, got, expected))
+
+    def _states(self, ns: int) -> list[Model]:
+        """The namespace after each of its acknowledged calls, from empty."""
+        model = Model(self.limits)
+        states = [model.copy()]
+        for acked in self.history[ns]:
+            model.apply(acked.op)
+            states.append(model.copy())
+        return states
+
+    def _takeovers(self, kvs: list[ActorKv]) -> Violation | None:
+        """After the last restart, a takeover of each namespace must move its generation on."""
+        for ns, kv in enumerate(kvs):
+            op = Op.of("takeover")
+            before = self.models[ns].generation
+            observed = _observe(kv, op)
+            required = self.models[ns].apply(op)
+            if not required.admits(observed):
+                got = f"after the restart, {_line(_handle(ns), op, observed)}"
+                expected = f"{required.value} (generation() was {before})"
+                return self.violation(_GENERATION, f"{_handle(ns)}.takeover()", got, expected)
+            self._ack(ns, op, required)
+        return None
+
+
+@dataclass(frozen=True)
+class _Finding:
+    """A difference found in a reopened namespace: the acknowledged call it lost (its number;
+    infinite where it lost none), and its report."""
+
+    number: float
+    violation: Violation
+
+
+def _either(values: Any) -> str:
+    return " or ".join(dict.fromkeys(show(v) for v in values))
+
+
+def _close_quietly(store: Any) -> None:
+    """Close a store the run is done with; a failure here is not what the run checks."""
+    with contextlib.suppress(Exception):
+        store.close()
+
+
+# --- the child of a kill ----------------------------------------------------------------------
+
+
+def _run_child(
+    subject: Subject, location: Path, scenario: Scenario, limits: KvLimits
+) -> list[tuple[int, int, str | None]]:
+    """Run `scenario`'s calls in a forked child and kill it right after the acknowledgement of
+    the call the kill follows; every acknowledgement it made before it died, in order."""
+    acks, ack_w = os.pipe()
+    hold_r, hold = os.pipe()
+    child = multiprocessing.get_context("fork").Process(
+        target=_child,
+        args=(subject, location, scenario, limits, ack_w, hold_r, (acks, hold)),
+        daemon=True,
+    )
+    try:
+        child.start()
+    finally:
+        os.close(ack_w)
+        os.close(hold_r)
+    try:
+        received = _Received()
+        deadline = time.monotonic() + _CHILD_SECONDS
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([acks], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(acks, 1 << 16)
+            if not chunk:
+                break
+            if received.feed(chunk, scenario.kill_after):
+                time.sleep(scenario.delay)
+                break
+        assert child.pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+        child.join(_CHILD_SECONDS)
+        os.set_blocking(acks, False)
+        try:
+            while chunk := os.read(acks, 1 << 16):
+                received.feed(chunk, scenario.kill_after)
+        except BlockingIOError:
+            pass
+        received.finish()
+        return received.records
+    finally:
+        os.close(acks)
+        os.close(hold)
+        if child.exitcode is not None:
+            child.close()
+
+
+class _Received:
+    """The child's acknowledgements as they arrive over the pipe."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.records: list[tuple[int, int, str | None]] = []
+
+    def feed(self, chunk: bytes, kill_after: int) -> bool:
+        """Take `chunk`; whether the kill is due (the kill point, or the child stopped)."""
+        self.buffer += chunk
+        due = False
+        while len(self.buffer) >= _RECORD.size:
+            index, status = _RECORD.unpack_from(self.buffer)
+            text: str | None = None
+            end = _RECORD.size
+            if status != _OK:
+                if len(self.buffer) < end + _LENGTH.size:
+                    break
+                (length,) = _LENGTH.unpack_from(self.buffer, end)
+                end += _LENGTH.size + length
+                if len(self.buffer) < end:
+                    break
+                text = self.buffer[_RECORD.size + _LENGTH.size : end].decode()
+            self.buffer = self.buffer[end:]
+            self.records.append((index, status, text))
+            due = due or status != _OK or index == kill_after
+        return due
+
+    def finish(self) -> None:
+        """A report the kill cut short is kept, without its text."""
+        if len(self.buffer) >= _RECORD.size:
+            index, status = _RECORD.unpack_from(self.buffer)
+            self.records.append((index, status, None))
+        self.buffer = b""
+
+
+def _send(fd: int, index: int, status: int, text: str = "") -> None:
+    data = _RECORD.pack(index, status)
+    if status != _OK:
+        encoded = text.encode()
+        data += _LENGTH.pack(len(encoded)) + encoded
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _child(
+    subject: Subject,
+    location: Path,
+    scenario: Scenario,
+    limits: KvLimits,
+    ack: int,
+    hold: int,
+    inherited: tuple[int, ...],
+) -> None:
+    """The forked child of a kill: opens its own store, runs every call, acknowledging each as
+    the model requires it, then waits to be killed. It touches nothing of its parent's but what
+    fork copied, and leaves by `os._exit` (no atexit, no finalizers run after a fork)."""
+    try:
+        for fd in inherited:
+            os.close(fd)
+        try:
+            store = subject.open_store(location=location)
+            kvs = [store.namespace(n) for n in scenario.names]
+        except Exception as e:
+            _send(ack, _OPENED, _BROKEN, f"raised {show(e)}")
+            return
+        _send(ack, _OPENED, _OK)
+        models = [Model(limits) for _ in scenario.names]
+        for index, step in enumerate(scenario.calls()):
+            assert step.op is not None
+            observed = _observe(kvs[step.ns], step.op)
+            if not models[step.ns].apply(step.op).admits(observed):
+                _send(ack, index, _WRONG, str(observed))
+                return
+            _send(ack, index, _OK)
+        os.read(hold, 1)
+    except BaseException:
+        _send(ack, _CRASHED, _BROKEN, traceback.format_exc())
+    finally:
+        os._exit(0)
+
+
+# --- minimising -------------------------------------------------------------------------------
+
+
+def _minimise(
+    subject: Subject,
+    scenario: Scenario,
+    limits: KvLimits,
+    seed: int,
+    found: Violation,
+    seconds: float,
+) -> Violation:
+    """The shortest scenario still failing the same clause that delta debugging finds within
+    `seconds`, and its violation. A kill keeps its kill point, after one call at
+    least, and loses the calls after it first (they race the kill); a clean run keeps one
+    restart at least; namespaces no call uses are dropped last."""
+    deadline = time.monotonic() + seconds
+    tries = _KILL_TRIES if scenario.kind == KILL else 1
+
+    def fails(steps: list[Step], names: tuple[str, ...] = scenario.names) -> Violation | None:
+        candidate = replace(scenario, names=names, steps=tuple(steps))
+        for _ in range(tries):
+            again = _Run(subject, candidate, limits, seed).execute()
+            if again is not None and again.clause == found.clause:
+                return again
+        return None
+
+    steps = list(scenario.steps)
+    if scenario.kind == KILL:
+        before = steps[: steps.index(Step()) + 1]
+        if len(before) < len(steps) and (again := fails(before)) is not None:
+            steps, found = before, again
+    parts = 2
+    while len(steps) > 1 and time.monotonic() < deadline:
+        size = math.ceil(len(steps) / parts)
+        for start in range(0, len(steps), size):
+            kept = steps[start : start + size]
+            kept = [s for s in kept if s.op is None] if scenario.kind == KILL else []
+            candidate = steps[:start] + kept + steps[start + size :]
+            if len(candidate) == len(steps) or Step() not in candidate:
+                continue
+            if scenario.kind == KILL and candidate[0] == Step():
+                continue
+            if (again := fails(candidate)) is not None:
+                steps, found = candidate, again
+                parts = max(parts - 1, 2)
+                break
+            if time.monotonic() >= deadline:
+                break
+        else:
+            if size == 1:
+                break
+            parts = min(parts * 2, len(steps))
+    used = sorted({s.ns for s in steps if s.op is not None})
+    if len(used) < len(scenario.names):
+        renumber = {ns: i for i, ns in enumerate(used)}
+        fewer = [s if s.op is None else Step(renumber[s.ns], s.op) for s in steps]
+        names = tuple(scenario.names[ns] for ns in used) or scenario.names[:1]
+        if (again := fails(fewer, names)) is not None:
+            found = again
+    return found
