@@ -21,6 +21,7 @@ __all__ = [
     "PARTS",
     "CheckResult",
     "Clause",
+    "KvContract",
     "NotChecked",
     "PartResult",
     "Status",
@@ -45,10 +46,14 @@ _MACHINE = ("machine", "blobs", "statements", "transactions", "faults", "steps",
 
 
 def __getattr__(name: str) -> Any:
-    """The hypothesis-based helpers on first use: the rest of `pagekv.testing` (and
-    `pagekv check-backend`) runs without hypothesis installed."""
+    """The hypothesis-based helpers, and the pytest suite `KvContract`, on first use: the rest
+    of `pagekv.testing` (and `pagekv check-backend`) runs without hypothesis or pytest."""
     if name in _MACHINE:
         from pagekv.testing import fuzz_machine
 
         return getattr(fuzz_machine, name)
+    if name == "KvContract":
+        from pagekv.testing.pytest_suite import KvContract
+
+        return KvContract
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
