@@ -38,7 +38,7 @@ class Clause:
 
 
 CLAUSES: list[Clause] = []
-"""Every clause, in the order they run (and are listed in DESIGN.md §3's terms)."""
+"""Every clause, in the order they run."""
 
 
 def clause(requires: str) -> Callable[[Callable[[Trial], None]], Callable[[Trial], None]]:

@@ -39,6 +39,8 @@ def show(value: object) -> str:
             if isinstance(value, list)
             else f"({inner}{',' if len(value) == 1 else ''})"
         )
+    if isinstance(value, str) and len(value) > 2 * _SHOWN_BYTES:
+        return f"{value[:_SHOWN_BYTES]!r}+({len(value)} characters)"
     if isinstance(value, BaseException):
         return f"{type(value).__name__}: {value}"
     return repr(value)

@@ -122,11 +122,3 @@ def open_store(backend: Backend, tmp_path: Path) -> Iterator[StoreOpener]:
 def store(open_store: StoreOpener) -> KvStore:
     """A fresh store with the default limits, closed after the test."""
     return open_store()
-
-
-@pytest.fixture(params=sorted(name for name, b in BACKENDS.items() if b.persistent))
-def persistent_open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreOpener]:
-    """Like `open_store`, over the backends whose data outlives the store object."""
-    opener = StoreOpener(resolve_backend(request.param, request), tmp_path)
-    yield opener
-    opener.close_all()
