@@ -251,24 +251,24 @@ class TakeoverNotAtomic(PlainKv):
 
 
 class TornBatch(PlainKv):
-    """Logs a batch whole but applies it key by key, each under the lock on its own: readers
-    see half of it."""
+    """Logs a batch whole but applies it key by key, letting go of the lock between keys (the
+    first key is applied with the fence check): readers see half of it."""
 
     def _commit(self, record: Record) -> None:
         if record["op"] != "write":
             super()._commit(record)
             return
         self._store.log({"ns": self._name, **record})
-        parts = [([], [key]) for key in record["del"]] + [([e], []) for e in record["put"]]
-        self._lock.release()
-        try:
-            for put, delete in parts:
-                with self._lock:
-                    self.apply({"op": "write", "put": put, "del": delete, "used": self._ns.used})
+        pieces = [WriteBatch({}, (key,), 0) for key in record["del"]]
+        pieces += [WriteBatch({key: value}, (), 0) for key, value in record["put"]]
+        for n, piece in enumerate(pieces):
+            if n:
+                self._lock.release()
                 time.sleep(0)
-        finally:
-            self._lock.acquire()
-        self._ns.used = record["used"]
+                self._lock.acquire()
+            used = self._ns.used + quota_delta(piece, self._ns.values)
+            puts = [[k, v] for k, v in piece.puts.items()]
+            self.apply({"op": "write", "put": puts, "del": piece.deletes, "used": used})
 
 
 # --- restart ---------------------------------------------------------------------------------
@@ -336,11 +336,19 @@ class ValuesLoseTrailingZeros(PlainKv):
         return batch
 
 
-class ListCapped(PlainKv):
+class ListCappedAt100(PlainKv):
     """Returns at most 100 entries from a `list` without a limit (a server's page size)."""
 
     def _select(self, i: int, j: int, n: int | None, backwards: bool) -> list[bytes]:
         return super()._select(i, j, 100 if n is None else n, backwards)
+
+
+class ListCappedAt1000(PlainKv):
+    """Returns at most 1,000 entries from any `list` (a page of S3's size, the continuation
+    dropped)."""
+
+    def _select(self, i: int, j: int, n: int | None, backwards: bool) -> list[bytes]:
+        return super()._select(i, j, 1000 if n is None else min(n, 1000), backwards)
 
 
 # --- factories -------------------------------------------------------------------------------
@@ -384,7 +392,8 @@ generation_not_logged = _factory("generation_not_logged", GenerationNotLogged)
 range_not_logged = _factory("range_not_logged", RangeNotLogged)
 write_behind = _factory("write_behind", store=WriteBehindStore)
 values_lose_trailing_zeros = _factory("values_lose_trailing_zeros", ValuesLoseTrailingZeros)
-list_capped = _factory("list_capped", ListCapped)
+list_capped_at_100 = _factory("list_capped_at_100", ListCappedAt100)
+list_capped_at_1000 = _factory("list_capped_at_1000", ListCappedAt1000)
 
 BROKEN: Final[dict[str, tuple[Factory, str]]] = {
     "entry_by_entry": (entry_by_entry, "contract"),
@@ -411,6 +420,7 @@ BROKEN: Final[dict[str, tuple[Factory, str]]] = {
     "range_not_logged": (range_not_logged, "restart"),
     "write_behind": (write_behind, "restart"),
     "values_lose_trailing_zeros": (values_lose_trailing_zeros, "fuzz"),
-    "list_capped": (list_capped, "fuzz"),
+    "list_capped_at_100": (list_capped_at_100, "fuzz"),
+    "list_capped_at_1000": (list_capped_at_1000, "contract"),
 }
 """Every broken backend: its factory and the part of the check that must catch it."""

@@ -19,12 +19,13 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 from pagekv.kv import (
     Entries,
     InvalidArgument,
     KvLimits,
+    KvUnavailable,
     WriteBatch,
     check_bound,
     check_fence,
@@ -202,11 +203,27 @@ class PlainKv:
         return entry_size(key, value)
 
 
+class _Shared:
+    """What every store open at one location in this process shares: namespaces, lock, log."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, _State] = {}
+        self.lock = threading.Lock()
+        self.file: BinaryIO | None = None
+        self.opened = 0
+
+
+_OPEN: dict[Path, _Shared] = {}
+"""The locations open in this process, so two stores at one location see one namespace."""
+_OPEN_LOCK = threading.Lock()
+
+
 class PlainStore:
     """Namespaces of `kv_class` in memory, or durable in `location` (one log of every change).
 
-    One process at a time may open a location; the log's last line may be torn by a kill (it was
-    never acknowledged) and is cut off at open, so later records are not appended after it.
+    Stores open at one location in one process share it; one process at a time may open a
+    location. The log's last line may be torn by a kill (it was never acknowledged): it is cut
+    off at open, so later records are not appended after it.
     """
 
     kv_class: ClassVar[type[PlainKv]] = PlainKv
@@ -214,29 +231,55 @@ class PlainStore:
 
     def __init__(self, location: Path | str | None = None, limits: KvLimits | None = None) -> None:
         self.limits = limits or KvLimits()
-        self.lock = threading.Lock()
-        self._states: dict[str, _State] = {}
-        self._file = None if location is None else self._open_log(Path(location))
+        self._path = None if location is None else Path(location).resolve()
+        self._closed = False
+        self._shared = _Shared()
+        if self._path is None:
+            return
+        with _OPEN_LOCK:
+            shared = _OPEN.get(self._path)
+            if shared is None:
+                self._shared.file = self._open_log(self._path)
+                shared = _OPEN[self._path] = self._shared
+            shared.opened += 1
+        self._shared = shared
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._shared.lock
 
     def namespace(self, name: str) -> PlainKv:
         checked = check_name(self.limits, name)
         with self.lock:
-            state = self._states.setdefault(checked, _State())
+            state = self._shared.states.setdefault(checked, _State())
         return self.kv_class(checked, self, state)
 
     def log(self, record: Record) -> None:
         """Make `record` durable (a no-op in memory): written and fsynced before it counts."""
-        if self._file is not None:
-            self._file.write(json.dumps(_encode(record)).encode() + b"\n")
-            self._file.flush()
-            os.fsync(self._file.fileno())
+        if self._path is None:
+            return
+        file = self._shared.file
+        if file is None or self._closed:
+            raise KvUnavailable(f"the store at {self._path} is closed")
+        file.write(json.dumps(_encode(record)).encode() + b"\n")
+        file.flush()
+        os.fsync(file.fileno())
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._path is None or self._closed:
+            return
+        self._closed = True
+        with _OPEN_LOCK, self.lock:
+            self._shared.opened -= 1
+            if self._shared.opened == 0:
+                del _OPEN[self._path]
+                assert self._shared.file is not None
+                self._shared.file.close()
+                self._shared.file = None
 
-    def _open_log(self, location: Path) -> Any:
+    def _open_log(self, location: Path) -> BinaryIO:
+        """Replay the log into this store's namespaces; the log, open for appending after its last
+        whole record."""
         location.mkdir(parents=True, exist_ok=True)
         path = location / self.log_name
         good = 0
@@ -246,7 +289,7 @@ class PlainStore:
                     if not line.endswith(b"\n"):
                         break
                     record = _decode(json.loads(line))
-                    state = self._states.setdefault(record["ns"], _State())
+                    state = self._shared.states.setdefault(record["ns"], _State())
                     self.kv_class(record["ns"], self, state).apply(record)
                     good += len(line)
         file = path.open("ab")
