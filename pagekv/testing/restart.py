@@ -9,14 +9,16 @@ runs. The store is restarted one of two ways:
 - clean: `store.close()`, then the factory called again with the same location. Everything
   acknowledged must be there, generations and `used_bytes()` exactly.
 - kill: the calls run in a forked child, which acknowledges each one over a pipe; the parent
-  sends SIGKILL right after a seeded call's acknowledgement (the child runs on until it lands) and
-  reopens the location. Every acknowledged call must be there, the one in flight entirely or not
-  at all, and nothing else.
+  sends SIGKILL right after a seeded call's acknowledgement, or a seeded few milliseconds later
+  (the child runs on until it lands), and reopens the location. Every acknowledged call must be
+  there, the one in flight entirely or not at all, and nothing else.
 
 After a run's last restart a takeover of each namespace must return one more than the generation
-it came back with. A failure is minimised (delta debugging over the calls and restart points, a
-kill candidate tried a few times since where a kill lands varies) and its report names the
-earliest acknowledged call whose effect is missing.
+it came back with. A restart is blamed only for what it changed: a clean run reads every
+namespace back after each call, and a kill's finding is first run again clean, without restarts.
+A failure is minimised (delta debugging over the calls and restart points; a kill candidate is
+tried a few times, since where a kill lands varies) and its report names the earliest
+acknowledged call whose effect is missing.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ _RECORD: Final = struct.Struct("<iI")
 8 bytes, so one `write` of it is atomic on a pipe."""
 _LENGTH: Final = struct.Struct("<I")
 _OK, _WRONG, _BROKEN = 0, 1, 2
-"""A child's statuses: acknowledged as the model requires; answered otherwise (a text follows);
-our own code failed in the child (a traceback follows)."""
+"""A child's statuses: acknowledged as the model requires; answered otherwise; the store did not
+open (index -1) or our own code failed (index -2). A text follows all but the first."""
 _OPENED: Final = -1
 _CRASHED: Final = -2
 
@@ -101,7 +103,8 @@ _USAGE: Final = _Clause(
 )
 _ANSWERS: Final = _Clause(
     "calls answer as the contract requires",
-    "each call of a restart run answers as the contract's model does",
+    "each call of a restart run answers as the contract's model does and leaves the namespaces "
+    "as the model has them (so that what a restart changes is told from what a call did)",
 )
 _REOPENS: Final = _Clause(
     "the store reopens after a restart",
@@ -197,6 +200,7 @@ def run_restart(subject: Subject, *, seconds: float, seed: int) -> PartResult:
         found = run.execute()
         tally.add(run)
         if found is not None:
+            scenario, found = _blame(subject, scenario, limits, seed, found)
             budget = min(_MINIMISE_SECONDS, max(1.0, seconds))
             found = _minimise(subject, scenario, limits, seed, found, budget)
             calls = len(Scenario.from_json(found.details["scenario"]).calls())
@@ -434,14 +438,15 @@ class _Run:
     # --- clean restarts ---------------------------------------------------------------------
 
     def _clean(self, location: Path) -> Violation | None:
-        last = max(i for i, s in enumerate(self.scenario.steps) if s.op is None)
+        last = max((i for i, s in enumerate(self.scenario.steps) if s.op is None), default=-1)
         store: Any = None
         try:
             store = self.subject.open_store(location=location)
             kvs = [store.namespace(n) for n in self.scenario.names]
             for i, step in enumerate(self.scenario.steps):
                 if step.op is not None:
-                    if (found := self._call(kvs[step.ns], step.ns, step.op)) is not None:
+                    found = self._call(kvs[step.ns], step.ns, step.op) or self._verify(kvs)
+                    if found is not None:
                         return found
                     continue
                 self.restart = "store.close(); store = factory(location=L)"
@@ -473,6 +478,30 @@ class _Run:
             self.lines.append(f"{call} {observed}")
             return self.violation(_ANSWERS, call, str(observed), str(required))
         self._ack(ns, op, required)
+        return None
+
+    def _verify(self, kvs: list[ActorKv]) -> Violation | None:
+        """Every namespace must be as its model after each call of a clean run: a restart is
+        blamed only for what it changed."""
+        for ns, kv in enumerate(kvs):
+            model, h = self.models[ns], _handle(ns)
+            listed = _observe(kv, Op.of("list"))
+            if not Outcome(model.contents()).admits(listed):
+                try:
+                    got = {bytes(k): bytes(v) for k, v in listed.value}
+                    key = min(
+                        k for k in got.keys() | model.values if got.get(k) != model.values.get(k)
+                    )
+                    text = self._got(kv, h, [key], [got.get(key)], "then")
+                    expected = show([model.values.get(key)])
+                except (TypeError, ValueError):
+                    text, expected = f"then {h}.list() {_said(listed)}", show(model.contents())
+                return self.violation(_ANSWERS, self.lines[-1], text, expected)
+            for method, want in (("generation", model.generation), ("used_bytes", model.used)):
+                got_value = _observe(kv, Op.of(method))
+                if not Outcome(want).admits(got_value):
+                    text = f"then {h}.{method}() {_said(got_value)}"
+                    return self.violation(_ANSWERS, self.lines[-1], text, show(want))
         return None
 
     def _reopen(self, location: Path) -> tuple[Any, list[ActorKv]] | Violation:
@@ -630,10 +659,17 @@ class _Run:
         call = f"{_handle(in_flight.ns)}.{in_flight.op}"
         return _Finding(math.inf, self.violation(_WHOLE, call, got_text, expected))
 
-    def _got(self, kv: ActorKv, h: str, keys: list[bytes], listed: list[bytes | None]) -> str:
-        """What `get` says of `keys` after the restart, and what `list` said if it differs."""
+    def _got(
+        self,
+        kv: ActorKv,
+        h: str,
+        keys: list[bytes],
+        listed: list[bytes | None],
+        when: str = "after the restart,",
+    ) -> str:
+        """What `get` says of `keys`, and what `list` said if it differs."""
         got = _observe(kv, Op.of("get", keys))
-        text = f"after the restart, {h}.get({show(keys)}) {_said(got)}"
+        text = f"{when} {h}.get({show(keys)}) {_said(got)}"
         if not Outcome(listed).admits(got):
             text += f" (and list() has {show(listed)})"
         return text
@@ -714,46 +750,52 @@ def _run_child(
     the call the kill follows; every acknowledgement it made before it died, in order."""
     acks, ack_w = os.pipe()
     hold_r, hold = os.pipe()
-    child = multiprocessing.get_context("fork").Process(
-        target=_child,
-        args=(subject, location, scenario, limits, ack_w, hold_r, (acks, hold)),
-        daemon=True,
-    )
     try:
-        child.start()
-    finally:
-        os.close(ack_w)
-        os.close(hold_r)
-    try:
-        received = _Received()
-        deadline = time.monotonic() + _CHILD_SECONDS
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([acks], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            chunk = os.read(acks, 1 << 16)
-            if not chunk:
-                break
-            if received.feed(chunk, scenario.kill_after):
-                time.sleep(scenario.delay)
-                break
-        assert child.pid is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child.pid, signal.SIGKILL)
-        child.join(_CHILD_SECONDS)
-        os.set_blocking(acks, False)
+        child = multiprocessing.get_context("fork").Process(
+            target=_child,
+            args=(subject, location, scenario, limits, ack_w, hold_r, (acks, hold)),
+            daemon=True,
+        )
         try:
-            while chunk := os.read(acks, 1 << 16):
-                received.feed(chunk, scenario.kill_after)
-        except BlockingIOError:
-            pass
-        received.finish()
-        return received.records
+            child.start()
+        finally:
+            os.close(ack_w)
+            os.close(hold_r)
+        try:
+            return _kill_when_due(child, acks, scenario)
+        finally:
+            if child.exitcode is not None:
+                child.close()
     finally:
         os.close(acks)
         os.close(hold)
-        if child.exitcode is not None:
-            child.close()
+
+
+def _kill_when_due(child: Any, acks: int, scenario: Scenario) -> list[tuple[int, int, str | None]]:
+    """Read acknowledgements until the kill is due (or the child stops, or `_CHILD_SECONDS`
+    pass), kill it, and read the rest of what it sent before it died."""
+    received = _Received()
+    poll = select.poll()
+    poll.register(acks, select.POLLIN)
+    deadline = time.monotonic() + _CHILD_SECONDS
+    while time.monotonic() < deadline:
+        if not poll.poll(max(0, math.ceil((deadline - time.monotonic()) * 1000))):
+            break
+        chunk = os.read(acks, 1 << 16)
+        if not chunk:
+            break
+        if received.feed(chunk, scenario.kill_after):
+            time.sleep(scenario.delay)
+            break
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child.pid, signal.SIGKILL)
+    child.join(_CHILD_SECONDS)
+    os.set_blocking(acks, False)
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(acks, 1 << 16):
+            received.feed(chunk, scenario.kill_after)
+    received.finish()
+    return received.records
 
 
 class _Received:
@@ -841,6 +883,18 @@ def _child(
 # --- minimising -------------------------------------------------------------------------------
 
 
+def _blame(
+    subject: Subject, scenario: Scenario, limits: KvLimits, seed: int, found: Violation
+) -> tuple[Scenario, Violation]:
+    """A kill run's calls again, clean and with no restart: if the namespaces go wrong without
+    one, the report is of the call that did it, not of the kill (a clean run checks as it goes)."""
+    if scenario.kind == CLEAN or found.clause in (_ANSWERS.name, _REOPENS.name):
+        return scenario, found
+    bare = Scenario(CLEAN, scenario.names, tuple(scenario.calls()))
+    before = _Run(subject, bare, limits, seed).execute()
+    return (bare, before) if before is not None else (scenario, found)
+
+
 def _minimise(
     subject: Subject,
     scenario: Scenario,
@@ -851,8 +905,8 @@ def _minimise(
 ) -> Violation:
     """The shortest scenario still failing the same clause that delta debugging finds within
     `seconds`, and its violation. A kill keeps its kill point, after one call at
-    least, and loses the calls after it first (they race the kill); a clean run keeps one
-    restart at least; namespaces no call uses are dropped last."""
+    least, and loses the calls after it first (they race the kill); namespaces no call uses are
+    dropped last."""
     deadline = time.monotonic() + seconds
     tries = _KILL_TRIES if scenario.kind == KILL else 1
 
@@ -876,9 +930,7 @@ def _minimise(
             kept = steps[start : start + size]
             kept = [s for s in kept if s.op is None] if scenario.kind == KILL else []
             candidate = steps[:start] + kept + steps[start + size :]
-            if len(candidate) == len(steps) or Step() not in candidate:
-                continue
-            if scenario.kind == KILL and candidate[0] == Step():
+            if len(candidate) == len(steps) or (scenario.kind == KILL and candidate[0] == Step()):
                 continue
             if (again := fails(candidate)) is not None:
                 steps, found = candidate, again
