@@ -40,11 +40,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from pagekv.kv import ActorKv, KvError, KvLimits
-from pagekv.testing.clauses import NotChecked
 from pagekv.testing.model import Model, Op, Outcome, observe
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation, show
-from pagekv.testing.subject import NAMESPACE, Subject
+from pagekv.testing.subject import NAMESPACE, Subject, UsageError
 
 CLEAN: Final = "clean"
 KILL: Final = "kill"
@@ -230,12 +229,14 @@ def run_restart(subject: Subject, *, seconds: float, seed: int) -> PartResult:
 
 
 def replay_restart(subject: Subject, details: dict[str, Any]) -> Violation | None:
-    """Run a reported scenario again (a kill one up to a few times); its violation, or None."""
+    """Run a reported scenario again (a kill one up to a few times); its violation, or None.
+
+    Raises `UsageError` where it cannot run: a factory that cannot reopen, a kill without fork."""
     if not subject.reopens:
-        raise NotChecked(_cannot_reopen(subject))
+        raise UsageError(f"cannot replay a restart: {_cannot_reopen(subject)}")
     scenario = Scenario.from_json(details["scenario"])
     if scenario.kind == KILL and (reason := _cannot_kill()) is not None:
-        raise NotChecked(f"cannot replay a kill: {reason}")
+        raise UsageError(f"cannot replay a kill: {reason}")
     limits = _limits(subject)
     for _ in range(_KILL_TRIES if scenario.kind == KILL else 1):
         found = _Run(subject, scenario, limits, details.get("seed")).execute()

@@ -19,11 +19,10 @@ from pagekv.kv import KvLimits, MemoryStore, open_kv
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import WriteBatch, check_quota, entry_size, quota_delta
 from pagekv.kv.namespace import KvNamespace
-from pagekv.testing.clauses import NotChecked
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation
 from pagekv.testing.restart import Scenario, replay_restart, run_restart
-from pagekv.testing.subject import Subject
+from pagekv.testing.subject import Subject, UsageError
 
 
 def file_store(location: Path, limits: KvLimits | None = None) -> Any:
@@ -225,7 +224,7 @@ def test_not_checked_without_a_store_factory_taking_a_location(
     assert result.status is Status.NOT_CHECKED
     assert "needs a store factory taking location=" in result.summary and why in result.summary
     subject = Subject(factory)
-    with pytest.raises(NotChecked, match=why):
+    with pytest.raises(UsageError, match=why):
         replay_restart(subject, {"scenario": {"kind": "clean", "names": ["n"], "steps": []}})
 
 
