@@ -32,7 +32,7 @@ from pagekv.kv import (
     quota_delta,
 )
 from pagekv.kv.limits import INT64_MAX
-from tests.testing.backends.plain import PlainKv, PlainStore, Record, _State
+from tests.testing.backends.plain import NamespaceState, PlainKv, PlainStore, Record
 
 Factory = Callable[..., PlainStore]
 _RACE: Final = 1e-4
@@ -203,7 +203,9 @@ class DropResetsGeneration(PlainKv):
             self._ns.generation = 0
 
 
-_CACHES: weakref.WeakKeyDictionary[_State, dict[bytes, bytes | None]] = weakref.WeakKeyDictionary()
+_CACHES: weakref.WeakKeyDictionary[NamespaceState, dict[bytes, bytes | None]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class DropKeepsCache(PlainKv):

@@ -7,8 +7,9 @@ JSON records there, one per acknowledged change, fsynced before the call returns
 at open, so a SIGKILL loses nothing acknowledged. `check_backend` must pass both factories; the
 variants in `broken.py` each change one seam of these classes.
 
-Invariants: `_State.keys` is `values`' keys in order; `used` is their exact size; a change is
-logged before it is applied, under the store's lock, so memory never holds an unlogged change.
+Invariants: a `NamespaceState`'s `keys` are its `values`' keys in order, `used` their exact size;
+a change is logged before it is applied, under the store's lock, so memory never holds an
+unlogged change.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ Record = dict[str, Any]
 
 
 @dataclass(eq=False)
-class _State:
+class NamespaceState:
     """One namespace's contents, shared by every handle of it."""
 
     values: dict[bytes, bytes] = field(default_factory=dict)
@@ -60,7 +61,7 @@ class PlainKv:
     """One namespace of a `PlainStore`: validate outside the lock, check the fence and quota,
     log and apply inside it."""
 
-    def __init__(self, name: str, store: PlainStore, state: _State) -> None:
+    def __init__(self, name: str, store: PlainStore, state: NamespaceState) -> None:
         self._name = name
         self._store = store
         self._ns = state
@@ -207,7 +208,7 @@ class _Shared:
     """What every store open at one location in this process shares: namespaces, lock, log."""
 
     def __init__(self) -> None:
-        self.states: dict[str, _State] = {}
+        self.states: dict[str, NamespaceState] = {}
         self.lock = threading.Lock()
         self.file: BinaryIO | None = None
         self.opened = 0
@@ -251,7 +252,7 @@ class PlainStore:
     def namespace(self, name: str) -> PlainKv:
         checked = check_name(self.limits, name)
         with self.lock:
-            state = self._shared.states.setdefault(checked, _State())
+            state = self._shared.states.setdefault(checked, NamespaceState())
         return self.kv_class(checked, self, state)
 
     def log(self, record: Record) -> None:
@@ -289,7 +290,7 @@ class PlainStore:
                     if not line.endswith(b"\n"):
                         break
                     record = _decode(json.loads(line))
-                    state = self._shared.states.setdefault(record["ns"], _State())
+                    state = self._shared.states.setdefault(record["ns"], NamespaceState())
                     self.kv_class(record["ns"], self, state).apply(record)
                     good += len(line)
         file = path.open("ab")
