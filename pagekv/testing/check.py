@@ -124,29 +124,36 @@ def _timed(part: str) -> Callable[..., PartResult]:
 
 
 def replay(subject: Subject, part: str, details: dict[str, Any]) -> Violation | None:
-    """Re-run what a violation's `details` record; the violation again, or None."""
+    """Re-run what a violation's `details` record; the violation again, or None. Raises
+    `UsageError` when it cannot run against this factory."""
     try:
-        if part == "contract":
-            found = next((c for c in CLAUSES if c.name == details["clause"]), None)
-            if found is None:
-                raise UsageError(f"no clause {details['clause']!r} in this version of pagekv")
-            try:
-                run_clause(subject, found)
-            except Violation as v:
-                return v
-            return None
-        if part == "concurrent":
-            from pagekv.testing.concurrent import replay_concurrent
-
-            return replay_concurrent(subject, details)
-        if part == "restart":
-            from pagekv.testing.restart import replay_restart
-
-            return replay_restart(subject, details)
-        if part == "fuzz":
-            from pagekv.testing.fuzz_part import replay_fuzz
-
-            return replay_fuzz(subject, details)
-        raise UsageError(f"unknown part {part!r}; the parts are {', '.join(PARTS)}")
+        return _replay(subject, part, details)
+    except NotChecked as e:
+        raise UsageError(f"cannot replay this {part} violation here: {e}") from None
     finally:
         subject.close()
+
+
+def _replay(subject: Subject, part: str, details: dict[str, Any]) -> Violation | None:
+    if part == "contract":
+        found = next((c for c in CLAUSES if c.name == details["clause"]), None)
+        if found is None:
+            raise UsageError(f"no clause {details['clause']!r} in this version of pagekv")
+        try:
+            run_clause(subject, found)
+        except Violation as v:
+            return v
+        return None
+    if part == "concurrent":
+        from pagekv.testing.concurrent import replay_concurrent
+
+        return replay_concurrent(subject, details)
+    if part == "restart":
+        from pagekv.testing.restart import replay_restart
+
+        return replay_restart(subject, details)
+    if part == "fuzz":
+        from pagekv.testing.fuzz_part import replay_fuzz
+
+        return replay_fuzz(subject, details)
+    raise UsageError(f"unknown part {part!r}; the parts are {', '.join(PARTS)}")

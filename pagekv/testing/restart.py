@@ -266,7 +266,7 @@ def _cannot_kill() -> str | None:
 def _limits(subject: Subject) -> KvLimits:
     """The limits the factory's namespaces advertise: what the calls are generated within."""
     location = subject.location()
-    store = subject.open_store(location=location)
+    store = subject.open_store(location=location, track=False)
     try:
         return subject.limits_of(store.namespace(_NAMES[0]), None)
     finally:
@@ -442,7 +442,7 @@ class _Run:
         last = max((i for i, s in enumerate(self.scenario.steps) if s.op is None), default=-1)
         store: Any = None
         try:
-            store = self.subject.open_store(location=location)
+            store = self.subject.open_store(location=location, track=False)
             kvs = [store.namespace(n) for n in self.scenario.names]
             for i, step in enumerate(self.scenario.steps):
                 if step.op is not None:
@@ -507,7 +507,7 @@ class _Run:
 
     def _reopen(self, location: Path) -> tuple[Any, list[ActorKv]] | Violation:
         try:
-            store = self.subject.open_store(location=location)
+            store = self.subject.open_store(location=location, track=False)
         except Exception as e:
             return self.violation(_REOPENS, "factory(location=L)", f"raised {show(e)}")
         try:
@@ -860,7 +860,7 @@ def _child(
         for fd in inherited:
             os.close(fd)
         try:
-            store = subject.open_store(location=location)
+            store = subject.open_store(location=location, track=False)
             kvs = [store.namespace(n) for n in scenario.names]
         except Exception as e:
             _send(ack, _OPENED, _BROKEN, f"raised {show(e)}")

@@ -141,12 +141,17 @@ class Subject:
         except TypeError as e:
             raise UsageError(f"factory {self.name} cannot be called with {kwargs}: {e}") from e
 
-    def open_store(self, limits: KvLimits | None = None, location: Path | None = None) -> Any:
-        """A store (only when the factory returns stores), closed by `close` if still open."""
+    def open_store(
+        self, limits: KvLimits | None = None, location: Path | None = None, *, track: bool = True
+    ) -> Any:
+        """A store (only when the factory returns stores), closed by `close` unless `track` is
+        False: a caller that opens and closes many stores (the restart part) closes its own,
+        since a store's `close` need not be idempotent."""
         assert self.returns_store
         store = self._call(limits, location)
-        with self._lock:
-            self._opened.append(store)
+        if track:
+            with self._lock:
+                self._opened.append(store)
         return store
 
     def namespace(self, limits: KvLimits | None = None) -> ActorKv:
