@@ -15,6 +15,10 @@ it folds often), and goes on committing. Writes past the limit are cut short, th
 `EFBIG`, as on a full disk. The first commit that fails ends the child (`fault W N ...`); its
 error must be a typed KV error, and the parent checks the store as after a kill: a commit
 acknowledged over a short write would be missing.
+
+The store is a `file:` URL's, or a user's backend (`Backend`): a store factory each process calls
+with the one location they share. The parent opens a factory's store only between child lives,
+as a backend may let a single process at a time open a location.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 import apsw
 
@@ -57,6 +64,47 @@ _FOLDING_LOG_KIB: Final = 64
 """The log of a child that fills the disk: small, so that its commits fold it into the base."""
 
 
+def load_kv_factory(spec: str) -> Callable[..., Any]:
+    """The factory `MODULE:CALLABLE` names (`pagekv.testing.load_factory`), `MODULE` looked up in
+    the current directory too, as uvicorn does: `--kv-factory mykv:make` from the project's
+    directory, in the parent and in each child. Raises `pagekv.testing.UsageError`."""
+    # Here, not at the top: pagekv.testing imports pagekv.fuzz, which imports this module.
+    from pagekv.testing.subject import load_factory
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return load_factory(spec)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The durable store the parent and its children share, each process opening its own on it:
+    a `file:` URL's, or one from a store factory (`MODULE:CALLABLE`) called with `location=`, the
+    same directory in every process. Invariant: exactly one of `url` and `factory` is set, and
+    `location` with `factory`."""
+
+    url: str | None = None
+    factory: str | None = None
+    location: Path | None = None
+
+    def open(self) -> KvStore:
+        if self.factory is None:
+            assert self.url is not None
+            return open_kv(self.url)
+        store: KvStore = load_kv_factory(self.factory)(location=self.location)
+        return store
+
+    def args(self) -> list[str]:
+        """How a child is told (`from_args`)."""
+        return [self.url or "-", self.factory or "-", str(self.location or "-")]
+
+    @classmethod
+    def from_args(cls, url: str, factory: str, location: str) -> Backend:
+        if factory == "-":
+            return cls(url=url)
+        return cls(factory=factory, location=Path(location))
+
+
 def child_main(argv: list[str]) -> None:
     """Entry point of the child: each writer, a thread on its own actor, commits its transactions
     `START..` and acknowledges each with the number of compactions it has finished and the
@@ -64,11 +112,12 @@ def child_main(argv: list[str]) -> None:
     `done W` when its sequence is over. `disk` is `-`, or `AFTER:SEED`: fill the disk after the
     child's `AFTER`th commit (of any writer), at a point drawn from `SEED`; the first commit that
     fails then prints `fault W N WHERE typed|untyped ...` and ends the child. Any other error
-    prints `error W ...` and ends it too. The writers are `ACTOR:SEED:START` arguments."""
-    url, count, max_blob, disk, *writers = argv
+    prints `error W ...` and ends it too. The store is `Backend.args`, the writers
+    `ACTOR:SEED:START` arguments."""
+    url, factory, location, count, max_blob, disk, *writers = argv
     if disk != "-" and "log_kib=" not in url:
         url += ("&" if "?" in url else "?") + f"log_kib={_FOLDING_LOG_KIB}"
-    store = open_kv(url)
+    store = Backend.from_args(url, factory, location).open()
     lives = []
     for spec in writers:
         actor, seed, start = spec.rsplit(":", 2)
@@ -162,7 +211,7 @@ def _fill_point(store: FileStore, rng: random.Random) -> tuple[str, int]:
 
 
 def fuzz_processes(
-    url: str,
+    backend: Backend | str,
     seed: int,
     seconds: float,
     max_blob: int = 2**20,
@@ -171,7 +220,7 @@ def fuzz_processes(
     writers: int = DEFAULT_WRITERS,
 ) -> Coverage:
     """Kill committing children at random moments for `seconds`, or fill the disk under them
-    (`events`); raise `FuzzFailure` on a loss.
+    (`events`); raise `FuzzFailure` on a loss. `backend` is a `Backend` or a store URL.
 
     A run commits `writers` generated sequences of transactions, each on a fresh actor of its
     own, across as many child lives as it takes: every child runs one thread per actor not done
@@ -179,24 +228,53 @@ def fuzz_processes(
     After each life every actor is checked against its own oracle. Runs follow each other until
     the time is up, so a faster store gets more crashes, not an early end.
     """
-    if url.startswith("memory:"):
+    if isinstance(backend, str):
+        backend = Backend(url=backend)
+    if backend.url is not None and backend.url.startswith("memory:"):
         raise ValueError("--processes needs a durable store shared between processes (file://)")
     if not events or not events <= set(PROCESS_EVENTS):
         raise ValueError(f"events must be some of {PROCESS_EVENTS}, got {sorted(events)}")
+    if "disk" in events and backend.factory is not None:
+        raise ValueError("the disk event fills a file: store's files; a factory's store has none")
     if writers < 1:
         raise ValueError(f"writers must be at least 1, got {writers}")
     rng = random.Random(seed)
     coverage = Coverage(runs=0)
     deadline = time.monotonic() + seconds
-    store = open_kv(url)
+    parent = _ParentStore(backend)
     try:
         while time.monotonic() < deadline:
             run_seed = rng.randrange(2**32)
             coverage.runs += 1
-            _run(store, url, run_seed, max_blob, count, rng, deadline, coverage, events, writers)
+            _run(parent, run_seed, max_blob, count, rng, deadline, coverage, events, writers)
     finally:
-        store.close()
+        parent.close()
     return coverage
+
+
+class _ParentStore:
+    """The parent's store, for its looks between child lives. A `file:` URL's stays open across
+    lives, as its processes share it (opening it takes 17-28 ms on a fuzzed store, 2-3% of a
+    life); a factory's is opened for each look and closed before the next child starts."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.held = backend.open() if backend.factory is None else None
+
+    @contextmanager
+    def opened(self) -> Iterator[KvStore]:
+        if self.held is not None:
+            yield self.held
+            return
+        store = self.backend.open()
+        try:
+            yield store
+        finally:
+            store.close()
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.held.close()
 
 
 @dataclass
@@ -225,8 +303,7 @@ class _Life:
 
 
 def _run(
-    store: KvStore,
-    url: str,
+    parent: _ParentStore,
     seed: int,
     max_blob: int,
     count: int,
@@ -243,7 +320,7 @@ def _run(
         name = f"pagekv-fuzz-processes/{seed}/{stamp}" + (f"/w{w}" if writers > 1 else "")
         actors.append(_Actor(name, actor_seed, _transactions(actor_seed, count, max_blob)))
     committed_before = coverage.commits
-    fills = "disk" in events and url.startswith("file:")
+    fills = "disk" in events
     while time.monotonic() < deadline:
         live = [a for a in actors if a.done < len(a.txns)]
         if not live:
@@ -253,7 +330,7 @@ def _run(
             disk = f"{rng.randrange(4 * len(live))}:{rng.randrange(2**32)}"
         # A life that fills the disk ends by itself unless crashes are wanted too.
         kill_after = rng.uniform(0.0, 0.3) if disk == "-" or "crash" in events else 60.0
-        life = _run_child(url, live, count, max_blob, disk, kill_after)
+        life = _run_child(parent.backend, live, count, max_blob, disk, kill_after)
         if life.errors:
             raise FuzzFailure(live[0].done, f"a child's writer failed: {life.errors[0]}")
         if not life.faults:
@@ -269,12 +346,21 @@ def _run(
         coverage.compactions += sum(life.compactions.values())
         coverage.store_writes += life.flushes[0]
         coverage.store_flushes += life.flushes[1]
-        for w, actor in enumerate(live):
-            _verify(store, actor, life.acked.get(w, actor.done - 1))
-            coverage.verifications += 1
+        try:
+            with parent.opened() as store:
+                for w, actor in enumerate(live):
+                    _verify(store, actor, life.acked.get(w, actor.done - 1))
+                    coverage.verifications += 1
+        except FuzzFailure:
+            raise
+        except Exception as e:  # a store that fails to reopen, a database that fails to open
+            raise FuzzFailure(
+                live[0].done, f"checking the store after the child ended: {type(e).__name__}: {e}"
+            ) from e
         coverage.commits = coverage.steps = committed_before + sum(a.done for a in actors)
-    for actor in actors:
-        store.namespace(actor.name).drop()
+    with parent.opened() as store:
+        for actor in actors:
+            store.namespace(actor.name).drop()
 
 
 def _verify(store: KvStore, actor: _Actor, acked: int) -> None:
@@ -312,13 +398,14 @@ and running it again as `__main__` made Python warn on every child's start."""
 
 
 def _run_child(
-    url: str, actors: list[_Actor], count: int, max_blob: int, disk: str, kill_after: float
+    backend: Backend, actors: list[_Actor], count: int, max_blob: int, disk: str, kill_after: float
 ) -> _Life:
     """Start a child running one writer per actor from where each is, SIGKILL it after
     `kill_after` seconds (unless a full disk or the end of every sequence ended it first), and
     return what it reported (`child_main`)."""
     specs = [f"{a.name}:{a.seed}:{a.done}" for a in actors]
-    command = [sys.executable, "-c", _CHILD, url, str(count), str(max_blob), disk, *specs]
+    command = [sys.executable, "-c", _CHILD, *backend.args(), str(count), str(max_blob), disk]
+    command += specs
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     life = _Life(acked={}, compactions={}, faults=[], errors=[])

@@ -20,6 +20,9 @@ KvFactory = Callable[[], ActorKv]
 @dataclass(frozen=True)
 class FuzzConfig:
     kv: str = "memory://"
+    kv_factory: str | None = None
+    """The `MODULE:CALLABLE` the runs' namespaces come from instead of `kv`, if any: a replay file
+    names it, so that the failure is replayed on the same backend."""
     seed: int = 0
     runs: int | None = None
     seconds: float | None = 60.0
@@ -43,11 +46,14 @@ class Found:
     """The run's storage quota (`run_quota`), which a replay must use too."""
 
     def save(self, path: Path, config: FuzzConfig) -> None:
+        made_on = (
+            {"kv": config.kv} if config.kv_factory is None else {"kv_factory": config.kv_factory}
+        )
         path.write_text(
             json.dumps(
                 {
                     "seed": self.seed,
-                    "kv": config.kv,
+                    **made_on,
                     "db_options": self.db_options,
                     "max_storage_bytes": self.quota,
                     "failure": str(self.failure),
@@ -118,8 +124,21 @@ def run_options(seed: int, config: FuzzConfig) -> dict[str, Any]:
     return {"in_place_commits": seed % 2 == 0, **config.db_options}
 
 
-def execute(steps: list[Step], factory: KvFactory, options: dict[str, Any]) -> Coverage:
-    return Runner(factory, **options).run(steps)
+def execute(
+    steps: list[Step], factory: KvFactory, options: dict[str, Any], release: Callable[[], None]
+) -> Coverage:
+    """Run `steps` on a fresh namespace from `factory`, then `release` what the run opened. A
+    namespace the database cannot even be opened on (a user's backend) is a finding too."""
+    try:
+        try:
+            runner = Runner(factory, **options)
+        except Exception as e:
+            raise FuzzFailure(
+                -1, f"opening a database on a fresh namespace failed: {type(e).__name__}: {e}"
+            ) from e
+        return runner.run(steps)
+    finally:
+        release()
 
 
 def minimize(steps: list[Step], fails: Callable[[list[Step]], bool], seconds: float) -> list[Step]:
@@ -145,33 +164,31 @@ def fuzz(
     config: FuzzConfig,
     progress: Callable[[Coverage], None] | None = None,
     namespaces: KvFactory | None = None,
+    release: Callable[[], None] | None = None,
 ) -> tuple[Coverage, Found | None]:
     """Run seeded runs until `runs` or `seconds` is reached or a run fails.
 
     Each run gets a fresh namespace from `namespaces` (any `ActorKv`: this is how a user fuzzes
-    their own backend), by default from `config.kv`. Runs under a storage quota (`run_quota`)
-    need the default: a factory of the user's gives namespaces of its own limits.
+    their own backend), by default from `config.kv`; `release` is called after each run (and each
+    re-run while minimising), to close what the namespace came from. Runs under a storage quota
+    (`run_quota`) need the default: a factory of the user's gives namespaces of its own limits.
     """
     stores = _Namespaces(config.kv)
     factory = namespaces or stores
+    after = release or stores.cleanup
     total = Coverage()
     started = time.monotonic()
-    try:
-        for seed in _seeds(config, started):
-            steps = run_seed(seed, config)
-            stores.quota = run_quota(seed, config) if namespaces is None else None
-            try:
-                total.add(execute(steps, factory, run_options(seed, config)))
-            except FuzzFailure as failure:
-                found = _minimized(seed, steps, failure, factory, config)
-                found.quota = stores.quota
-                return total, found
-            finally:
-                stores.cleanup()
-            if progress is not None:
-                progress(total)
-    finally:
-        stores.cleanup()
+    for seed in _seeds(config, started):
+        steps = run_seed(seed, config)
+        stores.quota = run_quota(seed, config) if namespaces is None else None
+        try:
+            total.add(execute(steps, factory, run_options(seed, config), after))
+        except FuzzFailure as failure:
+            found = _minimized(seed, steps, failure, factory, after, config)
+            found.quota = stores.quota
+            return total, found
+        if progress is not None:
+            progress(total)
     return total, None
 
 
@@ -186,14 +203,19 @@ def _seeds(config: FuzzConfig, started: float) -> Iterator[int]:
 
 
 def _minimized(
-    seed: int, steps: list[Step], failure: FuzzFailure, factory: KvFactory, config: FuzzConfig
+    seed: int,
+    steps: list[Step],
+    failure: FuzzFailure,
+    factory: KvFactory,
+    release: Callable[[], None],
+    config: FuzzConfig,
 ) -> Found:
     kind = _failure_kind(failure)
     options = run_options(seed, config)
 
     def fails(candidate: list[Step]) -> bool:
         try:
-            execute(candidate, factory, options)
+            execute(candidate, factory, options, release)
         except FuzzFailure as again:
             return _failure_kind(again) == kind
         return False
@@ -203,7 +225,7 @@ def _minimized(
         failing = steps
     small = minimize(failing, fails, config.minimize_seconds)
     try:
-        execute(small, factory, options)
+        execute(small, factory, options, release)
     except FuzzFailure as final:
         failure = final
     return Found(seed, small, failure, options)
