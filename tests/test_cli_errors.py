@@ -29,8 +29,15 @@ def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["fuzz", "--replay", "missing.json"], "cannot replay missing.json: No such file"),
         (["fuzz", "--replay", "bad.json"], "cannot replay bad.json: "),
         (["fuzz", "--writers", "4", "--seconds", "1"], "--writers goes with --processes"),
+        (["fuzz", "--faults", "", "--seconds", "1"], "--faults names none of the disruptions"),
     ],
-    ids=["fuzz-processes-memory", "replay-missing", "replay-malformed", "fuzz-writers-alone"],
+    ids=[
+        "fuzz-processes-memory",
+        "replay-missing",
+        "replay-malformed",
+        "fuzz-writers-alone",
+        "fuzz-no-faults",
+    ],
 )
 def test_a_mistake_is_one_line_not_a_traceback(tmp_path: Path, args: list[str], says: str) -> None:
     (tmp_path / "bad.json").write_text('{"steps": 3}')

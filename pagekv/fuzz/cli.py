@@ -150,6 +150,8 @@ def _events(faults: str | None, processes: bool, factory: bool) -> frozenset[str
     default = [e for e in known if not (factory and e == "disk")]
     asked = faults if faults is not None else ",".join(default)
     events = frozenset(e for e in asked.split(",") if e)
+    if not events:
+        _usage(f"--faults names none of the disruptions; known: {', '.join(known)}")
     unknown = events - set(known)
     if unknown:
         mode = " with --processes" if processes else ""

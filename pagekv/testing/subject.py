@@ -100,7 +100,11 @@ class Subject:
         self._locations = itertools.count()
         self._opened: list[Any] = []
         self._lock = threading.Lock()
-        self.returns_store = self._probe_kind()
+        try:
+            self.returns_store = self._probe_kind()
+        except BaseException:
+            self.close()
+            raise
 
     def _probe_kind(self) -> bool:
         obj = self._call(None, None)
@@ -112,8 +116,8 @@ class Subject:
             return False
         missing = [n for n in ACTOR_KV_METHODS if not hasattr(obj, n)]
         raise UsageError(
-            f"factory {self.name} returned a {type(obj).__name__}, neither a namespace (it lacks "
-            f"{', '.join(missing)}) nor a store (namespace(name) and close())"
+            f"factory {self.name} returned {type(obj).__name__} {obj!r:.40}, neither a namespace "
+            f"(it lacks {', '.join(missing)}) nor a store (namespace(name) and close())"
         )
 
     @property

@@ -165,7 +165,7 @@ def test_a_replay_made_on_a_url_refuses_a_factory(project: Path) -> None:
         (["nosuch:make"], "cannot import 'nosuch'"),
         (["kvs:missing"], "has no 'missing'"),
         (["kvs:NOT_CALLABLE"], "not a callable"),
-        (["kvs:wrong"], "returned a int, neither a namespace"),
+        (["kvs:wrong"], "returned int 42, neither a namespace"),
         (["kvs:namespace", "--processes"], "kvs:namespace returns a namespace"),
         (["kvs:memory", "--processes"], "kvs:memory takes none"),
         (["kvs:durable", "--processes", "--faults", "disk"], "--faults disk fills a file: store"),

@@ -102,7 +102,7 @@ def test_a_replay_against_another_backend_refuses(project: Path) -> None:
         ("mykv", "must be MODULE:CALLABLE"),
         ("nosuchmodule:make", "cannot import 'nosuchmodule'"),
         ("mykv:missing", "module 'mykv' has no 'missing'"),
-        ("mykv:number", "returned a int, neither a namespace"),
+        ("mykv:number", "returned int 3, neither a namespace"),
         ("mykv:needs_an_argument", "cannot be called with {}"),
     ],
 )
