@@ -20,6 +20,7 @@ its write, would explain names that call and that clause.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import queue
 import random
@@ -45,14 +46,21 @@ _RELAXED_BUDGET: Final = 20_000
 _CALL_TIMEOUT: Final = 60.0
 """Seconds a round's calls may take in all before a call that has not returned is reported."""
 _ATTEMPTS: Final = 50
-"""Re-runs of a candidate program while minimising (a race need not show every time)."""
+"""Re-runs of a candidate program while minimising, at most (a race need not show every time)."""
+_ATTEMPTS_LEAST: Final = 8
 _CANDIDATE_SECONDS: Final = 2.0
 _MINIMISE_SECONDS: Final = (2.0, 20.0)
 """The least and the most time a minimisation takes (else three times the part's budget)."""
 _REPLAY_ATTEMPTS: Final = 200
 _REPLAY_SECONDS: Final = 5.0
 FINAL: Final = -1
-"""The thread of the sequential reads made after the threads joined."""
+"""The thread of the sequential reads made after the threads joined: `_CLOSING`."""
+_CLOSING: Final = (
+    Op.of("list"),
+    Op.of("get", list(KEYS)),
+    Op.of("generation"),
+    Op.of("used_bytes"),
+)
 
 TAKEOVERS: Final = "concurrent takeovers get distinct generations"
 FENCE_REFUSED: Final = "a fenced write is refused once a takeover has completed"
@@ -196,7 +204,7 @@ _KINDS: Final = {
     "list": 2.0,
     "generation": 1.0,
     "used_bytes": 1.0,
-    "drop": 0.2,
+    "drop": 0.6,
 }
 _LISTS: Final[tuple[dict[str, Any], ...]] = (
     {},
@@ -393,7 +401,7 @@ def _run(subject: Subject, crew: _Crew, program: Program) -> _Round:
             raise RuntimeError("the check's threads did not start")
         events = sorted((e for es in recorded for e in es), key=lambda e: e.start)
         if not hung:
-            for op in (Op.of("list"), Op.of("generation"), Op.of("used_bytes")):
+            for op in _CLOSING:
                 events.append(_call(handles[0], FINAL, op))
         return _Round(program, events, initial, hung)
     finally:
@@ -828,22 +836,19 @@ def _judge(round_: _Round) -> Failure | None:
 
 
 def _reproduce(
-    subject: Subject,
-    crew: _Crew,
-    program: Program,
-    attempts: int,
-    seconds: float,
-) -> tuple[_Round, Failure] | None:
-    """Re-run `program` until it breaks the contract, within the bounds."""
+    subject: Subject, crew: _Crew, program: Program, attempts: int, seconds: float
+) -> tuple[_Round, Failure, int] | None:
+    """Re-run `program` until it breaks the contract, within the bounds: the failing round, its
+    failure and how many runs it took."""
     deadline = time.monotonic() + seconds
-    for _ in range(attempts):
+    for attempt in range(1, attempts + 1):
         round_ = _run(subject, crew, program)
         try:
             failure = _judge(round_)
         except Inconclusive:
             failure = None
         if failure is not None:
-            return round_, failure
+            return round_, failure, attempt
         if time.monotonic() >= deadline:
             break
     return None
@@ -854,9 +859,15 @@ def _minimise(
 ) -> tuple[_Round, Failure]:
     """Drop threads and calls while a re-run still fails, in passes until one changes nothing or
     time runs out. A smaller program may fail as another clause: the same fault seen more
-    plainly, named more precisely."""
+    plainly, named more precisely.
+
+    A candidate gets four times the runs the slowest reproduction so far took (8 to 50), and
+    one that did not fail is not tried again."""
     deadline = time.monotonic() + seconds
     best = found
+    tried: set[str] = set()
+    needed: int | None = None
+    """The most runs a reproduction took so far."""
     changed = True
     while changed and time.monotonic() < deadline:
         changed = False
@@ -865,12 +876,19 @@ def _minimise(
             candidates = list(best[0].program.smaller())
             if position >= len(candidates):
                 break
-            seconds = min(_CANDIDATE_SECONDS, left)
-            got = _reproduce(subject, crew, candidates[position], _ATTEMPTS, seconds)
+            candidate = candidates[position]
+            key = json.dumps(candidate.to_json())
+            attempts = _ATTEMPTS if needed is None else max(_ATTEMPTS_LEAST, 4 * needed)
+            got = None
+            if key not in tried:
+                bound = min(_CANDIDATE_SECONDS, left)
+                got = _reproduce(subject, crew, candidate, min(_ATTEMPTS, attempts), bound)
             if got is None:
+                tried.add(key)
                 position += 1
             else:
-                best, changed = got, True
+                best, changed = got[:2], True
+                needed = max(needed or 0, got[2])
     return best
 
 
@@ -955,4 +973,4 @@ def replay_concurrent(subject: Subject, details: dict[str, Any]) -> Violation | 
         got = _reproduce(subject, crew, program, _REPLAY_ATTEMPTS, _REPLAY_SECONDS)
     finally:
         crew.close()
-    return None if got is None else _violation(*got, seed=details.get("seed"))
+    return None if got is None else _violation(got[0], got[1], seed=details.get("seed"))
