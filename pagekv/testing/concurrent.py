@@ -47,11 +47,11 @@ _CALL_TIMEOUT: Final = 60.0
 """Seconds a round's calls may take in all before a call that has not returned is reported."""
 _ATTEMPTS: Final = 50
 """Re-runs of a candidate program while minimising, at most (a race need not show every time)."""
-_ATTEMPTS_LEAST: Final = 8
+_ATTEMPTS_LEAST: Final = 20
 _CANDIDATE_SECONDS: Final = 2.0
 _MINIMISE_SECONDS: Final = (2.0, 20.0)
 """The least and the most time a minimisation takes (else three times the part's budget)."""
-_REPLAY_ATTEMPTS: Final = 200
+_REPLAY_ATTEMPTS: Final = 1000
 _REPLAY_SECONDS: Final = 5.0
 FINAL: Final = -1
 """The thread of the sequential reads made after the threads joined: `_CLOSING`."""
@@ -87,7 +87,7 @@ REQUIRES: Final = {
     "response, and returns what the sequential contract returns at that instant",
     KV_ERRORS: "every error a call raises is a KvError (pagekv.kv.errors), also while other "
     "threads call the namespace",
-    RETURNS: f"every call returns or raises within {_CALL_TIMEOUT:.0f} s, also while other "
+    RETURNS: f"every call returns or raises within {_CALL_TIMEOUT:g} s, also while other "
     "threads call the namespace",
 }
 
@@ -831,7 +831,7 @@ def _unexplained(case: _Case) -> Failure:
 def _judge(round_: _Round) -> Failure | None:
     if round_.hung:
         event = round_.hung[0]
-        return Failure(RETURNS, event, f"had not returned after {_CALL_TIMEOUT:.0f} s")
+        return Failure(RETURNS, event, f"had not returned after {_CALL_TIMEOUT:g} s")
     return check_history(round_.events, round_.initial)
 
 
@@ -966,7 +966,7 @@ def run_concurrent(subject: Subject, *, seconds: float, seed: int) -> PartResult
 
 def replay_concurrent(subject: Subject, details: dict[str, Any]) -> Violation | None:
     """Re-run a reported program until it breaks the contract again (None: it did not, within
-    200 runs or 5 s; a race need not show every time)."""
+    1,000 runs or 5 s; a race need not show every time)."""
     program = Program.from_json(details["program"])
     crew = _Crew()
     try:

@@ -22,12 +22,14 @@ from pagekv.kv import (
 )
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import WriteBatch, check_quota, entry_size, quota_delta
+from pagekv.testing import concurrent
 from pagekv.testing.concurrent import (
     BATCH_ATOMIC,
     FENCE_ATOMIC,
     FENCE_REFUSED,
     FRESH_READS,
     KV_ERRORS,
+    RETURNS,
     TAKEOVERS,
     Event,
     Inconclusive,
@@ -393,9 +395,45 @@ def test_racy_backends_are_caught_by_the_clause_they_break(
         assert violation.seed == 1
         assert any(m in violation.call for m in method), violation
         assert violation.call.startswith("t"), violation
-        assert len(violation.sequence) <= 16, violation
         replayed = replay_concurrent(subject, json.loads(json.dumps(violation.details)))
     finally:
         subject.close()
     assert replayed is not None, "the reported program did not reproduce"
     assert replayed.details["program"] == violation.details["program"]
+
+
+def test_a_failure_is_minimised_to_the_calls_that_race() -> None:
+    subject = Subject(TakeoverByRead)
+    try:
+        violation = run_concurrent(subject, seconds=4.0, seed=2).violation
+    finally:
+        subject.close()
+    assert violation is not None
+    threads = violation.details["program"]["threads"]
+    assert [[step["op"]["method"] for step in steps] for steps in threads] == [["takeover"]] * 2
+    assert sum("takeover() -> " in line for line in violation.sequence) == 2, violation
+
+
+class StuckTakeover(DictKv):
+    """A takeover that waits for `release` forever, as one waiting on a lock it never gets."""
+
+    release = threading.Event()
+
+    def takeover(self) -> int:
+        self.release.wait()
+        return super().takeover()
+
+
+def test_a_call_that_never_returns_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(concurrent, "_CALL_TIMEOUT", 0.5)
+    subject = Subject(StuckTakeover)
+    try:
+        result = run_concurrent(subject, seconds=0.1, seed=3)
+    finally:
+        StuckTakeover.release.set()
+        subject.close()
+    violation = result.violation
+    assert violation is not None, result.summary
+    assert violation.clause == RETURNS
+    assert "takeover()" in violation.call
+    assert violation.got == "had not returned after 0.5 s"
