@@ -203,29 +203,6 @@ class DropResetsGeneration(PlainKv):
             self._ns.generation = 0
 
 
-_CACHES: weakref.WeakKeyDictionary[NamespaceState, dict[bytes, bytes | None]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-class DropKeepsCache(PlainKv):
-    """Serves `get` from a read cache that every change invalidates except `drop`."""
-
-    def get(self, keys: Any) -> list[bytes | None]:
-        checked = check_keys(self._limits, keys)
-        with self._lock:
-            cache = _CACHES.setdefault(self._ns, {})
-            for key in checked:
-                if key not in cache:
-                    cache[key] = self._ns.values.get(key)
-            return [cache[k] for k in checked]
-
-    def apply(self, record: Record) -> None:
-        if record["op"] in ("write", "range"):
-            _CACHES.pop(self._ns, None)
-        super().apply(record)
-
-
 # --- concurrent ------------------------------------------------------------------------------
 
 
@@ -271,6 +248,29 @@ class TornBatch(PlainKv):
             used = self._ns.used + quota_delta(piece, self._ns.values)
             puts = [[k, v] for k, v in piece.puts.items()]
             self.apply({"op": "write", "put": puts, "del": piece.deletes, "used": used})
+
+
+_CACHES: weakref.WeakKeyDictionary[NamespaceState, dict[bytes, bytes | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class DropKeepsCache(PlainKv):
+    """Serves `get` from a read cache that every change invalidates except `drop`."""
+
+    def get(self, keys: Any) -> list[bytes | None]:
+        checked = check_keys(self._limits, keys)
+        with self._lock:
+            cache = _CACHES.setdefault(self._ns, {})
+            for key in checked:
+                if key not in cache:
+                    cache[key] = self._ns.values.get(key)
+            return [cache[k] for k in checked]
+
+    def apply(self, record: Record) -> None:
+        if record["op"] in ("write", "range"):
+            _CACHES.pop(self._ns, None)
+        super().apply(record)
 
 
 # --- restart ---------------------------------------------------------------------------------
@@ -386,10 +386,10 @@ quota_exact_refused = _factory("quota_exact_refused", QuotaExactRefused)
 range_ignores_fence = _factory("range_ignores_fence", RangeIgnoresFence)
 drop_ignores_fence = _factory("drop_ignores_fence", DropIgnoresFence)
 drop_resets_generation = _factory("drop_resets_generation", DropResetsGeneration)
-drop_keeps_cache = _factory("drop_keeps_cache", DropKeepsCache)
 fence_by_separate_read = _factory("fence_by_separate_read", FenceBySeparateRead)
 takeover_not_atomic = _factory("takeover_not_atomic", TakeoverNotAtomic)
 torn_batch = _factory("torn_batch", TornBatch)
+drop_keeps_cache = _factory("drop_keeps_cache", DropKeepsCache)
 generation_not_logged = _factory("generation_not_logged", GenerationNotLogged)
 range_not_logged = _factory("range_not_logged", RangeNotLogged)
 write_behind = _factory("write_behind", store=WriteBehindStore)
@@ -414,10 +414,10 @@ BROKEN: Final[dict[str, tuple[Factory, str]]] = {
     "range_ignores_fence": (range_ignores_fence, "contract"),
     "drop_ignores_fence": (drop_ignores_fence, "contract"),
     "drop_resets_generation": (drop_resets_generation, "contract"),
-    "drop_keeps_cache": (drop_keeps_cache, "contract"),
     "fence_by_separate_read": (fence_by_separate_read, "concurrent"),
     "takeover_not_atomic": (takeover_not_atomic, "concurrent"),
     "torn_batch": (torn_batch, "concurrent"),
+    "drop_keeps_cache": (drop_keeps_cache, "concurrent"),
     "generation_not_logged": (generation_not_logged, "restart"),
     "range_not_logged": (range_not_logged, "restart"),
     "write_behind": (write_behind, "restart"),
