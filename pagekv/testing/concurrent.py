@@ -6,12 +6,14 @@ collide: fenced writes with the thread's own generation (from its last takeover)
 each other and the writes, unfenced writes, gets of several keys, lists, range deletes, reads of
 the generation and the usage, now and then a fenced drop. The threads start together and run with
 the interpreter switching often; each call's invocation and response times and its outcome make
-the history, closed by a sequential `list()`, `generation()` and `used_bytes()`.
+the history, closed by a sequential `list()`, `get()` of every key, `generation()` and
+`used_bytes()`. How the threads reach the namespace varies too: one shared object, each its own
+object of one store, or objects of two stores open at one location (`Program.handles`).
 
 A history is linearizable when every call can be given one instant between its invocation and its
 response such that the calls, applied to the model in that order, return what was observed. The
 search is Wing & Gong's with Lowe's memo (`check_history`). A history that is not linearizable is
-minimised (threads and calls dropped while a re-run still fails the same way) and its cause named:
+minimised (threads and calls dropped while a re-run still fails) and its cause named:
 `_diagnose` finds the call and the clause it breaks, by direct checks (two takeovers returning one
 generation) and by relaxations: a history that only a torn batch, or a fence checked apart from
 its write, would explain names that call and that clause.
