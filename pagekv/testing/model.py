@@ -156,7 +156,7 @@ class Model:
 
     def state(self) -> tuple[Any, ...]:
         """Hashable: the state, for memoisation in the linearizability search."""
-        return (tuple(self.values.items()), self.generation, self.used)
+        return (tuple(self.contents()), self.generation, self.used)
 
     def contents(self) -> list[tuple[bytes, bytes]]:
         return [(k, self.values[k]) for k in self.keys]
