@@ -31,15 +31,17 @@ from pagekv.kv.limits import (
     check_key,
     check_keys,
     check_limit,
+    check_list,
     check_name,
     check_quota,
     check_reverse,
     check_write,
     entry_size,
+    prefix_end,
     quota_delta,
 )
 from pagekv.kv.memory import MemoryStore
-from pagekv.kv.namespace import KvNamespace, prefix_end
+from pagekv.kv.namespace import KvNamespace
 from pagekv.kv.redact import redact_url
 from pagekv.kv.url import DEFAULT_URL, check_kv_url, open_kv
 from pagekv.kv.wrappers import (
@@ -103,6 +105,7 @@ __all__ = [
     "check_keys",
     "check_kv_url",
     "check_limit",
+    "check_list",
     "check_name",
     "check_quota",
     "check_reverse",

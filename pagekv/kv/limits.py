@@ -141,6 +141,33 @@ def check_reverse(reverse: object) -> bool:
     return reverse
 
 
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with `prefix` (None: no upper bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def check_list(
+    limits: KvLimits, prefix: object, start: object, end: object, limit: object, reverse: object
+) -> tuple[bytes | None, bytes | None, int | None, bool] | None:
+    """Validate `list`'s arguments: the half-open range `[lo, hi)` to list (None: unbounded on
+    that side), the limit and the direction; None when the range is empty, so nothing is read."""
+    checked_prefix = check_bound(limits, prefix, "prefix")
+    lo = check_bound(limits, start, "start key")
+    hi = check_bound(limits, end, "end key")
+    checked_limit = check_limit(limit)
+    checked_reverse = check_reverse(reverse)
+    if checked_prefix is not None:
+        if lo is not None or hi is not None:
+            raise InvalidArgument("pass either prefix or start/end, not both")
+        lo, hi = checked_prefix, prefix_end(checked_prefix)
+    if lo is not None and hi is not None and lo >= hi:
+        return None
+    return lo, hi, checked_limit, checked_reverse
+
+
 def check_fence_arg(fence: object) -> int | None:
     """Validate a write's `fence`: None (unfenced) or a generation, an int from 0 to
     `INT64_MAX`. Anything else was never a generation; PostgreSQL could not even take it as a

@@ -13,17 +13,14 @@ from collections.abc import Iterable, Sequence
 
 from mypy_extensions import mypyc_attr
 
-from pagekv.kv.errors import InvalidArgument
 from pagekv.kv.limits import (
     Entries,
     KvLimits,
     WriteBatch,
-    check_bound,
     check_fence_arg,
     check_key,
     check_keys,
-    check_limit,
-    check_reverse,
+    check_list,
     check_write,
 )
 
@@ -42,14 +39,6 @@ class Shorthands:
 
     def delete(self, keys: Sequence[bytes], *, fence: object = None) -> None:
         self.write(delete=keys, fence=fence)
-
-
-def prefix_end(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with `prefix` (None: no upper bound)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -84,17 +73,10 @@ class KvNamespace(Shorthands, abc.ABC):
         limit: object = None,
         reverse: object = False,
     ) -> list[tuple[bytes, bytes]]:
-        checked_prefix = check_bound(self._limits, prefix, "prefix")
-        lo = check_bound(self._limits, start, "start key")
-        hi = check_bound(self._limits, end, "end key")
-        checked_limit = check_limit(limit)
-        checked_reverse = check_reverse(reverse)
-        if checked_prefix is not None:
-            if lo is not None or hi is not None:
-                raise InvalidArgument("pass either prefix or start/end, not both")
-            lo, hi = checked_prefix, prefix_end(checked_prefix)
-        if lo is not None and hi is not None and lo >= hi:
+        checked = check_list(self._limits, prefix, start, end, limit, reverse)
+        if checked is None:
             return []
+        lo, hi, checked_limit, checked_reverse = checked
         return self._list(lo, hi, checked_limit, checked_reverse)
 
     def write(

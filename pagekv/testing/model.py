@@ -24,16 +24,13 @@ from pagekv.kv import (
     KvLimits,
     LimitError,
     StorageQuotaExceeded,
-    prefix_end,
 )
 from pagekv.kv.limits import (
-    check_bound,
     check_fence_arg,
     check_key,
     check_keys,
-    check_limit,
+    check_list,
     check_quota,
-    check_reverse,
     check_write,
     entry_size,
     quota_delta,
@@ -204,15 +201,10 @@ class Model:
         limit: object = None,
         reverse: object = False,
     ) -> list[tuple[bytes, bytes]]:
-        p = check_bound(self.limits, prefix, "prefix")
-        lo = check_bound(self.limits, start, "start key")
-        hi = check_bound(self.limits, end, "end key")
-        n = check_limit(limit)
-        backwards = check_reverse(reverse)
-        if p is not None:
-            if lo is not None or hi is not None:
-                raise InvalidArgument("pass either prefix or start/end, not both")
-            lo, hi = p, prefix_end(p)
+        checked = check_list(self.limits, prefix, start, end, limit, reverse)
+        if checked is None:
+            return []
+        lo, hi, n, backwards = checked
         i = 0 if lo is None else bisect.bisect_left(self.keys, lo)
         j = len(self.keys) if hi is None else bisect.bisect_left(self.keys, hi)
         chosen = self.keys[i:j] if i < j else []
