@@ -41,7 +41,10 @@ EXPECTED: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "range_ignores_fence": (("stale fence fails and changes nothing",), ("delete_range",)),
     "drop_ignores_fence": (("stale fence fails and changes nothing",), ("drop",)),
     "drop_resets_generation": (("drop removes everything and keeps the generation",), ("drop",)),
-    "drop_keeps_cache": (("reads see every write acknowledged before they began",), ("drop",)),
+    "drop_keeps_cache": (
+        ("reads see every write acknowledged before they began", "calls are linearizable"),
+        ("drop",),
+    ),
     "fence_by_separate_read": (("a fenced write is atomic with its fence check",), WRITES),
     "takeover_not_atomic": (("concurrent takeovers get distinct generations",), ("takeover",)),
     "torn_batch": (

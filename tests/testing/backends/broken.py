@@ -80,13 +80,15 @@ class ReverseLimitWrongEnd(PlainKv):
 
 
 class PrefixOfAllFfEndsEarly(PlainKv):
-    """Ends an all-0xff prefix at the prefix plus 0xff, not at the end of the keyspace."""
+    """Turns a prefix into a range itself, and ends an all-0xff prefix at the prefix plus 0xff
+    where the range has no end."""
 
-    def _prefix_end(self, prefix: bytes) -> bytes | None:
+    def list(self, *, prefix: object = None, **bounds: Any) -> list[tuple[bytes, bytes]]:
+        if not isinstance(prefix, bytes) or not prefix or {"start", "end"} & bounds.keys():
+            return super().list(prefix=prefix, **bounds)
         stripped = prefix.rstrip(b"\xff")
-        if not stripped:
-            return prefix + b"\xff"
-        return stripped[:-1] + bytes([stripped[-1] + 1])
+        end = stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else prefix + b"\xff"
+        return super().list(start=prefix, end=end, **bounds)
 
 
 # --- contract: limits ------------------------------------------------------------------------

@@ -24,22 +24,18 @@ from typing import Any, BinaryIO, ClassVar
 
 from pagekv.kv import (
     Entries,
-    InvalidArgument,
     KvLimits,
     KvUnavailable,
     WriteBatch,
-    check_bound,
     check_fence,
     check_fence_arg,
     check_key,
     check_keys,
-    check_limit,
+    check_list,
     check_name,
     check_quota,
-    check_reverse,
     check_write,
     entry_size,
-    prefix_end,
     quota_delta,
 )
 
@@ -86,15 +82,10 @@ class PlainKv:
         limit: object = None,
         reverse: object = False,
     ) -> list[tuple[bytes, bytes]]:
-        lo = check_bound(self._limits, start, "start key")
-        hi = check_bound(self._limits, end, "end key")
-        p = check_bound(self._limits, prefix, "prefix")
-        n = check_limit(limit)
-        backwards = check_reverse(reverse)
-        if p is not None:
-            if lo is not None or hi is not None:
-                raise InvalidArgument("pass either prefix or start/end, not both")
-            lo, hi = p, self._prefix_end(p)
+        checked = check_list(self._limits, prefix, start, end, limit, reverse)
+        if checked is None:
+            return []
+        lo, hi, n, backwards = checked
         with self._lock:
             i, j = self._span(lo, hi)
             return [(k, self._ns.values[k]) for k in self._select(i, j, n, backwards)]
@@ -151,9 +142,6 @@ class PlainKv:
     def _charge(self, batch: WriteBatch) -> int:
         """What `batch` changes the usage by: overwrites credited, deletes refunded."""
         return quota_delta(batch, self._ns.values)
-
-    def _prefix_end(self, prefix: bytes) -> bytes | None:
-        return prefix_end(prefix)
 
     def _pos(self, key: bytes) -> int:
         """Where `key` is or would go in the sorted keys."""
