@@ -35,7 +35,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import quote
 
 import anyio
@@ -51,6 +51,7 @@ from pagekv.actor import (
     UnknownActor,
 )
 from pagekv.actor.registry import LEASE_S
+from pagekv.remote_connection import RemoteConnection
 from pagekv.server.protocol import CBOR, JSON, ErrorCode, decode, encode
 
 _ACTOR_ERRORS: dict[str, type[Exception]] = {
@@ -144,6 +145,16 @@ def _path(*parts: str) -> str:
     return "".join("/" + quote(part, safe="") for part in parts)
 
 
+def _raise_remote(error: dict[str, Any], status: int = 0, text: str = "") -> NoReturn:
+    """The exception of a pagekv error answer: the runtime's own type where it has one."""
+    code = error.get("code", "unknown")
+    message = error.get("message", text)
+    kind = _ACTOR_ERRORS.get(code)
+    if kind is not None:
+        raise kind(message)
+    raise RemoteError(status, code, message, error.get("limit"))
+
+
 class HttpClient:
     def __init__(
         self,
@@ -165,6 +176,7 @@ class HttpClient:
         self._clock: Callable[[], float] = time.monotonic
         self._sleep: Callable[[float], Awaitable[None]] = anyio.sleep
         headers = {"accept": CBOR, "content-type": CBOR}
+        self._token = token
         if token is not None:
             headers["authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
@@ -203,12 +215,7 @@ class HttpClient:
             ):
                 retried += 1
                 continue
-            code = error.get("code", "unknown")
-            message = error.get("message", response.text)
-            kind = _ACTOR_ERRORS.get(code)
-            if kind is not None:
-                raise kind(message)
-            raise RemoteError(response.status_code, code, message, error.get("limit"))
+            _raise_remote(error, response.status_code, response.text)
 
     async def _wait_to_retry(
         self, retried: int, retry_after: float | None, give_up_at: float
@@ -293,6 +300,21 @@ class ActorHandle:
             {**fields, "body": body},
         )
         return answer["id"]
+
+    def connect(self, params: Any = None) -> RemoteConnection:
+        """A WebSocket connection to the actor (`async with handle.connect(params) as conn`),
+        which reconnects by itself (`pagekv.remote_connection`)."""
+        client = self._client
+        return RemoteConnection(
+            str(client._http.base_url),
+            client._token,
+            self.name,
+            self.key,
+            params,
+            create=self._create,
+            input=self._input,
+            raise_error=_raise_remote,
+        )
 
     def __getattr__(self, action: str) -> Callable[..., Awaitable[Any]]:
         if action.startswith("_"):

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagekv.actor.connection import Connection, calling_connection
 from pagekv.actor.database import ActorDb
 from pagekv.actor.part_hosts import ContextHost
 from pagekv.actor.queue import Queue
@@ -39,6 +40,29 @@ class ActorContext:
     @state.setter
     def state(self, value: Any) -> None:
         self._cell.value = value
+
+    @property
+    def conns(self) -> list[Connection]:
+        """The actor's open connections (in this process, which holds all of them while it
+        owns the actor)."""
+        return self._instance.connections()
+
+    @property
+    def conn(self) -> Connection | None:
+        """The connection whose frame the running action or hook serves; None for a call
+        that came another way (HTTP, a schedule)."""
+        return calling_connection.get()
+
+    def broadcast(self, event: str, *args: Any) -> int:
+        """Push `event` with `args` to every connection subscribed to it (fire and forget,
+        never persisted); returns how many. `MessageTooLarge` past the connections' limit."""
+        return self._instance.broadcast(event, args)
+
+    @property
+    def client(self) -> Any:
+        """A client of the actors of this registry (and, through its server, of the others
+        that share its store): `ctx.client.get_or_create("name", "key").action(...)`."""
+        return self._instance.client()
 
     def sleep(self) -> None:
         """Ask to sleep once the current work is done."""

@@ -143,6 +143,25 @@ class ActorDefinition:
         """`async def (ctx)`: before the actor's data is dropped."""
         return self._hook("on_destroy", fn)
 
+    def on_before_connect(self, fn: F) -> F:
+        """`async def (ctx, params)`: may raise to refuse a connection (its message is the
+        close reason); nothing of the connection exists yet."""
+        return self._hook("on_before_connect", fn)
+
+    def on_connect(self, fn: F) -> F:
+        """`async def (ctx, conn)`: a connection was accepted (set `conn.state` here)."""
+        return self._hook("on_connect", fn)
+
+    def on_disconnect(self, fn: F) -> F:
+        """`async def (ctx, conn)`: a connection closed; once per connection, wherever the
+        actor runs then (see `pagekv.actor.hub`)."""
+        return self._hook("on_disconnect", fn)
+
+    def on_request(self, fn: F) -> F:
+        """`async def (ctx, request) -> Response`: raw HTTP (Starlette's request and response)
+        at `/actors/NAME/request/PATH?key=K`."""
+        return self._hook("on_request", fn)
+
     def run(self, fn: F) -> F:
         """`async def (ctx)`: a long-running handler, never twice at once (see `workflow`)."""
         return self._hook("run", fn)
@@ -362,5 +381,6 @@ def actor(
 ) -> ActorDefinition:
     """Define an actor; add actions with `@definition.action` and hooks with
     `@definition.on_wake` (and `on_migrate`, `create_state`, `on_create`, `create_vars`,
-    `on_sleep`, `on_destroy`, `run`)."""
+    `on_sleep`, `on_destroy`, `run`, `on_before_connect`, `on_connect`, `on_disconnect`,
+    `on_request`)."""
     return ActorDefinition(name, state=state, sleep_timeout=sleep_timeout, stop_grace=stop_grace)

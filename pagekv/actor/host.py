@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from pagekv.actor.hub import Hub
 from pagekv.actor.ownership import Ownership
 from pagekv.actor.workers import Workers
 
@@ -18,6 +19,11 @@ class InstanceHost(Protocol):
     ownership: Ownership
     workers: Workers
     """Where the instance's blocking work runs (its KV requests and SQLite work)."""
+    hub: Hub
+    """The process's open connections, which outlive instances (hibernation)."""
+
+    def client(self) -> Any:
+        """A client of the registry's actors (`ctx.client`)."""
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run `fn(*args)` in the background; its failure is logged."""

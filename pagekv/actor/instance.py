@@ -21,6 +21,7 @@ import anyio
 import apsw
 import cbor2
 
+from pagekv.actor.connection import Connection
 from pagekv.actor.context import ActorContext
 from pagekv.actor.database import ActorDb
 from pagekv.actor.definition import ActorDefinition, Hook
@@ -183,6 +184,7 @@ class ActorInstance:
             if "on_wake" in hooks:
                 await self._timed("on_wake", hooks["on_wake"](self.ctx), user=True)
                 await db.save_state()
+            await self.registry.hub.restore(self)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 try:
@@ -339,6 +341,7 @@ class ActorInstance:
                                 raise
                             ended = time.monotonic()
                             await self.ctx.db.save_state()
+                            await self.registry.hub.save(self.ctx)
                 except ActorTakenOver as e:
                     if self._wrote_nothing(writes, commits):  # the fence refused it all
                         self.registry.counters["takeovers"] += 1
@@ -478,6 +481,15 @@ class ActorInstance:
             self._requested = "destroy"
         if self._run_scope is not None:
             self._run_scope.cancel()
+
+    def connections(self) -> list[Connection]:
+        return self.registry.hub.connections(self.actor_id)
+
+    def broadcast(self, event: str, args: tuple[Any, ...]) -> int:
+        return self.registry.hub.broadcast(self.actor_id, event, args)
+
+    def client(self) -> Any:
+        return self.registry.client()
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
@@ -751,6 +763,8 @@ class ActorInstance:
             if hook is not None:
                 await hook(ctx)
             await ctx.db.save_state()
+            if how == "sleep":
+                await self.registry.hub.save(ctx)
         except Exception:
             log.exception("actor %s: stopping (%s) despite a failed hook", self.actor_id, how)
 

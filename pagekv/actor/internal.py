@@ -16,7 +16,7 @@ import cbor2
 
 from pagekv.actor.errors import ActorError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PREFIX = "_pagekv_"
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -37,6 +37,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "UNIQUE, name TEXT NOT NULL, kind TEXT NOT NULL, data BLOB NOT NULL, status TEXT NOT "
         "NULL, attempts INTEGER NOT NULL, error TEXT, created REAL NOT NULL, last_attempt REAL, "
         "completed REAL, rollback_completed REAL, rollback_error TEXT) WITHOUT ROWID",
+    ),
+    3: (
+        "CREATE TABLE _pagekv_connections(id TEXT PRIMARY KEY, params BLOB NOT NULL, "
+        "data BLOB NOT NULL) WITHOUT ROWID",
     ),
 }
 

@@ -5,8 +5,9 @@ the parts, so imports run one way (instance -> parts -> this)."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
+from pagekv.actor.connection import Connection
 from pagekv.actor.database import ActorDb
 from pagekv.actor.definition import ActorDefinition
 
@@ -19,11 +20,18 @@ class HoldsDb(Protocol):
 
 
 class ContextHost(Protocol):
-    """What `ctx` passes on: the actor's own requests to stop once its current work is done."""
+    """What `ctx` passes on: the actor's own requests to stop once its current work is done,
+    its connections, and a client of the other actors."""
 
     def request_sleep(self) -> None: ...
 
     def request_destroy(self) -> None: ...
+
+    def connections(self) -> list[Connection]: ...
+
+    def broadcast(self, event: str, args: tuple[Any, ...]) -> int: ...
+
+    def client(self) -> Any: ...
 
 
 class QueueHost(Protocol):

@@ -28,11 +28,13 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
 
+from pagekv.actor.client_connection import LocalConnection
+from pagekv.actor.connection import ConnectionLimits
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import (
     ActorExists,
@@ -43,6 +45,7 @@ from pagekv.actor.errors import (
     OwnedElsewhere,
     UnknownActor,
 )
+from pagekv.actor.hub import Hub
 from pagekv.actor.index import (
     ActorRecord,
     actor_id,
@@ -95,6 +98,7 @@ class Registry:
         lease: float = LEASE_S,
         address: str | None = None,
         threads: int = THREADS,
+        connection_limits: ConnectionLimits | None = None,
     ) -> None:
         if lease <= 0:
             raise ValueError(f"lease must be > 0 seconds, got {lease}")
@@ -123,6 +127,10 @@ class Registry:
         self.draining = False
         """Stopping: forwarded calls are refused (`NotOwner`) so their senders take over."""
         self._stops_since_trim = 0
+        self.hub = Hub(self, connection_limits or ConnectionLimits())
+        """Open connections, awake or hibernating (`hub.py`)."""
+        self.remote: RemoteCalls | None = None
+        """How `ctx.client` reaches actors another registry owns (set by a server)."""
         self.counters: Counter[str] = Counter()
         """Wakes, sleeps, destroys, crashes, takeovers, actions, calls owned elsewhere, and
         startup phase times."""
@@ -147,6 +155,7 @@ class Registry:
                     yield Client(self)
                 finally:
                     self.draining = True
+                    self.hub.shutdown()
                     with anyio.CancelScope(shield=True):
                         await self._stop_all()
                         await self._leave()
@@ -417,6 +426,7 @@ class Registry:
         which releases its lease, so the other registries serve the next calls of each at once,
         and from then on send on the calls that would wake an actor here (`_route_away`)."""
         self.draining = True
+        self.hub.shutdown()
         until = time.time() + self.lease
         await self.workers.upkeep(partial(self.ownership.join, until, draining=True))
         await self._stop_all()
@@ -479,6 +489,7 @@ class Registry:
         if self._instances.get(instance.actor_id) is instance:
             del self._instances[instance.actor_id]
             self._drop_unused_lock(instance.actor_id)
+        self.hub.stopped(instance.actor_id, how)
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         self._stops_since_trim += 1
         if destroyed:
@@ -495,8 +506,12 @@ class Registry:
         return list(self._instances.values())
 
     def metrics(self) -> dict[str, float]:
-        """Counters since the registry started, plus the number of live actors."""
-        return {**self.counters, "live": len(self._instances)}
+        """Counters since the registry started, plus the numbers of live actors and of open
+        connections."""
+        return {**self.counters, "live": len(self._instances), "connections": self.hub.count()}
+
+    def client(self) -> Client:
+        return Client(self)
 
     async def call(
         self,
@@ -513,6 +528,23 @@ class Registry:
         """Call an action, waking (or creating) the actor; an unknown action, or arguments
         that do not bind to it, are refused before the actor is woken or created."""
         fn = self.definition(name).resolve(action, args, kwargs)
+        return await self.invoke(name, key, fn, args, kwargs, create=create, input=input, via=via)
+
+    async def invoke(
+        self,
+        name: str,
+        key: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        create: bool,
+        input: Any = None,
+        via: Forwarded | None = None,
+    ) -> Any:
+        """Run `fn(ctx, *args, **kwargs)` on the actor as a call runs an action (woken or
+        created if needed, run again on a fresh instance if the one found stopped first)."""
+        kwargs = kwargs or {}
         for _ in range(_CALL_ATTEMPTS - 1):
             instance = await self.instance(name, key, create=create, input=input, via=via)
             try:
@@ -568,8 +600,39 @@ class Registry:
         raise ActorStopped(f"actor {actor_id(name, key)} kept stopping; message not sent")
 
 
+class RemoteCalls(Protocol):
+    """How a registry's client reaches an actor another registry owns (its server forwards)."""
+
+    async def call(
+        self,
+        owner: Owner,
+        name: str,
+        key: str,
+        action: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        create: bool,
+        input: Any,
+    ) -> Any: ...
+
+    async def send(
+        self,
+        owner: Owner,
+        name: str,
+        key: str,
+        queue: str,
+        body: Any,
+        *,
+        create: bool,
+        input: Any,
+    ) -> int: ...
+
+
 class ActorHandle:
-    """Calls actions of one actor by name; re-resolves the actor on every call."""
+    """Calls actions of one actor by name; re-resolves the actor on every call. An actor that
+    another registry owns is reached through `Registry.remote` when the registry has one (a
+    server's: `ctx.client` across hosts), else `OwnedElsewhere` is raised."""
 
     def __init__(self, registry: Registry, name: str, key: str, *, create: bool, input: Any):
         self._registry = registry
@@ -579,14 +642,35 @@ class ActorHandle:
         self._input = input
 
     async def call(self, action: str, *args: Any, **kwargs: Any) -> Any:
-        return await self._registry.call(
-            self.name, self.key, action, args, kwargs, create=self._create, input=self._input
-        )
+        registry, create, input = self._registry, self._create, self._input
+        try:
+            return await registry.call(
+                self.name, self.key, action, args, kwargs, create=create, input=input
+            )
+        except OwnedElsewhere as e:
+            if registry.remote is None:
+                raise
+            return await registry.remote.call(
+                e.owner, self.name, self.key, action, args, kwargs, create=create, input=input
+            )
 
     async def send(self, queue: str, body: Any) -> int:
         """Append a message to the actor's queue `queue`; returns the message id."""
-        return await self._registry.send(
-            self.name, self.key, queue, body, create=self._create, input=self._input
+        registry, create, input = self._registry, self._create, self._input
+        try:
+            return await registry.send(self.name, self.key, queue, body, create=create, input=input)
+        except OwnedElsewhere as e:
+            if registry.remote is None:
+                raise
+            return await registry.remote.send(
+                e.owner, self.name, self.key, queue, body, create=create, input=input
+            )
+
+    def connect(self, params: Any = None) -> LocalConnection:
+        """A connection to the actor (`async with handle.connect(params) as conn`): actions,
+        subscriptions and events (`pagekv.actor.client_connection`)."""
+        return LocalConnection(
+            self._registry.hub, self.name, self.key, params, create=self._create, input=self._input
         )
 
     @property

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import FlushCounts, KvStore, open_kv
-from pagekv.server import gateway, inspector
+from pagekv.server import gateway, inspector, raw_http, realtime
 from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
@@ -151,6 +151,7 @@ def create_app(
                 kv=MeteredStore(store, meter),
                 lease=config.lease_s,
                 address=config.advertise_url,
+                connection_limits=config.connection_limits(),
             )
             app.state.registry = registry  # for the process serving the app (`process.py`)
             forwarder = Forwarder(config, registry)
@@ -181,6 +182,8 @@ def create_app(
             # an Exposition per app: apps in one process share no metric
             Route("/metrics", partial(metrics, Exposition()), methods=["GET"]),
             *gateway.ROUTES,
+            *realtime.ROUTES,
+            *raw_http.ROUTES,
             *inspector.ROUTES,
         ],
         middleware=middleware,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from pagekv.actor.connection import ConnectionLimits
 from pagekv.actor.registry import LEASE_S
 from pagekv.kv import redact_url
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
@@ -66,6 +67,25 @@ class ServerConfig:
     refuses it (503 `owner_unreachable` past it: the client retries)."""
     lease_s: float = LEASE_S
     """The registry's `lease` (`pagekv serve` takes the app's registry's)."""
+    ws_max_in_bytes: int = 64 * 1024
+    """The largest WebSocket frame a client may send (closed with 1009 past it)."""
+    ws_max_out_bytes: int = 1 << 20
+    """The largest frame sent to a client: a bigger event is refused to the actor's code, a
+    bigger result answered with `answer_too_large`."""
+    ws_buffer_bytes: int = 4 << 20
+    """Frames waiting for a slow client, per connection: past it the connection is closed
+    (4008), so one slow reader never holds unbounded memory."""
+    ws_ping_interval_s: float = 20.0
+    """How often a silent WebSocket is pinged; one that does not answer within
+    `ws_ping_timeout_s` is closed and its `on_disconnect` runs."""
+    ws_ping_timeout_s: float = 20.0
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(
+            max_in_bytes=self.ws_max_in_bytes,
+            max_out_bytes=self.ws_max_out_bytes,
+            max_buffered_bytes=self.ws_buffer_bytes,
+        )
 
     def __post_init__(self) -> None:
         if self.token is None and not self.unauthenticated:
@@ -98,6 +118,13 @@ class ServerConfig:
             raise ConfigError(f"max_header_bytes must be >= 1024, got {self.max_header_bytes}")
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
+        try:
+            self.connection_limits()
+        except ValueError as e:
+            raise ConfigError(f"WebSocket limits: {e}") from None
+        for name in ("ws_ping_interval_s", "ws_ping_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.query_timeout_s <= 0:
             raise ConfigError(f"query_timeout_s must be > 0, got {self.query_timeout_s}")
         for name in (

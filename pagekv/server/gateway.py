@@ -130,7 +130,7 @@ async def _request(
 
 
 @contextmanager
-def _failures(operation: str, target: str | None, name: str, key: str) -> Iterator[Writes]:
+def failures(operation: str, target: str | None, name: str, key: str) -> Iterator[Writes]:
     """Around the registry call of a route: what it writes, and any failure as its answer
     (logged, see `_failed`), except `OwnedElsewhere`, which routes it to the owner."""
     with tracking_writes() as writes:
@@ -150,7 +150,7 @@ async def call_action(request: Request) -> Response:
     args, kwargs = _arguments(body)
 
     async def serve(via: Forwarded | None) -> Response:
-        with _failures("action", action, name, key) as writes:
+        with failures("action", action, name, key) as writes:
             started = time.perf_counter()
             result = await rt.registry.call(
                 name, key, action, args, kwargs, create=create, input=body.get("input"), via=via
@@ -167,7 +167,7 @@ async def send_message(request: Request) -> Response:
     create = _create_flag(params, body)
 
     async def serve(via: Forwarded | None) -> Response:
-        with _failures("send", queue, name, key):
+        with failures("send", queue, name, key):
             message_id = await rt.registry.send(
                 name, key, queue, body.get("body"), create=create, input=body.get("input"), via=via
             )
@@ -184,7 +184,7 @@ async def create_actor(request: Request) -> Response:
     name = request.path_params["name"]
 
     async def serve(via: Forwarded | None) -> Response:
-        with _failures("create", None, name, key):
+        with failures("create", None, name, key):
             await rt.registry.instance(
                 name, key, create=True, must_be_new=True, input=body.get("input"), via=via
             )
@@ -200,7 +200,7 @@ async def destroy_actor(request: Request) -> Response:
     name = request.path_params["name"]
 
     async def serve(via: Forwarded | None) -> Response:
-        with _failures("destroy", None, name, key):
+        with failures("destroy", None, name, key):
             await rt.registry.destroy(name, key, via=via)
         return answer(request, {"result": None})
 

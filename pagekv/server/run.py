@@ -56,6 +56,10 @@ def uvicorn_server(
             timeout_graceful_shutdown=GRACEFUL_S,
             server_header=False,
             http=http_protocol(config.header_timeout_s, config.max_header_bytes),
+            ws="websockets-sansio",
+            ws_max_size=config.ws_max_in_bytes,
+            ws_ping_interval=config.ws_ping_interval_s,
+            ws_ping_timeout=config.ws_ping_timeout_s,
             limit_concurrency=config.max_connections,
         )
     )

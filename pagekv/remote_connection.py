@@ -1,0 +1,192 @@
+"""A connection to an actor over WebSocket, for `HttpClient`: `handle.connect(params)`.
+
+It reconnects by itself when the server closes the socket with a code of `RECONNECT` (the actor
+moved to another process, or the server stops) or the socket drops: a new connection with the
+same params, and the same subscriptions, so events resume (those sent meanwhile are lost: events
+are never persisted). Calls under way when the socket drops raise `ConnectionClosed`: they may
+have run. Any other close (refused, destroyed, disconnected by the actor) ends it for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import anyio
+import cbor2
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed as SocketClosed
+from websockets.exceptions import InvalidHandshake
+
+from pagekv.actor.client_connection import ActorConnection, ConnectionClosed, Event
+from pagekv.actor.connection import RECONNECT, CloseCode
+
+_ATTEMPTS = 20
+_FIRST_WAIT_S = 0.05
+_MAX_WAIT_S = 1.0
+
+
+class RemoteConnection(ActorConnection):
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        name: str,
+        key: str,
+        params: Any,
+        *,
+        create: bool,
+        input: Any,
+        raise_error: Any,
+    ) -> None:
+        super().__init__(name, key, params)
+        query = urlencode(
+            {"key": key, "mode": "get_or_create" if create else "get", "encoding": "cbor"}
+        )
+        base = url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/")
+        self._url = f"{base}/actors/{quote(name, safe='')}/connect?{query}"
+        self._token = token
+        self._input = input if create else None
+        self._raise_error = raise_error
+        self._socket: ClientConnection | None = None
+        self._pending: dict[int, anyio.Event] = {}
+        self._answers: dict[int, dict[str, Any]] = {}
+        self._ids = itertools.count(1)
+        self._reader: asyncio.Task[None] | None = None
+        self.reconnects = 0
+
+    async def __aenter__(self) -> RemoteConnection:
+        await self._open()
+        # websockets runs on asyncio alone; the reader is a task of its own, so connections
+        # may be opened and closed in any order
+        self._reader = asyncio.get_running_loop().create_task(self._read_forever())
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _open(self) -> None:
+        """Open a socket and send the connect frame; `ConnectionClosed` if refused."""
+        protocols = ["pagekv"] + ([f"pagekv.token.{self._token}"] if self._token else [])
+        socket = await connect(self._url, subprotocols=protocols, max_size=None)
+        hello: dict[str, Any] = {"t": "connect", "params": self.params}
+        if self._input is not None:
+            hello["input"] = self._input
+        await socket.send(cbor2.dumps(hello))
+        try:
+            init = cbor2.loads(await socket.recv())
+        except SocketClosed as e:
+            raise _closed(e) from None
+        self.id = init["conn"]
+        self._socket = socket
+        for event in sorted(self.subscriptions):  # again, after a reconnect; unanswered (id 0)
+            await socket.send(cbor2.dumps({"t": "sub", "id": 0, "event": event}))
+
+    async def _read_forever(self) -> None:
+        while True:
+            socket = self._socket
+            assert socket is not None
+            try:
+                async for data in socket:
+                    self._dispatch(cbor2.loads(data))
+                error = _closed_of(socket)
+            except SocketClosed as e:
+                error = _closed(e)
+            self._socket = None
+            self._fail_pending(error)
+            if self.closed is not None:
+                return
+            if error.code not in RECONNECT and error.code != 1006:
+                self._ended(error.code, error.reason)
+                return
+            if not await self._reconnect(error):
+                return
+
+    async def _reconnect(self, error: ConnectionClosed) -> bool:
+        for attempt in range(_ATTEMPTS):
+            wait = min(_MAX_WAIT_S, _FIRST_WAIT_S * 2**attempt)
+            await anyio.sleep(random.uniform(wait / 2, wait))
+            try:
+                await self._open()
+            except ConnectionClosed as refused:
+                if refused.code not in RECONNECT:
+                    self._ended(refused.code, refused.reason)
+                    return False
+                continue
+            except (OSError, InvalidHandshake, TimeoutError):
+                continue
+            self.reconnects += 1
+            return True
+        self._ended(error.code, f"{error.reason} (reconnecting failed {_ATTEMPTS} times)")
+        return False
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("t")
+        if kind == "event":
+            self._deliver(Event(frame["name"], tuple(frame.get("args", ()))))
+        elif kind in ("result", "error"):
+            waiter = self._pending.pop(frame.get("id"), None)
+            if waiter is not None:
+                self._answers[frame["id"]] = frame
+                waiter.set()
+
+    def _fail_pending(self, error: ConnectionClosed) -> None:
+        for request, waiter in list(self._pending.items()):
+            self._answers[request] = {"t": "closed", "error": error}
+            waiter.set()
+        self._pending.clear()
+
+    async def _request(self, frame: dict[str, Any]) -> Any:
+        socket = self._socket
+        if socket is None:
+            raise ConnectionClosed(CloseCode.MOVED, "reconnecting; the call was not sent")
+        request = next(self._ids)
+        waiter = self._pending[request] = anyio.Event()
+        try:
+            await socket.send(cbor2.dumps({**frame, "id": request}))
+        except SocketClosed as e:
+            self._pending.pop(request, None)
+            raise ConnectionClosed(e.rcvd.code if e.rcvd else 1006, "the call was not sent") from e
+        await waiter.wait()
+        answer = self._answers.pop(request)
+        if answer["t"] == "closed":
+            raise ConnectionClosed(
+                answer["error"].code, f"{answer['error'].reason}; it may have run"
+            )
+        if answer["t"] == "error":
+            self._raise_error(answer["error"])
+        return answer.get("result")
+
+    async def _call(self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await self._request(
+            {"t": "action", "name": action, "args": list(args), "kwargs": kwargs}
+        )
+
+    async def _subscribe(self, event: str, on: bool) -> None:
+        await self._request({"t": "sub" if on else "unsub", "event": event})
+
+    async def _close(self) -> None:
+        self._ended(CloseCode.NORMAL, "closed by the client")
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            await socket.close()
+
+
+def _closed(e: SocketClosed) -> ConnectionClosed:
+    if e.rcvd is not None:
+        return ConnectionClosed(e.rcvd.code, e.rcvd.reason)
+    return ConnectionClosed(1006, "the connection dropped")
+
+
+def _closed_of(socket: ClientConnection) -> ConnectionClosed:
+    code = socket.close_code if socket.close_code is not None else 1006
+    return ConnectionClosed(code, socket.close_reason or "")

@@ -1,0 +1,112 @@
+"""Raw HTTP: `/actors/{name}/request/{path}?key=K[&mode=M]`, any method, served by the actor's
+`on_request(ctx, request) -> Response` (Starlette's request and response).
+
+The handler sees the request as addressed to the actor: its path is what follows `/request`
+(`/` at least), its query string without `key` and `mode`, its body read whole first (under
+the server's body limit, so a call forwarded to the actor's owner carries it). Auth, the actor
+limits and the forwarding to the owner are the gateway's; a handler that returns anything but a
+`Response` is a 500 naming what it returned.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Message
+
+from pagekv.actor.ownership import Forwarded
+from pagekv.server.codec import read_raw_body
+from pagekv.server.errors import HttpError
+from pagekv.server.gateway import MODES, failures
+from pagekv.server.protocol import ErrorCode
+from pagekv.server.runtime import runtime
+
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_ROUTING = ("key", "mode")
+
+
+def _routing(request: Request) -> tuple[str, bool, bytes]:
+    """The key, whether to create, and the query string the handler sees (the rest)."""
+    try:
+        items = parse_qsl(
+            request.scope.get("query_string", b"").decode("ascii"),
+            keep_blank_values=True,
+            errors="strict",
+        )
+    except UnicodeDecodeError as e:
+        message = f"the query string is not UTF-8: {e}"
+        raise HttpError(400, ErrorCode.INVALID_PARAMETER, message) from None
+    routing = [(k, v) for k, v in items if k in _ROUTING]
+    names = [k for k, _ in routing]
+    if names.count("key") != 1 or names.count("mode") > 1:
+        raise HttpError(
+            400,
+            ErrorCode.INVALID_PARAMETER,
+            "give the query parameter 'key' once ('mode' at most once)",
+        )
+    found = dict(routing)
+    mode = found.get("mode", "get_or_create")
+    if mode not in MODES:
+        raise HttpError(
+            400, ErrorCode.INVALID_PARAMETER, f"mode must be one of {list(MODES)}, got {mode!r}"
+        )
+    rest = urlencode([(k, v) for k, v in items if k not in _ROUTING]).encode()
+    return found["key"], mode == "get_or_create", rest
+
+
+def _inner(request: Request, body: bytes, path: str, query: bytes) -> Request:
+    """The request as the actor's handler sees it (see the module)."""
+    prefix = request.url.path[: len(request.url.path) - len(path)].rstrip("/")
+    scope = {
+        **request.scope,
+        "path": "/" + path,
+        "raw_path": ("/" + path).encode(),
+        "root_path": request.scope.get("root_path", "") + prefix,
+        "query_string": query,
+    }
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
+
+
+async def handle(request: Request) -> Response:
+    rt = runtime(request)
+    name = request.path_params["name"]
+    path = request.path_params.get("path", "")
+    key, create, query = _routing(request)
+    body = await read_raw_body(request, rt.config)
+    hook = rt.registry.definition(name).hooks.get("on_request")
+    if hook is None:
+        raise HttpError(404, ErrorCode.NOT_FOUND, f"actor {name!r} serves no raw HTTP (on_request)")
+
+    async def serve(via: Forwarded | None) -> Response:
+        with failures("request", path, name, key):
+            response = await rt.registry.invoke(
+                name, key, hook, (_inner(request, body, path, query),), create=create, via=via
+            )
+        if not isinstance(response, Response):
+            raise HttpError(
+                500,
+                ErrorCode.ACTION_ERROR,
+                f"on_request of actor {name!r} must return a starlette Response, "
+                f"got {type(response).__name__}",
+            )
+        return response
+
+    return await rt.forwarder.route(request, body, serve)
+
+
+ROUTES = [
+    Route("/actors/{name}/request/{path:path}", handle, methods=METHODS),
+    Route("/actors/{name}/request", handle, methods=METHODS),
+]

@@ -1,0 +1,293 @@
+"""Connections over WebSocket: `/actors/{name}/connect?key=K[&mode=M][&encoding=json|cbor]`.
+
+The frames are those of `pagekv.actor.connection`, as JSON text frames (the default) or CBOR
+binary frames. The token travels in the `Authorization` header, or, for browsers (which cannot
+set headers on a WebSocket), in the offered subprotocols as `pagekv.token.<token>` beside
+`pagekv` (the one accepted, so the token is never echoed), or in the first frame
+(`{"t": "connect", "token": ...}`); never in the URL. Every refusal is a close with a code of
+`CloseCode` and a reason, after the upgrade (a refused upgrade could carry no reason).
+
+A socket holds an actor's connection for as long as it is open; the hub keeps it while the
+actor sleeps. Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it the
+socket is not read until one ends, so a flood of frames is held up in TCP, not in memory. Frames
+to the client wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections import deque
+from typing import Any
+
+import anyio
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from pagekv.actor import ActorNotFound, OwnedElsewhere, UnknownActor
+from pagekv.actor.connection import (
+    CloseCode,
+    Connection,
+    ConnectionLimits,
+    Frame,
+    MessageTooLarge,
+    close_reason,
+    encoded_size,
+)
+from pagekv.server.codec import query_params
+from pagekv.server.errors import HttpError, classify
+from pagekv.server.gateway import MODES
+from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
+from pagekv.server.runtime import Runtime
+
+SUBPROTOCOL = "pagekv"
+TOKEN_PREFIX = "pagekv.token."
+_ROUTING = {"key": True, "mode": False, "encoding": False}
+_IN_FLIGHT = 32
+log = logging.getLogger("pagekv.server")
+
+
+class _Sender:
+    """A socket's `Transport`: frames are encoded as they are pushed (so the buffer counts
+    bytes) and sent in order by `run`; a buffer past its bound closes the connection."""
+
+    def __init__(self, websocket: WebSocket, media_type: str, limits: ConnectionLimits) -> None:
+        self._websocket = websocket
+        self._media_type = media_type
+        self._limit = limits.max_buffered_bytes
+        self._queue: deque[bytes] = deque()
+        self._buffered = 0
+        self._ready = anyio.Event()
+        self.closing: tuple[int, str] | None = None
+
+    def push(self, frame: Frame, size: int) -> None:
+        if self.closing is not None:
+            return
+        data = encode(frame, self._media_type)
+        if self._buffered + len(data) > self._limit:
+            self.close(
+                CloseCode.SLOW_CONSUMER,
+                f"the client reads too slowly: over {self._limit} bytes waiting to be sent",
+            )
+            return
+        self._queue.append(data)
+        self._buffered += len(data)
+        self._ready.set()
+
+    def close(self, code: CloseCode, reason: str) -> None:
+        if self.closing is None:
+            self.closing = (int(code), close_reason(reason))
+            self._queue.clear()
+            self._ready.set()
+
+    async def run(self) -> None:
+        """Send until closed; then send the close frame."""
+        while self.closing is None:
+            if not self._queue:
+                self._ready = anyio.Event()
+                await self._ready.wait()
+                continue
+            data = self._queue.popleft()
+            self._buffered -= len(data)
+            if self._media_type == CBOR:
+                await self._websocket.send_bytes(data)
+            else:
+                await self._websocket.send_text(data.decode())
+        code, reason = self.closing
+        await self._websocket.close(code, reason)
+
+
+def _token_offered(websocket: WebSocket) -> str | None:
+    """The token of the `Authorization` header or of a `pagekv.token.` subprotocol."""
+    header = websocket.headers.get("authorization")
+    if header is not None:
+        scheme, _, given = header.partition(" ")
+        return given.strip() if scheme.lower() == "bearer" else ""
+    for protocol in websocket.scope.get("subprotocols", ()):
+        if protocol.startswith(TOKEN_PREFIX):
+            return protocol[len(TOKEN_PREFIX) :]
+    return None
+
+
+def _matches(given: Any, expected: str) -> bool:
+    if not isinstance(given, str):
+        return False
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+async def _receive(websocket: WebSocket, limits: ConnectionLimits, media_type: str) -> Any:
+    """The next frame, decoded; `_Refused` for one too large or malformed."""
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    data = message.get("bytes")
+    if data is None:
+        data = (message.get("text") or "").encode()
+    if len(data) > limits.max_in_bytes:
+        raise _Refused(
+            CloseCode.TOO_LARGE, f"a frame of {len(data)} bytes; the limit is {limits.max_in_bytes}"
+        )
+    try:
+        frame = decode(data, media_type)
+    except BodyError as e:
+        raise _Refused(CloseCode.MALFORMED, str(e)) from None
+    if not isinstance(frame, dict) or not isinstance(frame.get("t"), str):
+        raise _Refused(CloseCode.MALFORMED, 'a frame must be an object with a "t" field')
+    return frame
+
+
+class _Refused(Exception):
+    def __init__(self, code: CloseCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+async def connect(websocket: WebSocket) -> None:
+    rt: Runtime = websocket.state.runtime
+    offered = websocket.scope.get("subprotocols", ())
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    try:
+        await _serve(websocket, rt)
+    except _Refused as e:
+        await websocket.close(int(e.code), close_reason(e.reason))
+    except WebSocketDisconnect:
+        pass
+
+
+async def _serve(websocket: WebSocket, rt: Runtime) -> None:
+    name = websocket.path_params["name"]
+    try:
+        params = query_params(websocket, _ROUTING)  # type: ignore[arg-type]
+    except HttpError as e:
+        raise _Refused(CloseCode.REFUSED, e.message) from None
+    mode = params.get("mode", "get_or_create")
+    encoding = params.get("encoding", "json")
+    if mode not in MODES or encoding not in ("json", "cbor"):
+        raise _Refused(
+            CloseCode.REFUSED, f"mode must be one of {list(MODES)}, encoding json or cbor"
+        )
+    media_type = CBOR if encoding == "cbor" else JSON
+    limits = rt.registry.hub.limits
+    offered = _token_offered(websocket)
+    expected = rt.config.token
+    if expected is not None and offered is not None and not _matches(offered, expected):
+        raise _Refused(CloseCode.UNAUTHORIZED, "wrong token")
+    with anyio.move_on_after(rt.config.header_timeout_s) as waited:
+        hello = await _receive(websocket, limits, media_type)
+    if waited.cancelled_caught:
+        raise _Refused(CloseCode.REFUSED, "no connect frame in time")
+    if hello["t"] != "connect" or not set(hello) <= {"t", "params", "token", "input"}:
+        raise _Refused(
+            CloseCode.MALFORMED, 'the first frame must be {"t": "connect", "params": ...}'
+        )
+    if expected is not None and offered is None and not _matches(hello.get("token"), expected):
+        raise _Refused(
+            CloseCode.UNAUTHORIZED,
+            "missing or wrong token: send it as Authorization: Bearer, as a "
+            f"{TOKEN_PREFIX}<token> subprotocol, or in the connect frame",
+        )
+    sender = _Sender(websocket, media_type, limits)
+    try:
+        conn = await rt.registry.hub.connect(
+            name,
+            websocket.query_params["key"],
+            hello.get("params"),
+            sender,
+            create=mode == "get_or_create",
+            input=hello.get("input"),
+        )
+    except (UnknownActor, ActorNotFound) as e:
+        raise _Refused(CloseCode.NOT_FOUND, str(e)) from None
+    except OwnedElsewhere as e:
+        raise _Refused(CloseCode.MOVED, f"the actor is served at {e.owner.address}") from None
+    except Exception as e:
+        failure = classify(e, in_action=True)
+        runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
+        code = CloseCode.INTERNAL if runtime_failure else CloseCode.REFUSED
+        raise _Refused(code, failure.message) from None
+    sender.push({"t": "init", "conn": conn.id}, 0)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_send_then_stop, sender, tg.cancel_scope)
+            await _read(websocket, rt, conn, sender, media_type, limits, tg)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await rt.registry.hub.disconnected(conn)
+
+
+async def _send_then_stop(sender: _Sender, scope: anyio.CancelScope) -> None:
+    try:
+        await sender.run()
+    finally:
+        scope.cancel()
+
+
+async def _read(
+    websocket: WebSocket,
+    rt: Runtime,
+    conn: Connection,
+    sender: _Sender,
+    media_type: str,
+    limits: ConnectionLimits,
+    tg: Any,
+) -> None:
+    slots = anyio.Semaphore(_IN_FLIGHT)
+    while sender.closing is None:
+        try:
+            frame = await _receive(websocket, limits, media_type)
+        except _Refused as e:
+            conn.close(e.code, e.reason)
+            return
+        except WebSocketDisconnect:
+            if conn.close_code is None:  # the client closed it, or its socket died
+                conn.close_code = CloseCode.NORMAL
+            tg.cancel_scope.cancel()
+            return
+        await slots.acquire()
+        tg.start_soon(_answer, rt, conn, frame, slots)
+
+
+async def _answer(rt: Runtime, conn: Connection, frame: Frame, slots: anyio.Semaphore) -> None:
+    hub = rt.registry.hub
+    try:
+        request = frame.get("id")
+        try:
+            match frame["t"]:
+                case "action":
+                    args, kwargs = frame.get("args", []), frame.get("kwargs", {})
+                    name = frame.get("name")
+                    if not (isinstance(name, str) and isinstance(args, list)) or not (
+                        isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)
+                    ):
+                        raise _Refused(
+                            CloseCode.MALFORMED,
+                            'an action frame needs "name", "args" (a list), "kwargs" (an object)',
+                        )
+                    result = await hub.action(conn, name, tuple(args), kwargs)
+                case "sub" | "unsub":
+                    await hub.subscribe(conn, frame.get("event"), frame["t"] == "sub")
+                    result = None
+                case other:
+                    raise _Refused(CloseCode.MALFORMED, f"unknown frame type {other!r}")
+        except _Refused as e:
+            conn.close(e.code, e.reason)
+            return
+        except Exception as e:
+            failure = classify(e, in_action=frame["t"] == "action")
+            conn.push({"t": "error", "id": request, "error": failure.body()["error"]}, 0)
+            return
+        answer = {"t": "result", "id": request, "result": result}
+        try:
+            conn.push(answer, encoded_size(answer, conn.limits))
+        except MessageTooLarge as e:
+            error = {"code": ErrorCode.ANSWER_TOO_LARGE, "message": str(e)}
+            conn.push({"t": "error", "id": request, "error": error}, 0)
+        except TypeError as e:
+            error = {"code": ErrorCode.UNENCODABLE_RESULT, "message": f"unsendable result: {e}"}
+            conn.push({"t": "error", "id": request, "error": error}, 0)
+    finally:
+        slots.release()
+
+
+ROUTES = [WebSocketRoute("/actors/{name}/connect", connect)]
