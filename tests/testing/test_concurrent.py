@@ -375,7 +375,7 @@ def test_conforming_backends_pass(factory: Any) -> None:
 @pytest.mark.parametrize(
     ("factory", "clause", "method"),
     [
-        (FenceByRead, FENCE_ATOMIC, ("put(", "write(")),
+        (FenceByRead, FENCE_ATOMIC, ("put(", "write(", "delete(")),
         (TakeoverByRead, TAKEOVERS, ("takeover()",)),
         (TornToReaders, BATCH_ATOMIC, ("put(", "write(")),
         (HandleCachedStore, FENCE_REFUSED, ("put(", "write(", "delete(")),
