@@ -32,6 +32,7 @@ from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, Forwarder
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
+from pagekv.server.owner_calls import OwnerCalls
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
 
@@ -155,6 +156,7 @@ def create_app(
             )
             app.state.registry = registry  # for the process serving the app (`process.py`)
             forwarder = Forwarder(config, registry)
+            registry.remote = owner_calls = OwnerCalls(config)
             try:
                 async with registry.run():
                     index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)
@@ -166,6 +168,7 @@ def create_app(
                     }
             finally:
                 await forwarder.aclose()
+                await owner_calls.aclose()
         finally:
             if isinstance(kv, str):
                 store.close()

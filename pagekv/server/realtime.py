@@ -23,6 +23,9 @@ from typing import Any
 import anyio
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed as SocketClosed
+from websockets.exceptions import InvalidHandshake
 
 from pagekv.actor import ActorNotFound, OwnedElsewhere, UnknownActor
 from pagekv.actor.connection import (
@@ -34,8 +37,10 @@ from pagekv.actor.connection import (
     close_reason,
     encoded_size,
 )
+from pagekv.actor.ownership import Owner
 from pagekv.server.codec import query_params
 from pagekv.server.errors import HttpError, classify
+from pagekv.server.forward import FORWARDED_HEADER, forwarded
 from pagekv.server.gateway import MODES
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 from pagekv.server.runtime import Runtime
@@ -189,6 +194,10 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
         )
     sender = _Sender(websocket, media_type, limits)
     try:
+        via = forwarded(websocket)  # type: ignore[arg-type]
+    except HttpError as e:
+        raise _Refused(CloseCode.REFUSED, e.message) from None
+    try:
         conn = await rt.registry.hub.connect(
             name,
             websocket.query_params["key"],
@@ -196,11 +205,13 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
             sender,
             create=mode == "get_or_create",
             input=hello.get("input"),
+            via=via,
         )
     except (UnknownActor, ActorNotFound) as e:
         raise _Refused(CloseCode.NOT_FOUND, str(e)) from None
     except OwnedElsewhere as e:
-        raise _Refused(CloseCode.MOVED, f"the actor is served at {e.owner.address}") from None
+        await _relay(websocket, rt, e.owner, encode(hello, media_type), media_type)
+        return
     except Exception as e:
         failure = classify(e, in_action=True)
         runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
@@ -214,6 +225,61 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
     finally:
         with anyio.CancelScope(shield=True):
             await rt.registry.hub.disconnected(conn)
+
+
+async def _relay(
+    websocket: WebSocket, rt: Runtime, owner: Owner, hello: bytes, media_type: str
+) -> None:
+    """Another server owns the actor: carry the socket's frames to it and back, so a socket
+    opened at any server reaches the actor's one instance. The owner checks the token again
+    (it comes along as it came here) and serves the connection as forwarded: if it no longer
+    owns the actor it refuses, and the client reconnects (`RECONNECT`)."""
+    assert owner.address is not None, "the registry forwards only to owners with an address"
+    target = owner.address.rstrip("/").replace("http", "ws", 1) + websocket.url.path
+    headers = {FORWARDED_HEADER: f"{rt.registry.id} {owner.registry} {owner.until!r}"}
+    if "authorization" in websocket.headers:
+        headers["authorization"] = websocket.headers["authorization"]
+    offered = list(websocket.scope.get("subprotocols", ())) or None
+    try:
+        upstream = await ws_connect(
+            f"{target}?{websocket.url.query}",
+            additional_headers=headers,
+            subprotocols=offered,  # type: ignore[arg-type]
+            max_size=None,
+            open_timeout=rt.config.forward_connect_s,
+        )
+    except (OSError, TimeoutError, InvalidHandshake) as e:
+        raise _Refused(CloseCode.MOVED, f"the actor's owner could not be reached: {e}") from None
+    rt.registry.counters["connections_relayed"] += 1
+    async with upstream, anyio.create_task_group() as tg:
+        tg.start_soon(_upstream_to_client, websocket, upstream, media_type, tg.cancel_scope)
+        await upstream.send(hello if media_type == CBOR else hello.decode())
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                tg.cancel_scope.cancel()
+                return
+            data = message.get("bytes") if message.get("bytes") is not None else message["text"]
+            try:
+                await upstream.send(data)
+            except SocketClosed:
+                return
+
+
+async def _upstream_to_client(
+    websocket: WebSocket, upstream: Any, media_type: str, scope: anyio.CancelScope
+) -> None:
+    try:
+        async for data in upstream:
+            if isinstance(data, bytes):
+                await websocket.send_bytes(data)
+            else:
+                await websocket.send_text(data)
+        code, reason = upstream.close_code or CloseCode.NORMAL, upstream.close_reason or ""
+    except SocketClosed as e:
+        code, reason = (e.rcvd.code, e.rcvd.reason) if e.rcvd else (CloseCode.MOVED, "")
+    await websocket.close(code, reason)
+    scope.cancel()
 
 
 async def _send_then_stop(sender: _Sender, scope: anyio.CancelScope) -> None:

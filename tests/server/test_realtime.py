@@ -373,6 +373,37 @@ async def test_takeover_closes_stale_sockets_and_the_client_reconnects(tmp_path:
         store_b.close()
 
 
+async def test_a_socket_opened_at_another_server_reaches_the_owner(tmp_path: Path) -> None:
+    url = f"file:{tmp_path / 'store'}"
+    store_a, store_b = open_kv(url), open_kv(url)
+    try:
+        async with (
+            serving([room], kv=store_a, advertise=True) as a,
+            serving([room], kv=store_b, advertise=True) as b,
+            a.client() as client_a,
+            b.client() as client_b,
+        ):
+            at_a = client_a.get_or_create("room", "placed").connect({"name": "ada"})
+            at_b = client_b.get_or_create("room", "placed").connect({"name": "bob"})
+            async with at_a as ada, at_b as bob:
+                await ada.subscribe("message")
+                await bob.subscribe("message")
+                assert await bob.post("via b") == 2  # both connections on a's one instance
+                assert (await ada.next_event()).payload == {"text": "via b"}
+                assert (await bob.next_event()).payload == {"text": "via b"}
+                assert await bob.me() == {"name": "bob", "said": 1}
+                registry_a, registry_b = a.app.state.registry, b.app.state.registry
+                assert registry_a.hub.count() == 2 and registry_b.hub.count() == 0
+                assert registry_b.counters["connections_relayed"] == 1
+                # ctx.client at b reaches the actor a owns, through a's server
+                assert await client_b.get_or_create("room", "caller-at-b").ask("placed") == 2
+                assert (await ada.next_event()).payload == {"text": "from another actor"}
+            await _eventually(lambda: len([e for e in seen if e[0] == "disconnect"]) == 2)
+    finally:
+        store_a.close()
+        store_b.close()
+
+
 async def test_raw_http_reaches_the_actor() -> None:
     async with serving([room]) as s:
         async with s.http() as http:

@@ -1,0 +1,55 @@
+"""`ctx.client` across servers: the calls an actor makes to actors another server owns.
+
+A server sets its registry's `remote` to an `OwnerCalls`: a call of `ctx.client` that finds its
+actor owned by another registry of the store (`OwnedElsewhere`, raised before anything ran)
+goes to that registry's server over HTTP, with this server's token, through the same client
+users have (`HttpClient`, whose retries cover a hand-off under way). The owner serves it as any
+call, so it is routed afresh there if the actor moved meanwhile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagekv.actor.ownership import Owner
+from pagekv.client import HttpClient
+from pagekv.server.config import ServerConfig
+
+
+class OwnerCalls:
+    def __init__(self, config: ServerConfig) -> None:
+        self._token = config.token
+        self._timeout = config.forward_timeout_s
+        self._clients: dict[str, HttpClient] = {}
+
+    def _handle(self, owner: Owner, name: str, key: str, create: bool, input: Any) -> Any:
+        assert owner.address is not None, "the registry forwards only to owners with an address"
+        client = self._clients.get(owner.address)
+        if client is None:
+            client = HttpClient(owner.address, token=self._token, timeout=self._timeout)
+            self._clients[owner.address] = client
+        return client.get_or_create(name, key, input=input) if create else client.get(name, key)
+
+    async def call(
+        self,
+        owner: Owner,
+        name: str,
+        key: str,
+        action: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        create: bool,
+        input: Any,
+    ) -> Any:
+        return await self._handle(owner, name, key, create, input).call(action, *args, **kwargs)
+
+    async def send(
+        self, owner: Owner, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any
+    ) -> int:
+        return await self._handle(owner, name, key, create, input).send(queue, body)
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
