@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
+import anyio
 import pytest
 from server_helpers import serving
 
+from pagekv.actor.client_connection import ConnectionClosed
 from pagekv.server import load_registry
 
 pytestmark = pytest.mark.anyio
@@ -53,6 +57,42 @@ async def test_chat() -> None:
         assert rows.json()["rows"][0][1:3] == ["ada", "hello"] and rows.json()["truncated"]
         assert empty.status_code == 500
         assert empty.json()["error"]["message"].startswith("ValueError: a message must have")
+
+
+async def test_chat_is_live_for_its_members() -> None:
+    registry = load_registry(str(EXAMPLES / "chat.py"))
+    async with serving(registry.definitions.values()) as served, served.client() as client:
+        lobby = client.get_or_create("chat", "live")
+        async with lobby.connect({"name": "ada"}) as ada:
+            await ada.subscribe("message")
+            await ada.subscribe("presence")
+            member = await anyio.open_process(
+                [sys.executable, str(EXAMPLES / "chat.py"), "bob", served.url, "live"],
+                env={**os.environ, "PAGEKV_TOKEN": served.token or ""},
+            )
+            async with member:
+                joined = await ada.next_event("presence")
+                assert joined.payload == {"joined": "bob", "online": ["ada", "bob"]}
+                assert member.stdin is not None and member.stdout is not None
+                await member.stdin.send(b"hello from a terminal\n")
+                said = await ada.next_event("message")
+                assert (said.payload["author"], said.payload["text"]) == (
+                    "bob",
+                    "hello from a terminal",
+                )
+                await ada.say("hi bob")
+                printed = b""
+                with anyio.fail_after(10):
+                    while b"ada: hi bob" not in printed:
+                        printed += await member.stdout.receive()
+                await member.stdin.aclose()
+                assert await member.wait() == 0
+            left = await ada.next_event("presence")
+            assert left.payload == {"left": "bob", "online": ["ada"]}
+        with pytest.raises(ConnectionClosed) as refused:
+            async with lobby.connect({"name": ""}):
+                pass
+        assert "1 to 40 characters" in refused.value.reason
 
 
 async def test_orders_workflow(eventually) -> None:
