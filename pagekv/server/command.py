@@ -176,6 +176,28 @@ def add_serve_command(commands: Any, summary: str) -> None:
         help="connections and requests served at once; more are answered 503 (default 1024)",
     )
     serve_cmd.add_argument(
+        "--ws-max-in",
+        type=positive_int,
+        default=64 * 1024,
+        metavar="BYTES",
+        help="largest WebSocket frame a client may send (default 65536; closed with 1009)",
+    )
+    serve_cmd.add_argument(
+        "--ws-max-out",
+        type=positive_int,
+        default=1 << 20,
+        metavar="BYTES",
+        help="largest event or result sent over a connection (default 1048576)",
+    )
+    serve_cmd.add_argument(
+        "--ws-buffer",
+        type=positive_int,
+        default=4 << 20,
+        metavar="BYTES",
+        help="bytes waiting for a slow client before its connection is closed with 4008 "
+        "(default 4194304)",
+    )
+    serve_cmd.add_argument(
         "--inspect-max-bytes",
         type=positive_int,
         default=DEFAULT_INSPECT_MAX_BYTES,

@@ -51,6 +51,9 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
         max_connections=args.max_connections,
         max_header_bytes=args.max_header_bytes,
         advertise_url=args.advertise_url,
+        ws_max_in_bytes=args.ws_max_in,
+        ws_max_out_bytes=args.ws_max_out,
+        ws_buffer_bytes=args.ws_buffer,
     )
     registry = load_registry(args.app)
     return replace(config, lease_s=registry.lease if args.lease is None else args.lease), registry
