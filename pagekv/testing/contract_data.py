@@ -9,6 +9,7 @@ order (`b'b'` before `b'aa'`).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 from pagekv.kv import InvalidArgument, KvLimits, entry_size
@@ -53,6 +54,81 @@ LARGEST: Final = {
 clause not checked (filling a 1 GiB value would take the check's whole time, or its memory)."""
 
 
+SMALL: Final = {
+    "max_key_bytes": 16,
+    "max_value_bytes": 1024,
+    "max_batch_entries": 8,
+    "max_batch_bytes": 4096,
+    "max_storage_bytes": 16 * 1024,
+}
+"""The least a namespace must take for the clauses that hold no limit at its boundary: their keys,
+values and batches are this small (any longer, any more, is sized from the advertised limits)."""
+
+
+def at_least(limits: KvLimits, **least: int) -> None:
+    """`NotChecked` unless each named limit is at least what the clause needs: limits that small
+    make the clause impossible, not failed."""
+    short = [
+        f"{name} >= {value} (the namespace advertises {getattr(limits, name)})"
+        for name, value in least.items()
+        if getattr(limits, name) < value
+    ]
+    if short:
+        raise NotChecked("needs " + ", ".join(short))
+
+
+def takes_small(t: Trial, kv: Probe, *but: str) -> Probe:
+    """`kv`, once it is known to take what `SMALL` says (but the limits named in `but`, which the
+    clause asked for itself)."""
+    at_least(t.limits(kv), **{name: n for name, n in SMALL.items() if name not in but})
+    return kv
+
+
+def fresh(t: Trial, **limits: int) -> Probe:
+    """A fresh namespace with `limits` (see `Trial.namespace`) for a clause of small requests."""
+    return takes_small(t, t.namespace(**limits), *limits)
+
+
+def batches(
+    limits: KvLimits, entries: Iterable[tuple[bytes, bytes]], most: int | None = None
+) -> Iterator[dict[bytes, bytes]]:
+    """`entries` in order, in the fewest batches within `max_batch_entries` and `max_batch_bytes`
+    (and of `most` entries at most); each entry must fit a batch alone."""
+    cap = min(limits.max_batch_entries, most or limits.max_batch_entries)
+    batch: dict[bytes, bytes] = {}
+    size = 0
+    for key, value in entries:
+        if batch and (len(batch) == cap or size + entry_size(key, value) > limits.max_batch_bytes):
+            yield batch
+            batch, size = {}, 0
+        batch[key] = value
+        size += entry_size(key, value)
+    if batch:
+        yield batch
+
+
+def put_all(
+    kv: Probe, limits: KvLimits, entries: Iterable[tuple[bytes, bytes]], most: int | None = None
+) -> None:
+    """Write `entries` in `batches`."""
+    for batch in batches(limits, entries, most):
+        kv.put(batch)
+
+
+def modelled(limits: KvLimits, entries: Iterable[tuple[bytes, bytes]]) -> Model:
+    """The model of a fresh namespace after `put_all` of `entries`."""
+    model = Model(limits)
+    for batch in batches(limits, entries):
+        model.apply(Op.of("put", batch))
+    return model
+
+
+def chunks(limits: KvLimits, keys: list[bytes]) -> list[list[bytes]]:
+    """`keys` in gets of at most `max_batch_entries` keys."""
+    n = limits.max_batch_entries
+    return [keys[i : i + n] for i in range(0, len(keys), n)]
+
+
 def value_of(key: bytes) -> bytes:
     return b"v:" + key
 
@@ -69,11 +145,10 @@ def charge(entries: dict[bytes, bytes]) -> int:
 
 def filled(t: Trial) -> Probe:
     """A fresh namespace holding `ORDERED_KEYS`, written in a shuffled order in batches of 5."""
-    kv = t.namespace()
+    kv = fresh(t)
     keys = ORDERED_KEYS[:]
     random.Random(7).shuffle(keys)
-    for i in range(0, len(keys), 5):
-        kv.put([(k, value_of(k)) for k in keys[i : i + 5]])
+    put_all(kv, t.limits(kv), pairs(keys), most=5)
     return kv
 
 
@@ -222,8 +297,7 @@ LIST_RANGES: Final[list[tuple[bytes | None, bytes | None]]] = [
 )
 def list_matches_the_model_for_every_range_limit_and_direction(t: Trial) -> None:
     kv = filled(t)
-    model = Model(t.limits(kv))
-    model.apply(Op.of("put", {k: value_of(k) for k in ORDERED_KEYS}))
+    model = modelled(t.limits(kv), pairs(ORDERED_KEYS))
     for start, end in LIST_RANGES:
         for limit in (None, 1, 2, 5, 100):
             for reverse in (False, True):
@@ -257,8 +331,10 @@ def list_refuses_a_prefix_with_bounds(t: Trial) -> None:
 )
 def a_list_limit_beyond_any_count_means_all(t: Trial) -> None:
     kv = filled(t)
-    filler = b"x" * min(8 * 1024, t.limits(kv).max_value_bytes)
+    limits = t.limits(kv)
     spare = [b"\x7f-filler-%d" % i for i in range(4)]
+    room = limits.max_storage_bytes - charge(dict(pairs(ORDERED_KEYS))) - len(spare[0])
+    filler = b"x" * min(8 * 1024, limits.max_value_bytes, limits.max_batch_bytes - 10, room)
     for key in spare:  # bytes enough that a store with a log compacts it: reads from its base
         kv.put({key: filler})
     kv.delete(spare)
@@ -279,6 +355,56 @@ def a_list_limit_beyond_any_count_means_all(t: Trial) -> None:
             )
 
 
+LARGE: Final = 1500
+"""Entries of the large namespace: more than any page size a backend's list may cap at silently
+(S3's 1,000, DynamoDB's 1 MB of small items), so a dropped continuation shows."""
+LARGE_LISTS: Final[list[dict[str, object]]] = [
+    {},
+    {"reverse": True},
+    {"limit": 1001},
+    {"limit": 1200, "reverse": True},
+    {"limit": LARGE - 1},
+    {"limit": LARGE},
+    {"limit": 10 * LARGE, "reverse": True},
+    {"prefix": b"n"},
+    {"prefix": b"n1", "reverse": True},
+    {"start": b"n0100", "end": b"n1400"},
+    {"start": b"n0100", "end": b"n1400", "reverse": True, "limit": 1100},
+]
+
+
+@clause(
+    "list() of a namespace of 1,500 entries returns every one asked for, in order, forward and "
+    "reversed, with limits above 1,000, with a prefix or a range: no page size caps a list"
+)
+def list_returns_every_entry_of_a_large_namespace(t: Trial) -> None:
+    kv = t.namespace()
+    limits = t.limits(kv)
+    entries = [(b"n%04d" % i, b"%d" % i) for i in range(LARGE)]
+    at_least(
+        limits,
+        max_key_bytes=5,
+        max_value_bytes=4,
+        max_batch_bytes=9,
+        max_storage_bytes=charge(dict(entries)),
+    )
+    shuffled = entries[:]
+    random.Random(11).shuffle(shuffled)
+    puts = list(batches(limits, shuffled))
+    for batch in puts:
+        kv.put(batch)
+    model = modelled(limits, entries)
+    for kwargs in LARGE_LISTS:
+        op = Op.of("list", **kwargs)
+        want = model.apply(op).value
+        order = "descending" if kwargs.get("reverse") else "ascending"
+        t.expect(
+            op.call(kv),
+            want,
+            f"{op} returns {len(want)} entries of the {LARGE} written in {len(puts)} puts, {order}",
+        )
+
+
 BAD_LIST_LIMITS: Final[list[object]] = [0, -1, -(2**70), True, False, 1.0, 2.5, "2", b"2"]
 
 
@@ -287,7 +413,7 @@ BAD_LIST_LIMITS: Final[list[object]] = [0, -1, -(2**70), True, False, 1.0, 2.5, 
     "InvalidArgument naming the limit and its value"
 )
 def a_list_limit_that_is_not_a_positive_int_is_refused(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     kv.put({b"k": b"v"})
     for limit in BAD_LIST_LIMITS:
         with t.raises(
@@ -319,7 +445,7 @@ def list_reverse_must_be_a_bool(t: Trial) -> None:
 
 @clause("a fresh namespace lists nothing, whatever the prefix, limit or direction")
 def list_of_an_empty_namespace(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     t.expect(kv.list(), [], "list() of a fresh namespace returns []")
     t.expect(kv.list(reverse=True, limit=3), [], "list(reverse=True, limit=3) returns []")
     t.expect(kv.list(prefix=b"x"), [], "list(prefix=b'x') returns []")
@@ -331,7 +457,7 @@ def list_of_an_empty_namespace(t: Trial) -> None:
 )
 def get_returns_values_in_request_order_with_none_for_missing(t: Trial) -> None:
     kv = filled(t)
-    request = [b"\xff", b"missing", b"\x00", b"a\x00", b"\x00", b"nope", b"A"]
+    request = [b"\xff", b"missing", b"\x00", b"a\x00", b"\x00", b"nope", b"A"]  # 7 <= SMALL
     t.expect(
         kv.get(request),
         [value_of(k) if k in ORDERED_KEYS else None for k in request],
@@ -344,7 +470,7 @@ def get_returns_values_in_request_order_with_none_for_missing(t: Trial) -> None:
 
 @clause("values are stored as given: empty, binary and NUL values read back exactly")
 def empty_and_binary_values_round_trip(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     blob = bytes(range(256)) * 3
     kv.put({b"empty": b"", b"blob": blob, b"nul": b"\x00"})
     t.expect(
@@ -364,7 +490,7 @@ def empty_and_binary_values_round_trip(t: Trial) -> None:
     "twice in one batch, the last value wins"
 )
 def put_takes_a_mapping_or_pairs_and_the_last_put_of_a_key_wins(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     kv.put({b"m": b"1"})
     kv.put([(b"p", b"1"), (b"p", b"2")])
     kv.write(put=iter([(b"g", b"1")]))
@@ -379,7 +505,7 @@ def put_takes_a_mapping_or_pairs_and_the_last_put_of_a_key_wins(t: Trial) -> Non
 
 @clause("bytes-like keys and values (bytearray, memoryview) are stored as bytes, copied")
 def bytes_like_keys_and_values_are_stored_as_bytes(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     buffer = bytearray(b"xyz")
     kv.put({memoryview(b"ba"): memoryview(b"mv"), b"plain": buffer})
     kv.put([(memoryview(b"pair"), bytearray(b"1"))])
@@ -388,11 +514,11 @@ def bytes_like_keys_and_values_are_stored_as_bytes(t: Trial) -> None:
         [(b"ba", b"mv"), (b"pair", b"1"), (b"plain", b"xyz")],
         "list() returns the entries put with memoryview and bytearray keys and values",
     )
-    got = kv.get([b"ba", b"pair", b"plain"])
     t.expect(
-        [type(v).__name__ for v in got],
-        ["bytes"] * 3,
-        "get() returns bytes for values put as memoryview and bytearray",
+        kv.get([b"ba", b"pair", b"plain"]),
+        [b"mv", b"1", b"xyz"],
+        "get() returns the values put as memoryview and bytearray (as bytes: every result is "
+        "type-checked)",
     )
     buffer[:] = b"zzz"
     t.expect(
@@ -405,7 +531,7 @@ def bytes_like_keys_and_values_are_stored_as_bytes(t: Trial) -> None:
 
 @clause("a write keeps nothing of the caller's dict: changing it afterwards changes nothing stored")
 def the_callers_dict_is_its_own_after_a_write(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     entries = {b"a": b"1", b"b": b"2"}
     kv.put(entries)
     entries[b"a"] = b"changed"
@@ -424,19 +550,22 @@ def the_callers_dict_is_its_own_after_a_write(t: Trial) -> None:
     "key is no error; delete(keys) deletes them"
 )
 def write_puts_and_deletes_in_one_batch(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     kv.put({b"a": b"1", b"b": b"2", b"c": b"3"})
     kv.write(put={b"b": b"22", b"d": b"4"}, delete=[b"a", b"c", b"never-existed"])
+    wrote = kv.last()
     t.expect(
         kv.list(),
         [(b"b", b"22"), (b"d", b"4")],
         "a write overwriting b'b', adding b'd', deleting b'a', b'c' and a missing key leaves "
         "b'b' and b'd'",
+        by=wrote,
     )
-    t.expect(kv.used_bytes(), 3 + 2, "used_bytes() counts the entries left")
+    t.expect(kv.used_bytes(), 3 + 2, "used_bytes() counts the entries left", by=wrote)
     kv.delete([b"b"])
-    t.expect(kv.list(), [(b"d", b"4")], "delete([b'b']) deletes b'b'")
-    t.expect(kv.used_bytes(), 2, "used_bytes() no longer counts a deleted entry")
+    deleted = kv.last()
+    t.expect(kv.list(), [(b"d", b"4")], "delete([b'b']) deletes b'b'", by=deleted)
+    t.expect(kv.used_bytes(), 2, "used_bytes() no longer counts a deleted entry", by=deleted)
 
 
 @clause(
@@ -444,15 +573,28 @@ def write_puts_and_deletes_in_one_batch(t: Trial) -> None:
     "overwrite changes it by the difference of the values' sizes"
 )
 def used_bytes_counts_keys_and_values_exactly(t: Trial) -> None:
-    kv = t.namespace()
-    entries = {bytes([i]) * (i + 1): b"x" * (3 * i) for i in range(1, 40)}
-    kv.put(entries)
-    t.expect(kv.used_bytes(), charge(entries), "used_bytes() sums the keys and values of 39 puts")
+    kv = fresh(t)
+    limits = t.limits(kv)
+    entries = {
+        bytes([i]) * min(i + 1, limits.max_key_bytes): b"x" * min(3 * i, limits.max_value_bytes)
+        for i in range(1, 40)
+    }
+    largest = max(entry_size(k, v) for k, v in entries.items())
+    at_least(limits, max_batch_bytes=largest, max_storage_bytes=charge(entries) + 1)
+    put_all(kv, limits, entries.items())
+    t.expect(
+        kv.used_bytes(),
+        charge(entries),
+        f"used_bytes() sums the keys and values of 39 entries ({charge(entries)} bytes) put in "
+        f"batches of at most {limits.max_batch_entries}",
+    )
     kv.put({b"\x01\x01": b"yyyy"})
+    overwrite = kv.last()
     t.expect(
         kv.used_bytes(),
         charge(entries) + 1,
         "overwriting a 3-byte value with 4 bytes adds 1 to used_bytes()",
+        by=overwrite,
     )
 
 
@@ -465,26 +607,46 @@ def used_bytes_counts_keys_and_values_exactly(t: Trial) -> None:
 )
 def drop_removes_everything_and_keeps_the_generation(t: Trial) -> None:
     kv = filled(t)
+    gets = chunks(t.limits(kv), ORDERED_KEYS)
     kv.takeover()
     gen = kv.takeover()
-    t.check(kv.used_bytes() > 0, "used_bytes() of a namespace holding 22 entries is > 0", 0)
+    for keys in gets:  # a backend with a read cache has it full now
+        t.expect(kv.get(keys), [value_of(k) for k in keys], "get() reads back every key put")
+    t.expect(kv.used_bytes(), charge(dict(pairs(ORDERED_KEYS))), "used_bytes() counts 22 entries")
     kv.drop()
-    t.expect(kv.list(), [], "list() after drop() returns []")
-    t.expect(kv.get(ORDERED_KEYS[:5]), [None] * 5, "get() after drop() finds no key")
-    t.expect(kv.used_bytes(), 0, "used_bytes() after drop() is 0")
-    t.expect(kv.generation(), gen, f"drop() keeps the generation ({gen})")
+    dropped = kv.last()
+    t.expect(kv.list(), [], "list() after drop() returns []", by=dropped)
+    for keys in gets:
+        t.expect(
+            kv.get(keys),
+            [None] * len(keys),
+            "get() after drop() finds none of the keys dropped (no read cache outlives a drop)",
+            by=dropped,
+        )
+    t.expect(kv.used_bytes(), 0, "used_bytes() after drop() is 0", by=dropped)
+    t.expect(kv.generation(), gen, f"drop() keeps the generation ({gen})", by=dropped)
     t.expect(kv.takeover(), gen + 1, "takeover() after drop() returns the generation + 1")
     kv.put({b"again": b"1"})
-    t.expect(kv.list(), [(b"again", b"1")], "a put after drop() is stored")
-    t.expect(kv.used_bytes(), 6, "used_bytes() counts from 0 after drop()")
+    again = kv.last()
+    t.expect(kv.list(), [(b"again", b"1")], "a put after drop() is stored", by=again)
+    t.expect(
+        kv.get([b"again", ORDERED_KEYS[0]]),
+        [b"1", None],
+        "get() after drop() and a put finds the new key, not a dropped one",
+        by=again,
+    )
+    t.expect(kv.used_bytes(), 6, "used_bytes() counts from 0 after drop()", by=again)
 
 
 @clause("drop() of a fresh namespace succeeds and leaves it empty")
 def drop_of_an_empty_namespace(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
+    t.expect(kv.get([b"k"]), [None], "get() of a fresh namespace finds nothing")
     kv.drop()
-    t.expect(kv.list(), [], "list() after drop() of a fresh namespace returns []")
-    t.expect(kv.used_bytes(), 0, "used_bytes() after drop() of a fresh namespace is 0")
+    dropped = kv.last()
+    t.expect(kv.list(), [], "list() after drop() of a fresh namespace returns []", by=dropped)
+    t.expect(kv.get([b"k"]), [None], "get() after drop() of a fresh namespace finds nothing")
+    t.expect(kv.used_bytes(), 0, "used_bytes() after drop() of a fresh namespace is 0", by=dropped)
 
 
 @clause(
@@ -496,17 +658,20 @@ def delete_range_is_exact_at_its_boundaries(t: Trial) -> None:
     left = ORDERED_KEYS[:]
     for start, end in ((b"a\x00", b"a\x80"), (b"\xff", b"\xff\xff")):
         kv.delete_range(start, end)
+        deleted = kv.last()
         left = [k for k in left if not start <= k < end]
         t.expect(
             kv.list(),
             pairs(left),
             f"delete_range({start!r}, {end!r}) deletes {start!r} and the keys up to, not "
             f"including, {end!r}",
+            by=deleted,
         )
         t.expect(
             kv.used_bytes(),
             charge(dict(pairs(left))),
             f"used_bytes() after delete_range({start!r}, {end!r}) counts only the keys left",
+            by=deleted,
         )
 
 
@@ -540,7 +705,7 @@ def empty_delete_ranges_delete_nothing(t: Trial) -> None:
 )
 def namespaces_are_isolated(t: Trial) -> None:
     store = t.store()
-    a, b = t.handle(store, "a"), t.handle(store, "b")
+    a, b = takes_small(t, t.handle(store, "a")), t.handle(store, "b")
     a.put({b"k": b"a-value", b"only-a": b"1"})
     b.put({b"k": b"b-value"})
     gen_b = b.generation()
@@ -554,6 +719,7 @@ def namespaces_are_isolated(t: Trial) -> None:
     t.expect(b.list(), [(b"k", b"b-value")], "delete_range on 'a' deletes nothing of 'b'")
     a.put({b"k": b"again"})
     a.drop()
+    t.expect(a.get([b"k"]), [None], "drop() of 'a' deletes its entries")
     t.expect(b.list(), [(b"k", b"b-value")], "drop() of 'a' deletes nothing of 'b'")
     t.expect(b.used_bytes(), 8, "drop() of 'a' leaves used_bytes() of 'b'")
     t.expect(t.handle(store, "c").list(), [], "a namespace never written lists nothing")
@@ -565,7 +731,7 @@ def namespaces_are_isolated(t: Trial) -> None:
 )
 def two_handles_of_one_namespace_share_it(t: Trial) -> None:
     store = t.store()
-    first = t.handle(store, "actor")
+    first = takes_small(t, t.handle(store, "actor"))
     first.put({b"k": b"v"})
     gen = first.takeover()
     second = t.handle(store, "actor")
@@ -580,8 +746,8 @@ def two_handles_of_one_namespace_share_it(t: Trial) -> None:
 )
 def data_persists_across_reopen(t: Trial) -> None:
     location = t.location()
-    store = t.store(location=location)
-    kv = t.handle(store, "actor")
+    store = t.store(location)
+    kv = takes_small(t, t.handle(store, "actor"))
     kv.put({b"\x00": b"zero", b"\xff": b"ff", b"k": b"v" * 100})
     kv.delete([b"k"])
     gen = kv.takeover()
@@ -590,7 +756,7 @@ def data_persists_across_reopen(t: Trial) -> None:
     other.put({b"o": b"1"})
     other.drop()
     t.close(store)
-    reopened = t.store(location=location)
+    reopened = t.store(location)
     kv = t.handle(reopened, "actor")
     t.expect(
         kv.list(),

@@ -9,11 +9,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pagekv.kv import FenceMismatch, InvalidArgument
 from pagekv.testing.clauses import NotChecked, Trial, clause
-from pagekv.testing.report import show
+from pagekv.testing.contract_data import fresh, takes_small
+from pagekv.testing.report import Violation, show
 from pagekv.testing.subject import Probe
 
 
@@ -31,7 +31,7 @@ def _writes(kv: Probe, fence: object) -> list[tuple[str, Callable[[], object]]]:
 
 @clause("takeover() returns the generation + 1 and makes it the generation; it starts at >= 0")
 def takeover_increments_the_generation_by_exactly_one(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     start = kv.generation()
     t.check(start >= 0, "generation() of a fresh namespace is an int >= 0", start)
     for n in range(1, 4):
@@ -41,7 +41,7 @@ def takeover_increments_the_generation_by_exactly_one(t: Trial) -> None:
 
 @clause("every kind of write fenced with the current generation is applied")
 def current_fence_is_accepted_everywhere(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     gen = kv.takeover()
     kv.write(put={b"a": b"1", b"b": b"2", b"c": b"3"}, fence=gen)
     kv.delete([b"a"], fence=gen)
@@ -52,7 +52,9 @@ def current_fence_is_accepted_everywhere(t: Trial) -> None:
         f"write, delete and delete_range fenced with the current generation {gen} are applied",
     )
     kv.drop(fence=gen)
-    t.expect(kv.list(), [], f"drop(fence={gen}) at generation {gen} drops")
+    dropped = kv.last()
+    t.expect(kv.list(), [], f"drop(fence={gen}) at generation {gen} drops", by=dropped)
+    t.expect(kv.get([b"c"]), [None], f"get() after drop(fence={gen}) finds nothing", by=dropped)
     t.expect(kv.generation(), gen, "fenced writes do not move the generation")
 
 
@@ -62,7 +64,7 @@ def current_fence_is_accepted_everywhere(t: Trial) -> None:
     "current set, and writes nothing"
 )
 def stale_fence_fails_and_changes_nothing(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     kv.takeover()
     gen = kv.takeover()
     kv.put({b"a": b"1", b"b": b"2", b"c": b"3"})
@@ -85,7 +87,7 @@ def stale_fence_fails_and_changes_nothing(t: Trial) -> None:
     "float, a str) raises InvalidArgument naming the fence, for every kind of write"
 )
 def a_fence_that_is_not_a_generation_is_refused(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     kv.takeover()
     kv.put({b"a": b"1", b"b": b"2"})
     before = t.snapshot(kv)
@@ -104,7 +106,7 @@ def a_fence_that_is_not_a_generation_is_refused(t: Trial) -> None:
 
 @clause("unfenced writes of every kind are applied whatever the generation")
 def unfenced_writes_are_allowed_after_takeover(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     kv.takeover()
     kv.takeover()
     kv.put({b"a": b"1", b"b": b"2"})
@@ -124,7 +126,7 @@ def unfenced_writes_are_allowed_after_takeover(t: Trial) -> None:
 )
 def takeover_through_another_handle_fences_the_first(t: Trial) -> None:
     store = t.store()
-    old_owner = t.handle(store, "actor")
+    old_owner = takes_small(t, t.handle(store, "actor"))
     gen = old_owner.takeover()
     old_owner.put({b"a": b"1"}, fence=gen)
     new_owner = t.handle(store, "actor")
@@ -137,12 +139,13 @@ def takeover_through_another_handle_fences_the_first(t: Trial) -> None:
     t.expect(old_owner.get([b"a"]), [b"fresh"], "the new owner's fenced put is applied")
 
 
-def _second_store(t: Trial, location: Path) -> Any:
-    """Another store at `location` while the first is open, or `NotChecked`: the factory
-    contract does not promise two stores open at one location at once."""
+def _second_handle(t: Trial, location: Path) -> Probe:
+    """The namespace 'actor' of another store at `location` while the first is open, or
+    `NotChecked`: the factory contract does not promise two stores open at one location at once,
+    and a store may refuse the second when it opens or when it opens a namespace."""
     try:
-        return t.store(location=location)
-    except NotChecked:
+        return t.handle(t.store(location), "actor")
+    except (NotChecked, Violation):
         raise
     except Exception as e:
         raise NotChecked(
@@ -156,8 +159,8 @@ def _second_store(t: Trial, location: Path) -> Any:
 )
 def takeover_through_another_store_fences_the_first(t: Trial) -> None:
     location = t.location()
-    first = t.handle(t.store(location=location), "actor")
-    second = t.handle(_second_store(t, location), "actor")
+    first = takes_small(t, t.handle(t.store(location), "actor"))
+    second = _second_handle(t, location)
     gen = first.takeover()
     first.put({b"a": b"1"}, fence=gen)
     t.expect(second.takeover(), gen + 1, "a takeover through the second store returns gen + 1")
@@ -192,6 +195,8 @@ def _race_takeovers(t: Trial, handles: list[Probe], each: int) -> list[int]:
         thread.start()
     for thread in threads:
         thread.join()
+    if errors and isinstance(errors[0], Violation | NotChecked):
+        raise errors[0]
     if errors:
         failed = next((c for c in t.calls if c.raised is errors[0]), None)
         raise t.violation(
@@ -207,7 +212,7 @@ def _race_takeovers(t: Trial, handles: list[Probe], each: int) -> list[int]:
     "from generation g return exactly g + 1 to g + n"
 )
 def concurrent_takeovers_each_get_a_distinct_generation(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     start = kv.generation()
     got = _race_takeovers(t, [kv] * 4, 25)
     t.expect(
@@ -221,8 +226,8 @@ def concurrent_takeovers_each_get_a_distinct_generation(t: Trial) -> None:
 @clause("concurrent takeovers through two stores at one location each return a distinct generation")
 def concurrent_takeovers_through_two_stores_are_distinct(t: Trial) -> None:
     location = t.location()
-    first = t.handle(t.store(location=location), "actor")
-    second = t.handle(_second_store(t, location), "actor")
+    first = t.handle(t.store(location), "actor")
+    second = _second_handle(t, location)
     start = first.generation()
     got = _race_takeovers(t, [first, second, first, second], 20)
     t.expect(

@@ -24,7 +24,15 @@ from pagekv.kv import (
     ValueTooLarge,
 )
 from pagekv.testing.clauses import NotChecked, Trial, clause
-from pagekv.testing.contract_data import ORDERED_KEYS, boundary, filled, value_of
+from pagekv.testing.contract_data import (
+    ORDERED_KEYS,
+    at_least,
+    boundary,
+    filled,
+    fresh,
+    put_all,
+    value_of,
+)
 from pagekv.testing.subject import Probe
 
 
@@ -49,7 +57,7 @@ def limit_error(
 
 
 def _seeded(t: Trial) -> Probe:
-    kv = t.namespace()
+    kv = fresh(t)
     kv.put({b"keep-1": b"one", b"keep-2": b"two", b"keep-3": b"three"})
     return kv
 
@@ -135,7 +143,7 @@ def a_batch_with_a_rejected_entry_writes_nothing(t: Trial) -> None:
 
 @clause("a write that would take used_bytes() over max_storage_bytes raises and writes nothing")
 def a_batch_over_quota_writes_nothing(t: Trial) -> None:
-    kv = t.namespace(KvLimits(max_storage_bytes=50))
+    kv = fresh(t, max_storage_bytes=50)
     kv.put({b"k1": b"x" * 18, b"k2": b"y" * 18})
     before = t.snapshot(kv)
     requires = (
@@ -149,7 +157,7 @@ def a_batch_over_quota_writes_nothing(t: Trial) -> None:
 
 @clause("a namespace made with limits= applies those limits, not its defaults")
 def a_store_applies_the_limits_it_was_opened_with(t: Trial) -> None:
-    kv = t.namespace(KvLimits(max_key_bytes=10))
+    kv = fresh(t, max_key_bytes=10)
     kv.put({b"k" * 10: b"v"})
     with t.raises(
         KeyTooLarge, requires="with max_key_bytes=10, a put of an 11-byte key raises KeyTooLarge"
@@ -165,6 +173,7 @@ def a_store_applies_the_limits_it_was_opened_with(t: Trial) -> None:
 def key_size_boundary(t: Trial) -> None:
     kv = t.namespace()
     size = boundary(t, kv, "max_key_bytes").max_key_bytes
+    at_least(t.limits(kv), max_batch_bytes=size + 1, max_storage_bytes=size + 1)
     ok, over = b"k" * size, b"k" * (size + 1)
     above = ok[:-1] + b"l"
     kv.put({ok: b"v"})
@@ -204,19 +213,30 @@ def key_size_boundary(t: Trial) -> None:
 )
 def value_size_boundary(t: Trial) -> None:
     kv = t.namespace()
-    size = boundary(t, kv, "max_value_bytes").max_value_bytes
-    kv.put({b"ok": b"v" * size})
-    t.expect(
-        kv.get([b"ok"]),
-        [b"v" * size],
-        f"get() returns a value of max_value_bytes ({size}) whole",
-    )
+    limits = boundary(t, kv, "max_value_bytes")
+    size = limits.max_value_bytes
+    fits = len(b"ok") + size <= min(limits.max_batch_bytes, limits.max_storage_bytes)
+    if fits:
+        kv.put({b"ok": b"v" * size})
+        stored = t.calls[-1]
+        t.expect(
+            kv.get([b"ok"]),
+            [b"v" * size],
+            f"get() returns a value of max_value_bytes ({size}) whole",
+            by=stored,
+        )
     with t.raises(
         ValueTooLarge, requires=f"a put of a value of {size + 1} bytes raises ValueTooLarge"
     ) as caught:
         kv.put({b"over": b"v" * (size + 1)})
     limit_error(t, caught[0], ValueTooLarge, size + 1, size, f"a put of {size + 1} bytes")
     t.expect(kv.get([b"over"]), [None], "a refused value is not stored")
+    if not fits:
+        raise NotChecked(
+            f"a value of max_value_bytes ({size}) and its key do not fit max_batch_bytes "
+            f"({limits.max_batch_bytes}) and max_storage_bytes ({limits.max_storage_bytes}); "
+            "only the refusal of one byte more was checked"
+        )
     t.expect(kv.used_bytes(), 2 + size, "used_bytes() counts only the value stored")
 
 
@@ -228,6 +248,7 @@ def batch_entries_boundary(t: Trial) -> None:
     kv = t.namespace()
     n = boundary(t, kv, "max_batch_entries").max_batch_entries
     keys = [b"k%05d" % i for i in range(n + 1)]
+    at_least(t.limits(kv), max_key_bytes=6, max_batch_bytes=7 * n, max_storage_bytes=7 * n)
     half = n // 2
     kv.put({k: b"v" for k in keys[:n]})
     t.expect(kv.list(), [(k, b"v") for k in keys[:n]], f"a put of {n} entries stores them all")
@@ -265,6 +286,8 @@ def repeated_keys_count_against_the_batch_limits_as_sent(t: Trial) -> None:
     kv = _seeded(t)
     limits = boundary(t, kv, "max_batch_entries", "max_value_bytes", "max_batch_bytes")
     n = limits.max_batch_entries
+    last = b"%d" % (n - 1)
+    at_least(limits, max_batch_bytes=n * (len(b"new") + len(last)))
     before = t.snapshot(kv)
     over: list[tuple[str, Callable[[], object]]] = [
         (f"get of one key {n + 1} times", lambda: kv.get([b"keep-1"] * (n + 1))),
@@ -301,7 +324,6 @@ def repeated_keys_count_against_the_batch_limits_as_sent(t: Trial) -> None:
         f"a get of one key {n} times returns its value {n} times",
     )
     kv.put([(b"new", b"%d" % i) for i in range(n)])
-    last = b"%d" % (n - 1)
     t.expect(kv.get([b"new"]), [last], f"of one key put {n} times in a batch, the last put wins")
     t.expect(
         kv.used_bytes(),
@@ -329,15 +351,29 @@ def get_keys_boundary(t: Trial) -> None:
     limit_error(t, caught[0], TooManyEntries, n + 1, n, f"a get of {n + 1} keys")
 
 
-def _exact_batch(limits: KvLimits, total: int, prefix: bytes) -> dict[bytes, bytes]:
+def _exact_batch(
+    limits: KvLimits, total: int, prefix: bytes, entries: int
+) -> dict[bytes, bytes] | None:
     """Entries whose keys and values add up to exactly `total` bytes, each value within the
-    limit, as few as that allows (8 at least)."""
-    n = max(8, -(-total // limits.max_value_bytes) + 1)
+    limit, as few as that allows (8 at least, where `entries` allows); None when `total` bytes
+    cannot be written in `entries` entries."""
+    width = len(prefix) + 4
+    n = max(1, min(8, entries), -(-total // (width + limits.max_value_bytes)))
+    budget = total - n * width
+    if n > entries or budget < 0:
+        return None
     keys = [prefix + b"%04d" % i for i in range(n)]
-    budget = total - sum(map(len, keys))
-    sizes = [budget // n] * n
-    sizes[-1] += budget - sum(sizes)
+    sizes = [budget // n + (i < budget % n) for i in range(n)]
     return {k: bytes([65 + i % 26]) * s for i, (k, s) in enumerate(zip(keys, sizes, strict=True))}
+
+
+def _only_refused(limits: KvLimits, size: int, what: str) -> NotChecked:
+    """The acceptance half of a batch-bytes clause cannot run: `size` bytes of puts are over
+    the quota. The refusal half has been checked by then."""
+    return NotChecked(
+        f"{what} puts {size} bytes, over max_storage_bytes ({limits.max_storage_bytes}); only "
+        "the refusal of one byte more was checked"
+    )
 
 
 @clause(
@@ -347,49 +383,96 @@ def _exact_batch(limits: KvLimits, total: int, prefix: bytes) -> dict[bytes, byt
 def batch_bytes_boundary(t: Trial) -> None:
     kv = t.namespace()
     limits = boundary(t, kv, "max_batch_bytes", "max_batch_entries")
-    size = limits.max_batch_bytes
-    exact = _exact_batch(limits, size, b"key-")
-    if len(exact) > limits.max_batch_entries:
-        raise NotChecked(f"{size} bytes need more than max_batch_entries values")
-    kv.put(exact)
-    t.expect(kv.used_bytes(), size, f"a put of exactly max_batch_bytes ({size}) stores it all")
-    t.expect(kv.get(list(exact)), list(exact.values()), "each value of the batch reads back")
+    at_least(limits, max_key_bytes=8)
+    size, entries = limits.max_batch_bytes, limits.max_batch_entries
+    over = _exact_batch(limits, size + 1, b"new-", entries)
+    if over is None:
+        raise NotChecked(
+            f"{size + 1} bytes need more than max_batch_entries ({entries}) values of "
+            f"max_value_bytes ({limits.max_value_bytes})"
+        )
     before = t.snapshot(kv)
     with t.raises(
         BatchTooLarge, requires=f"a put of {size + 1} bytes raises BatchTooLarge"
     ) as caught:
-        kv.put(_exact_batch(limits, size + 1, b"new-"))
+        kv.put(over)
     limit_error(t, caught[0], BatchTooLarge, size + 1, size, f"a put of {size + 1} bytes")
     t.unchanged(kv, before, f"a put of {size + 1} bytes writes nothing")
+    exact = _exact_batch(limits, size, b"key-", entries)
+    assert exact is not None  # fewer bytes than `over`
+    if size > limits.max_storage_bytes:
+        raise _only_refused(limits, size, f"a write of max_batch_bytes ({size})")
+    kv.put(exact)
+    stored = kv.last()
+    t.expect(
+        kv.used_bytes(),
+        size,
+        f"a put of exactly max_batch_bytes ({size}) stores it all",
+        by=stored,
+    )
+    t.expect(
+        kv.get(list(exact)), list(exact.values()), "each value of the batch reads back", by=stored
+    )
+
+
+def _deletes_and_puts(
+    limits: KvLimits, total: int
+) -> tuple[list[bytes], dict[bytes, bytes]] | None:
+    """Up to 20 delete keys of up to 1,004 bytes, and puts making `total` bytes with them, in
+    one batch: the most deletes that leave the puts enough entries."""
+    width = min(1004, limits.max_key_bytes)
+    for n in range(min(20, limits.max_batch_entries - 1), 0, -1):
+        deletes = [b"d" * (width - 4) + b"%04d" % i for i in range(n)]
+        puts = _exact_batch(
+            limits, total - sum(map(len, deletes)), b"new-", limits.max_batch_entries - n
+        )
+        if puts is not None:
+            return deletes, puts
+    return None
 
 
 @clause("the keys of a write's deletes count against max_batch_bytes with its puts")
 def batch_bytes_count_delete_keys(t: Trial) -> None:
     kv = t.namespace()
     limits = boundary(t, kv, "max_batch_bytes", "max_batch_entries", "max_key_bytes")
+    at_least(limits, max_key_bytes=8, max_batch_entries=2)
     size = limits.max_batch_bytes
-    deletes = [b"d" * min(1000, limits.max_key_bytes - 4) + b"%04d" % i for i in range(20)]
+    over = _deletes_and_puts(limits, size + 1)
+    if over is None:
+        raise NotChecked(
+            f"{size + 1} bytes of deletes and puts need more than max_batch_entries "
+            f"({limits.max_batch_entries})"
+        )
+    deletes, puts = over
     delete_bytes = sum(map(len, deletes))
-    exact = _exact_batch(limits, size - delete_bytes, b"key-")
-    if len(exact) + len(deletes) > limits.max_batch_entries:
-        raise NotChecked(f"{size} bytes need more than max_batch_entries values")
+    before = t.snapshot(kv)
+    requires = (
+        f"a write of {len(deletes)} deletes of {delete_bytes} bytes and puts of "
+        f"{size + 1 - delete_bytes} ({size + 1} in all)"
+    )
+    with t.raises(BatchTooLarge, requires=f"{requires} raises BatchTooLarge") as caught:
+        kv.write(put=puts, delete=deletes)
+    limit_error(t, caught[0], BatchTooLarge, size + 1, size, requires)
+    t.unchanged(kv, before, f"{requires} writes nothing")
+    exact = _exact_batch(
+        limits, size - delete_bytes, b"key-", limits.max_batch_entries - len(deletes)
+    )
+    assert exact is not None  # one byte fewer than `puts`
+    if size - delete_bytes > limits.max_storage_bytes:
+        raise _only_refused(limits, size - delete_bytes, f"a write of {size} bytes with deletes")
     kv.write(put=exact, delete=deletes)
+    wrote = kv.last()
     t.expect(
         kv.used_bytes(),
         size - delete_bytes,
-        f"a write of puts and deletes of {size} bytes in all is applied",
+        f"a write of {len(deletes)} deletes and puts of {size} bytes in all is applied",
+        by=wrote,
     )
-    before = t.snapshot(kv)
-    requires = f"a write of 20 deletes of {delete_bytes} bytes and puts of {size + 1} in all"
-    with t.raises(BatchTooLarge, requires=f"{requires} raises BatchTooLarge") as caught:
-        kv.write(put=_exact_batch(limits, size - delete_bytes + 1, b"new-"), delete=deletes)
-    limit_error(t, caught[0], BatchTooLarge, size + 1, size, requires)
-    t.unchanged(kv, before, f"{requires} writes nothing")
 
 
 # --- quota -----------------------------------------------------------------------------------
 
-QUOTA: Final = KvLimits(max_storage_bytes=100)
+QUOTA: Final = {"max_storage_bytes": 100}
 """Small enough that every quota boundary is a few short entries away."""
 
 
@@ -398,10 +481,10 @@ QUOTA: Final = KvLimits(max_storage_bytes=100)
     "raises StorageQuotaExceeded and writes nothing"
 )
 def quota_exactly_at_the_limit_is_allowed(t: Trial) -> None:
-    kv = t.namespace(QUOTA)
+    kv = fresh(t, **QUOTA)
     kv.put({b"a": b"x" * 29, b"b": b"y" * 29})
     kv.put({b"c": b"z" * 39})
-    t.expect(kv.used_bytes(), 100, "puts of 60 and 40 bytes fill a quota of 100 exactly")
+    _used(t, kv, 100, "puts of 60 and 40 bytes fill a quota of 100 exactly")
     before = t.snapshot(kv)
     with t.raises(
         StorageQuotaExceeded, requires="at 100 of 100 bytes, a put of 1 byte raises"
@@ -413,16 +496,23 @@ def quota_exactly_at_the_limit_is_allowed(t: Trial) -> None:
 
 @clause("a first write one byte over max_storage_bytes is refused; one byte less is allowed")
 def quota_one_byte_over_fails(t: Trial) -> None:
-    kv = t.namespace(QUOTA)
+    kv = fresh(t, **QUOTA)
     with t.raises(
         StorageQuotaExceeded, requires="a put of 101 bytes into a quota of 100 raises"
     ) as caught:
         kv.put({b"k": b"x" * 50, b"l": b"y" * 49})
+    refused = t.calls[-1]
     limit_error(t, caught[0], StorageQuotaExceeded, 101, 100, "a put of 101 bytes")
-    t.expect(kv.list(), [], "a put over the quota writes none of its entries")
-    t.expect(kv.used_bytes(), 0, "a put over the quota is charged nothing")
+    t.expect(kv.list(), [], "a put over the quota writes none of its entries", by=refused)
+    t.expect(kv.used_bytes(), 0, "a put over the quota is charged nothing", by=refused)
     kv.put({b"k": b"x" * 50, b"l": b"y" * 48})
-    t.expect(kv.used_bytes(), 100, "a put of exactly the quota is allowed")
+    _used(t, kv, 100, "a put of exactly the quota is allowed")
+
+
+def _used(t: Trial, kv: Probe, want: int, requires: str) -> None:
+    """`used_bytes()` is `want` after the write just made, which a report names."""
+    wrote = t.calls[-1]
+    t.expect(kv.used_bytes(), want, requires, by=wrote)
 
 
 @clause(
@@ -430,24 +520,29 @@ def quota_one_byte_over_fails(t: Trial) -> None:
     "at the quota a same-size or smaller overwrite, or one growing into the room left, succeeds"
 )
 def quota_credits_overwrites(t: Trial) -> None:
-    kv = t.namespace(QUOTA)
+    kv = fresh(t, **QUOTA)
     kv.put({b"k": b"x" * 59, b"l": b"y" * 39})
     kv.put({b"k": b"a" * 59})
-    t.expect(kv.used_bytes(), 100, "at the quota, an overwrite of the same size is allowed")
+    _used(t, kv, 100, "at the quota, an overwrite of the same size is allowed")
     kv.put({b"k": b"b" * 49})
-    t.expect(kv.used_bytes(), 90, "an overwrite 10 bytes smaller refunds 10 bytes")
+    _used(t, kv, 90, "an overwrite 10 bytes smaller refunds 10 bytes")
     kv.put({b"k": b"c" * 59})
-    t.expect(kv.used_bytes(), 100, "an overwrite growing by the 10 bytes left is allowed")
+    _used(t, kv, 100, "an overwrite growing by the 10 bytes left is allowed")
     with t.raises(
         StorageQuotaExceeded, requires="at the quota, an overwrite growing by 1 byte raises"
     ):
         kv.put({b"k": b"d" * 60})
-    t.expect(kv.get([b"k"]), [b"c" * 59], "a refused overwrite leaves the old value")
+    refused = t.calls[-1]
+    t.expect(kv.get([b"k"]), [b"c" * 59], "a refused overwrite leaves the old value", by=refused)
     kv.put({b"k": b"e" * 49, b"m": b"f" * 9})
+    wrote = t.calls[-1]
+    _used(t, kv, 100, "at the quota, shrinking one entry pays for a new one in one batch")
     t.expect(
-        kv.used_bytes(), 100, "at the quota, shrinking one entry pays for a new one in one batch"
+        kv.get([b"k", b"m"]),
+        [b"e" * 49, b"f" * 9],
+        "both entries of that batch are stored",
+        by=wrote,
     )
-    t.expect(kv.get([b"k", b"m"]), [b"e" * 49, b"f" * 9], "both entries of that batch are stored")
 
 
 @clause(
@@ -455,38 +550,40 @@ def quota_credits_overwrites(t: Trial) -> None:
     "same write"
 )
 def quota_refunds_deletes(t: Trial) -> None:
-    kv = t.namespace(QUOTA)
+    kv = fresh(t, **QUOTA)
     kv.put({b"k": b"x" * 59, b"l": b"y" * 39})
     kv.delete([b"k", b"missing"])
-    t.expect(kv.used_bytes(), 40, "deleting a 60-byte entry and a missing key refunds 60")
+    _used(t, kv, 40, "deleting a 60-byte entry and a missing key refunds 60")
     kv.put({b"n": b"z" * 59})
-    t.expect(kv.used_bytes(), 100, "the refunded bytes can be written again, up to the quota")
+    _used(t, kv, 100, "the refunded bytes can be written again, up to the quota")
     kv.write(put={b"o": b"w" * 39}, delete=[b"l"])
-    t.expect(kv.used_bytes(), 100, "at the quota, a delete pays for a put in the same write")
+    _used(t, kv, 100, "at the quota, a delete pays for a put in the same write")
 
 
 @clause("delete_range and drop refund the bytes of the entries they delete")
 def quota_refunds_delete_range_and_drop(t: Trial) -> None:
-    kv = t.namespace(QUOTA)
+    kv = fresh(t, **QUOTA)
     kv.put({b"k": b"x" * 59, b"l": b"y" * 39})
     kv.delete_range(b"a", b"l")
-    t.expect(kv.used_bytes(), 40, "delete_range(b'a', b'l') refunds the 60 bytes of b'k'")
+    _used(t, kv, 40, "delete_range(b'a', b'l') refunds the 60 bytes of b'k'")
     kv.put({b"n": b"z" * 59})
-    t.expect(kv.used_bytes(), 100, "bytes refunded by delete_range can be written again")
+    _used(t, kv, 100, "bytes refunded by delete_range can be written again")
     kv.drop()
-    t.expect(kv.used_bytes(), 0, "drop() refunds every byte")
+    dropped = t.calls[-1]
+    _used(t, kv, 0, "drop() refunds every byte")
+    t.expect(kv.get([b"l", b"n"]), [None, None], "drop() deletes every entry", by=dropped)
     kv.put({b"p": b"q" * 99})
-    t.expect(kv.used_bytes(), 100, "after drop() the whole quota can be written again")
+    _used(t, kv, 100, "after drop() the whole quota can be written again")
 
 
 @clause("max_storage_bytes is per namespace: two namespaces of one store may each fill it")
 def quota_is_per_namespace(t: Trial) -> None:
-    store = t.store(QUOTA)
+    store = t.store(**QUOTA)
     a, b = t.handle(store, "a"), t.handle(store, "b")
     a.put({b"k": b"x" * 99})
+    _used(t, a, 100, "'a' holds its 100 bytes")
     b.put({b"k": b"x" * 99})
-    t.expect(a.used_bytes(), 100, "'a' holds its 100 bytes")
-    t.expect(b.used_bytes(), 100, "'b' holds 100 bytes of its own beside the 100 of 'a'")
+    _used(t, b, 100, "'b' holds 100 bytes of its own beside the 100 of 'a'")
 
 
 @clause(
@@ -494,7 +591,7 @@ def quota_is_per_namespace(t: Trial) -> None:
     "put and deleted in one write; nothing is written"
 )
 def invalid_keys_are_rejected(t: Trial) -> None:
-    kv = t.namespace()
+    kv = fresh(t)
     kv.put({b"a": b"1"})
     before = t.snapshot(kv)
     bad_calls: list[tuple[str, Callable[[], object]]] = [
@@ -520,16 +617,19 @@ def invalid_keys_are_rejected(t: Trial) -> None:
 )
 def delete_range_is_not_bounded_by_the_batch_limit(t: Trial) -> None:
     kv = t.namespace()
-    n = boundary(t, kv, "max_batch_entries").max_batch_entries
+    limits = boundary(t, kv, "max_batch_entries")
+    n = limits.max_batch_entries
     keys = [b"r%05d" % i for i in range(2 * n + 44)]
-    for i in range(0, len(keys), n):
-        kv.put({k: b"v" for k in keys[i : i + n]})
+    at_least(limits, max_key_bytes=6, max_batch_bytes=7, max_storage_bytes=7 * len(keys) + 4)
+    put_all(kv, limits, ((k, b"v") for k in keys))
     kv.put({b"s": b"v", b"q": b"v"})
     kv.delete_range(b"r", b"s")
+    deleted = t.calls[-1]
     t.expect(
         kv.list(),
         [(b"q", b"v"), (b"s", b"v")],
         f"delete_range(b'r', b's') deletes all {len(keys)} keys between, more than "
         f"max_batch_entries ({n})",
+        by=deleted,
     )
-    t.expect(kv.used_bytes(), 4, f"delete_range refunds all {len(keys)} entries")
+    t.expect(kv.used_bytes(), 4, f"delete_range refunds all {len(keys)} entries", by=deleted)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from pagekv.kv import InvalidArgument, KvLimits, NameTooLarge
+from pagekv.kv import InvalidArgument, NameTooLarge
 from pagekv.testing.clauses import Trial, clause
 from pagekv.testing.contract_data import boundary
 from pagekv.testing.contract_limits import limit_error
@@ -105,7 +105,7 @@ def a_namespace_name_outside_the_contract_is_refused(t: Trial) -> None:
     "a store made with limits= refuses a namespace name over its max_name_bytes, in UTF-8 bytes"
 )
 def a_store_applies_the_name_limit_it_was_opened_with(t: Trial) -> None:
-    store = t.store(KvLimits(max_name_bytes=8))
+    store = t.store(max_name_bytes=8)
     t.handle(store, "x" * 8)
     t.handle(store, "\u00e9" * 4)
     for name in ("x" * 9, "\u00e9" * 4 + "x"):

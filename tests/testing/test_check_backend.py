@@ -8,16 +8,21 @@ part 6-12 s, so a catch here is a catch within the default time.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from pathlib import Path
 from typing import Final
 
 import pytest
 
+from pagekv.kv import KvLimits
 from pagekv.testing.check import check_backend
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation
+from pagekv.testing.subject import Factory
+from tests.testing.backends import broken
 from tests.testing.backends.broken import BROKEN
-from tests.testing.backends.plain import plain_namespace, plain_store
+from tests.testing.backends.plain import PlainStore, plain_namespace, plain_store
 
 SECONDS: Final = {"contract": 1.0, "concurrent": 2.0, "restart": 2.0, "fuzz": 3.0}
 """The time each part is given here (the contract's clauses always run to the end)."""
@@ -71,15 +76,12 @@ EXPECTED: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         ("write",),
     ),
     "list_capped_at_100": (("list returns the stored entries in range, in order",), ("list",)),
-    "list_capped_at_1000": ((), ("list",)),
+    "list_capped_at_1000": (("list returns every entry of a large namespace",), ("list",)),
 }
 """Per broken backend: the clauses its part may report (none named: any), and the methods that
 misbehave."""
 
-MISSED: Final = {
-    "list_capped_at_1000": "no clause lists more than ~150 entries, and the fuzz's databases "
-    "never list more than ~250",
-}
+MISSED: Final[dict[str, str]] = {}
 """Broken backends that no part catches yet, and why: strict xfails, so a fix shows."""
 
 SLOW: Final = {"concurrent", "fuzz"}
@@ -147,3 +149,93 @@ def test_every_broken_backend_is_expected_somewhere() -> None:
     assert set(EXPECTED) == set(BROKEN)
     assert {part for _, part in BROKEN.values()} == {"contract", "concurrent", "restart", "fuzz"}
     assert set(MISSED) <= set(BROKEN)
+
+
+# --- the contract part on its own -----------------------------------------------------------
+
+
+def test_the_contract_part_catches_a_read_cache_that_drop_leaves_stale() -> None:
+    """The drop clause reads every key before the drop (filling any read cache) and after it;
+    the report names the drop, not the get that showed it."""
+    (part,) = check_backend(broken.drop_keeps_cache, seed=1, parts=["contract"]).parts
+    assert part.status is Status.FAILED, part.summary
+    (v,) = part.violations
+    assert v.clause == "drop removes everything and keeps the generation", v.report()
+    assert v.call == "kv.drop()", v.report()
+    assert v.got.startswith("kv.get([b'\\x00', "), v.report()
+    assert "no read cache outlives a drop" in v.requires
+
+
+@pytest.mark.parametrize(
+    ("factory", "clause", "call"),
+    [
+        (broken.delete_not_refunded, "quota refunds deletes", "kv.delete([b'k', b'missing'])"),
+        (broken.delete_not_refunded, "quota refunds delete range and drop", "kv.delete_range("),
+        (broken.overwrite_not_credited, "quota credits overwrites", "kv.put({b'k': "),
+        (broken.quota_exact_refused, "quota exactly at the limit is allowed", "kv.put({b'c': "),
+    ],
+)
+def test_a_quota_report_names_the_write_not_the_read_that_showed_it(
+    factory: Factory, clause: str, call: str
+) -> None:
+    (part,) = check_backend(factory, seed=1, parts=["contract"]).parts
+    v = next((v for v in part.violations if v.clause == clause), None)
+    assert v is not None, part.summary
+    assert v.call.startswith(call), v.report()
+
+
+def _capped(factory: Factory, **caps: int) -> Factory:
+    """`factory`'s store with limits no larger than `caps`: a backend whose own limits are
+    smaller (legal: a namespace advertises the limits it applies), whatever it is asked for."""
+
+    def capped(location: Path, limits: KvLimits | None = None) -> PlainStore:
+        asked = limits or KvLimits()
+        own = {name: min(cap, getattr(asked, name)) for name, cap in caps.items()}
+        store: PlainStore = factory(location, dataclasses.replace(asked, **own))
+        return store
+
+    capped.__name__ = capped.__qualname__ = f"{factory.__name__}_capped"
+    return capped
+
+
+ONLY_REFUSED: Final = "only the refusal of one byte more was checked"
+SMALLER_LIMITS: Final[dict[str, tuple[dict[str, int], set[str]]]] = {
+    "max_batch_entries=25": ({"max_batch_entries": 25}, set()),
+    "max_batch_entries=16": ({"max_batch_entries": 16}, set()),
+    "max_key_bytes=16": ({"max_key_bytes": 16}, set()),
+    "max_batch_bytes=64KiB": ({"max_batch_bytes": 64 * 1024}, {"value size boundary"}),
+    "max_storage_bytes=256KiB": (
+        {"max_storage_bytes": 256 * 1024},
+        {"batch bytes boundary", "batch bytes count delete keys"},
+    ),
+}
+"""Smaller limits a correct backend may have, and the clauses they leave not checked: a value
+of max_value_bytes (128 KiB) is over a 64 KiB batch, a batch of max_batch_bytes (976 KiB) over a
+256 KiB quota; in each only the refusal of one byte more can be checked."""
+
+
+@pytest.mark.parametrize("caps", SMALLER_LIMITS, ids=list(SMALLER_LIMITS))
+def test_a_correct_backend_with_smaller_limits_passes_the_contract(caps: str) -> None:
+    limits, impossible = SMALLER_LIMITS[caps]
+    (part,) = check_backend(_capped(plain_store, **limits), seed=1, parts=["contract"]).parts
+    assert part.status is Status.PASSED, _report([part])
+    assert {r.partition(":")[0] for r in part.not_checked} == impossible, part.not_checked
+    assert all(r.endswith(ONLY_REFUSED) for r in part.not_checked), part.not_checked
+
+
+@pytest.mark.parametrize(
+    ("name", "caps", "clause"),
+    [
+        ("list_capped_at_1000", "max_batch_entries=16", "list returns every entry of a large "),
+        ("entry_by_entry", "max_key_bytes=16", "a batch with a rejected entry writes nothing"),
+        ("batch_bytes_without_deletes", "max_storage_bytes=256KiB", "batch bytes count delete"),
+        ("values_truncated", "max_batch_entries=25", "value size boundary"),
+    ],
+)
+def test_a_broken_backend_with_smaller_limits_is_still_caught(
+    name: str, caps: str, clause: str
+) -> None:
+    factory = _capped(BROKEN[name][0], **SMALLER_LIMITS[caps][0])
+    (part,) = check_backend(factory, seed=1, parts=["contract"]).parts
+    assert part.status is Status.FAILED, part.summary
+    assert any(v.clause.startswith(clause) for v in part.violations), _report([part])

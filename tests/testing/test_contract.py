@@ -7,18 +7,39 @@ wider set of broken backends, for the whole check, is in `backends/`.
 
 from __future__ import annotations
 
+import itertools
+import random
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pagekv.kv import ActorKv, KvLimits, MemoryStore, StorageQuotaExceeded
-from pagekv.testing import CLAUSES, Clause, NotChecked, Subject, Violation, run_clause
+from pagekv.kv import (
+    ActorKv,
+    KvIndeterminate,
+    KvLimits,
+    KvUnavailable,
+    MemoryStore,
+    StorageQuotaExceeded,
+)
+from pagekv.testing import (
+    CLAUSES,
+    Clause,
+    NotChecked,
+    Status,
+    Subject,
+    Violation,
+    check_backend,
+    run_clause,
+)
+from pagekv.testing.clauses import ATTEMPTS
 from pagekv.testing.contract_data import ORDERED_KEYS
 from pagekv.testing.subject import Factory
+from tests.testing.backends.plain import PlainKv, PlainStore
 
 pytest_plugins = ["pytester"]
 
@@ -185,7 +206,7 @@ class EntryByEntry(_Wrapped):
             "prefix with reverse and limit",
             "kv.list(prefix=b'a', reverse=True, limit=3)",
         ),
-        (Truncating, "value size boundary", "kv.get([b'ok'])"),
+        (Truncating, "value size boundary", "kv.put({b'ok'"),
         (NoOverwriteCredit, "quota credits overwrites", "kv.put({b'k': b'aaaaaaaa'+(59 bytes)})"),
         (EntryByEntry, "a batch with a rejected entry writes nothing", "kv.write(put={b'new'"),
     ],
@@ -231,6 +252,252 @@ def test_a_batch_left_half_written_is_reported_as_the_refused_write() -> None:
     assert v.call.startswith("kv.write(")
     assert v.sequence[-4] == f"{v.call} raised {v.sequence[-4].partition(' raised ')[2]}"
     assert "raised ValueTooLarge" in v.sequence[-4]
+
+
+def test_a_report_shows_the_items_a_list_lacks_and_has_too_many() -> None:
+    """Past the first difference, what is missing and what is extra are named item by item,
+    not hidden behind the `...N more` of a long list."""
+    subject = Subject(EndInclusive)
+    try:
+        with pytest.raises(Violation) as caught:
+            run_clause(subject, _clause("range is half open"))
+    finally:
+        subject.close()
+    got = caught.value.got
+    assert "7 items, expected 6; the first 6 as expected, then more from [6]" in got, got
+    assert "extra 1: (b'a\\xff', b'v:a\\xff')" in got, got
+
+
+class CappedList(_Wrapped):
+    """Returns at most 1,000 entries from a `list` (a page, its continuation dropped)."""
+
+    def list(self, *, limit: Any = None, **rest: Any) -> Any:
+        return self.inner.list(limit=1000 if limit is None else min(limit, 1000), **rest)
+
+
+def test_a_list_capped_at_a_page_is_caught_with_what_it_lacks() -> None:
+    subject = Subject(CappedList)
+    try:
+        with pytest.raises(Violation) as caught:
+            run_clause(subject, _clause("list returns every entry of a large namespace"))
+    finally:
+        subject.close()
+    v = caught.value
+    assert v.call == "kv.list()", v.report()
+    assert "1000 items, expected 1500; the first 1000 as expected" in v.got, v.report()
+    assert "missing 500: (b'n1000', b'1000'), (b'n1001', b'1001')" in v.got, v.report()
+
+
+# --- result types ------------------------------------------------------------------------------
+
+
+class BytearrayValues(_Wrapped):
+    """Returns values as the `bytearray`s a C client library hands out."""
+
+    def get(self, keys: Any) -> Any:
+        return [None if v is None else bytearray(v) for v in self.inner.get(keys)]
+
+
+class ListPairs(_Wrapped):
+    """Returns entries as `[key, value]` lists, as a JSON round trip does."""
+
+    def list(self, **kwargs: Any) -> Any:
+        return [[k, v] for k, v in self.inner.list(**kwargs)]
+
+
+class BoolGeneration(_Wrapped):
+    """Returns the generation of a fresh namespace as False (a NULL column read as a bool)."""
+
+    def generation(self) -> Any:
+        return self.inner.generation() or False
+
+
+@pytest.mark.parametrize(
+    ("broken", "call", "got"),
+    [
+        (
+            BytearrayValues,
+            "kv.get(",
+            "returned bytearray at [0]: b'v:\\xff'; the contract requires bytes (or None",
+        ),
+        (ListPairs, "kv.list(", "returned list at [0]: [b'\\x00', b'v:\\x00']; the contract "),
+        (BoolGeneration, "kv.generation()", "returned bool: False; the contract requires an int"),
+    ],
+)
+def test_a_result_of_another_type_is_a_type_violation_naming_the_call(
+    broken: type[_Wrapped], call: str, got: str
+) -> None:
+    """Equal is not enough: a bytearray equals bytes, and a [key, value] list reads like a pair,
+    but the contract's results are of its types. Every broken clause says so."""
+    (part,) = check_backend(broken, parts=["contract"], seed=1).parts
+    assert part.status is Status.FAILED
+    assert part.violations
+    assert all("the contract requires" in v.got for v in part.violations), part.violations
+    v = part.violations[0]
+    assert v.call.startswith(call) and v.got.startswith(got), v.report()
+    assert "(the ActorKv types, exactly)" in v.requires
+
+
+# --- transient errors ----------------------------------------------------------------------------
+
+
+class _Faulty:
+    """A namespace of a `PlainStore` whose calls fail as `fault(method)` says: `before` raises
+    `KvUnavailable` before the call (having read its arguments: an iterator is used up), `after`
+    makes the call and then raises `KvIndeterminate`, `None` lets it be."""
+
+    def __init__(self, inner: PlainKv, fault: Callable[[str], str | None]) -> None:
+        self._inner = inner
+        self._fault = fault
+
+    @property
+    def limits(self) -> KvLimits:
+        return self._inner.limits
+
+    def __getattr__(self, method: str) -> Any:
+        call = getattr(self._inner, method)
+
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            fault = self._fault(method)
+            if fault == "before":
+                for arg in (*args, *kwargs.values()):
+                    if isinstance(arg, Iterator):
+                        list(arg)
+                raise KvUnavailable(f"injected: {method} not sent")
+            result = call(*args, **kwargs)
+            if fault == "after":
+                raise KvIndeterminate(f"injected: {method} sent, its answer lost")
+            return result
+
+        return faulty
+
+
+def _faulty_store(fault: Callable[[str], str | None]) -> Factory:
+    """A factory of plain stores whose namespaces fail as `fault` says."""
+
+    class FaultyStore(PlainStore):
+        def namespace(self, name: str) -> Any:
+            return _Faulty(super().namespace(name), fault)
+
+    def faulty_store(location: Path, limits: KvLimits | None = None) -> PlainStore:
+        return FaultyStore(location, limits)
+
+    return faulty_store
+
+
+def _sometimes(kind: str, rate: float, but: str = "") -> Callable[[str], str | None]:
+    draw = random.Random(3).random
+    return lambda method: kind if method != but and draw() < rate else None
+
+
+def test_a_backend_unavailable_now_and_then_passes() -> None:
+    """`KvUnavailable` on 1 call in 20: nothing was applied, so the call is made again."""
+    (part,) = check_backend(_faulty_store(_sometimes("before", 0.05)), parts=["contract"]).parts
+    assert part.status is Status.PASSED and not part.not_checked, part.summary
+    assert not part.violations, part.violations[0].report()
+
+
+def test_a_backend_indeterminate_now_and_then_passes_but_a_takeover_is_not_checked() -> None:
+    """`KvIndeterminate` after applying, on 1 call in 20 but takeover: reads and every other
+    write come out of a repeat as from one call. A takeover's cannot: its clause is not checked."""
+    (part,) = check_backend(
+        _faulty_store(_sometimes("after", 0.05, but="takeover")), parts=["contract"]
+    ).parts
+    assert part.status is Status.PASSED and not part.not_checked, part.summary
+    assert not part.violations, part.violations[0].report()
+    (part,) = check_backend(
+        _faulty_store(lambda m: "after" if m == "takeover" else None), parts=["contract"]
+    ).parts
+    assert not part.violations, part.violations[0].report()
+    assert "takeover increments the generation by exactly one: kv.takeover() raised " in (
+        "\n".join(part.not_checked)
+    )
+    assert all("whether it took over is unknown" in reason for reason in part.not_checked)
+
+
+def test_a_backend_never_available_is_not_checked_not_failed() -> None:
+    """Only the clauses of namespace names, which make no call of a namespace, hold."""
+    (part,) = check_backend(_faulty_store(lambda m: "before"), parts=["contract"]).parts
+    assert not part.violations, part.violations[0].report()
+    held = {c.name for c in CLAUSES} - {r.partition(":")[0] for r in part.not_checked}
+    assert held == {
+        "a namespace name outside the contract is refused",
+        "a store applies the name limit it was opened with",
+    }
+    assert all(f"KvUnavailable {ATTEMPTS} times in a row" in r for r in part.not_checked)
+
+
+def test_a_repeated_call_is_sent_its_iterator_arguments_whole() -> None:
+    """Every first try fails having used up its iterator: the repeat must get all of it."""
+    flip = iter(itertools.cycle(["before", None]))
+    factory = _faulty_store(lambda method: next(flip))
+    for name in (
+        "get returns values in request order with none for missing",
+        "put takes a mapping or pairs and the last put of a key wins",
+    ):
+        subject = Subject(factory)
+        try:
+            run_clause(subject, _clause(name))
+        finally:
+            subject.close()
+
+
+# --- stores --------------------------------------------------------------------------------------
+
+
+def test_each_store_a_clause_opens_is_closed_exactly_once() -> None:
+    closes: dict[int, int] = {}
+
+    class Counted(PlainStore):
+        def close(self) -> None:
+            closes[id(self)] = closes.get(id(self), 0) + 1
+            super().close()
+
+    opened: list[PlainStore] = []
+
+    def counted(location: Path, limits: KvLimits | None = None) -> PlainStore:
+        opened.append(Counted(location, limits))
+        return opened[-1]
+
+    (part,) = check_backend(counted, parts=["contract"]).parts
+    assert part.status is Status.PASSED and not part.not_checked, part.summary
+    assert len(opened) > len(CLAUSES)
+    assert {closes.get(id(store)) for store in opened} == {1}
+
+
+def test_a_store_refusing_a_second_open_of_its_location_leaves_those_clauses_not_checked() -> None:
+    """Refused when the second store opens, or when it opens its first namespace."""
+    in_use: set[Path] = set()
+
+    class Exclusive(PlainStore):
+        def __init__(self, location: Path, limits: KvLimits | None = None) -> None:
+            super().__init__(location, limits)
+            self._at = location.resolve()
+            self._first = self._at not in in_use
+            in_use.add(self._at)
+
+        def namespace(self, name: str) -> PlainKv:
+            if not self._first:
+                raise RuntimeError(f"{self._at} is locked by another store")
+            return super().namespace(name)
+
+        def close(self) -> None:
+            if self._first:
+                in_use.discard(self._at)
+            super().close()
+
+    def exclusive(location: Path, limits: KvLimits | None = None) -> PlainStore:
+        return Exclusive(location, limits)
+
+    (part,) = check_backend(exclusive, parts=["contract"]).parts
+    assert part.status is Status.PASSED and not part.violations, part.violations[0].report()
+    two_stores = REOPENING - {"data persists across reopen"}
+    assert {r.partition(":")[0] for r in part.not_checked} == two_stores, part.not_checked
+    for reason in part.not_checked:
+        assert ": the factory cannot open a second store at a location in use: RuntimeError: " in (
+            reason
+        )
+        assert reason.endswith("is locked by another store"), reason
 
 
 # --- the pytest face -------------------------------------------------------------------------
