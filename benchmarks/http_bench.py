@@ -196,12 +196,12 @@ class Server:
         self.proc.wait()
 
 
-def start_server(kv: str, *args: str, processes: int = 1) -> Server:
-    """`pagekv serve` on this file's registry at a free port, with `args` added; returns once
-    `processes` processes (`--workers`) listen."""
+def start_server(kv: str, *args: str, processes: int = 1, app: str = __file__) -> Server:
+    """`pagekv serve` on the registry of `app` (this file's by default) at a free port, with
+    `args` added; returns once `processes` processes (`--workers`) listen."""
     env = {**os.environ, "PAGEKV_TOKEN": TOKEN}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pagekv.cli", "serve", __file__, "--kv", kv, "--port", "0", *args],
+        [sys.executable, "-m", "pagekv.cli", "serve", app, "--kv", kv, "--port", "0", *args],
         stderr=subprocess.PIPE,
         text=True,
         env=env,

@@ -125,6 +125,7 @@ _REGISTRY_COUNTERS = {
     "actions": "Actions run (gateway calls and schedules).",
     "owned_elsewhere": "Calls for actors another server owned (each then forwarded to it).",
     "forwarded": "Calls forwarded to the server owning their actor, and answered by it.",
+    "connections_relayed": "Connections opened here and relayed to their actor's owner.",
     "housekeeping_errors": "Rounds of the registry's background loop that failed (retried).",
 }
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -169,6 +170,11 @@ def families(reading: Reading) -> Iterator[Metric]:
     registry = reading.registry
     yield GaugeMetricFamily(
         "pagekv_actors_live", "Actors awake in this process.", value=registry["live"]
+    )
+    yield GaugeMetricFamily(
+        "pagekv_connections_open",
+        "Connections open in this process (of awake and hibernating actors).",
+        value=registry.get("connections", 0),
     )
     for key, help in _REGISTRY_COUNTERS.items():
         yield CounterMetricFamily(f"pagekv_{key}_total", help, value=registry.get(key, 0))

@@ -30,6 +30,10 @@ pytestmark = pytest.mark.anyio
 
 CATALOG = {
     "pagekv_actors_live": ("gauge", "Actors awake in this process."),
+    "pagekv_connections_open": (
+        "gauge",
+        "Connections open in this process (of awake and hibernating actors).",
+    ),
     "pagekv_wakes_total": (
         "counter",
         "Actor wakes (every wake is a takeover of the actor's namespace).",
@@ -49,6 +53,10 @@ CATALOG = {
     "pagekv_forwarded_total": (
         "counter",
         "Calls forwarded to the server owning their actor, and answered by it.",
+    ),
+    "pagekv_connections_relayed_total": (
+        "counter",
+        "Connections opened here and relayed to their actor's owner.",
     ),
     "pagekv_housekeeping_errors_total": (
         "counter",

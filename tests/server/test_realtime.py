@@ -265,6 +265,10 @@ async def test_the_actor_hibernates_with_sockets_open_and_restores_them() -> Non
             await ada.post("one")
             await _eventually(lambda: registry.metrics()["live"] == 0)
             assert registry.metrics()["connections"] == 2
+            async with s.http() as http:
+                exposition = (await http.get("/metrics")).text
+            assert "pagekv_connections_open 2.0" in exposition
+            assert "pagekv_actors_live 0.0" in exposition
             hibernated = registry.hub.connections("room/sleepy")
             assert all(c._state is UNLOADED for c in hibernated)  # in the database only
             sleeps = registry.counters["sleeps"]
