@@ -104,7 +104,8 @@ def _first_positions(items: Sequence[object]) -> dict[object, int]:
 
 
 def _list_difference(got: Sequence[object], want: Sequence[object]) -> str:
-    """Where `got` first departs from `want`, and the items one has that the other has not."""
+    """Where `got` first departs from `want`; of entries (tuples), those one has that the other
+    has not, of values (a get's), how many positions differ."""
     same = next(
         (i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w),
         min(len(got), len(want)),
@@ -117,6 +118,10 @@ def _list_difference(got: Sequence[object], want: Sequence[object]) -> str:
     elif same:
         then = "nothing" if same < len(want) else "more"
         parts.append(f"the first {same} as expected, then {then} from [{same}]")
+    if not all(type(item) is tuple for item in (*got, *want)):  # values by position, as get's
+        differ = [i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w]
+        parts.append(f"{len(differ)} of the {min(len(got), len(want))} positions compared differ")
+        return "; ".join(parts)
     try:
         have, need = Counter(got), Counter(want)
     except TypeError:  # unhashable items: the result-type check reports those

@@ -163,6 +163,10 @@ def test_the_contract_part_catches_a_read_cache_that_drop_leaves_stale() -> None
     assert v.clause == "drop removes everything and keeps the generation", v.report()
     assert v.call == "kv.drop()", v.report()
     assert v.got.startswith("kv.get([b'\\x00', "), v.report()
+    assert v.got.endswith(
+        "(first difference at [0]: b'v:\\x00', expected None; 22 of the 22 "
+        "positions compared differ)"
+    ), v.report()
     assert "no read cache outlives a drop" in v.requires
 
 
