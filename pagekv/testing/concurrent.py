@@ -8,7 +8,14 @@ the generation and the usage, now and then a fenced drop. The threads start toge
 the interpreter switching often; each call's invocation and response times and its outcome make
 the history, closed by a sequential `list()`, `get()` of every key, `generation()` and
 `used_bytes()`. How the threads reach the namespace varies too: one shared object, each its own
-object of one store, or objects of two stores open at one location (`Program.handles`).
+object of one store, or objects of two stores open at one location (`Program.handles`); a store
+that refuses a second open at one location has that shape reported as not checked.
+
+Every result must be of the contract's types (`model.wrong_type`) before it is compared. A call
+answering `KvUnavailable` took no effect and one answering `KvIndeterminate` may have; the
+setup's own reads are made again when they get either. The threads' calls are timed by the
+round (`Subject.call_timeout` for all of them), the setup's and the closing reads by the
+subject.
 
 A history is linearizable when every call can be given one instant between its invocation and its
 response such that the calls, applied to the model in that order, return what was observed. The
@@ -33,11 +40,30 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
 
-from pagekv.kv import ActorKv, FenceMismatch, KvIndeterminate, KvUnavailable
-from pagekv.testing.model import READS, Model, Op, Outcome, observe
+from pagekv.kv import FenceMismatch, KvIndeterminate, KvUnavailable
+from pagekv.testing.model import (
+    FENCED,
+    READS,
+    RESULT_TYPES,
+    RESULT_TYPES_REQUIRES,
+    Model,
+    Op,
+    Outcome,
+    ResultTypeError,
+    observe,
+)
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation, show
-from pagekv.testing.subject import NAMESPACE, Subject, switching_often
+from pagekv.testing.subject import (
+    NAMESPACE,
+    RETURNS,
+    RETURNS_REQUIRES,
+    CallTimeout,
+    FactoryFailed,
+    Subject,
+    UsageError,
+    switching_often,
+)
 
 PART: Final = "concurrent"
 KEYS: Final = (b"a", b"b", b"c", b"d")
@@ -45,14 +71,16 @@ KEYS: Final = (b"a", b"b", b"c", b"d")
 NODE_BUDGET: Final = 100_000
 """Search nodes for one history; past it the history counts as inconclusive, never as passed."""
 _RELAXED_BUDGET: Final = 20_000
-_CALL_TIMEOUT: Final = 60.0
-"""Seconds a round's calls may take in all before a call that has not returned is reported."""
 _ATTEMPTS: Final = 50
 """Re-runs of a candidate program while minimising, at most (a race need not show every time)."""
 _ATTEMPTS_LEAST: Final = 20
 _CANDIDATE_SECONDS: Final = 2.0
 _MINIMISE_SECONDS: Final = (2.0, 20.0)
-"""The least and the most time a minimisation takes (else three times the part's budget)."""
+"""The least and the most time a minimisation takes (else what is left of the part's time)."""
+_SETUP_TRIES: Final = 5
+"""Times a round's setup is tried when it gets `KvUnavailable` or `KvIndeterminate`."""
+_MOST_THREADS, _MOST_STEPS = 16, 100
+"""The largest program a replay file may ask for (the part makes 3-4 threads of 4-8 calls)."""
 _REPLAY_ATTEMPTS: Final = 1000
 _REPLAY_SECONDS: Final = 5.0
 FINAL: Final = -1
@@ -72,7 +100,6 @@ GET_ATOMIC: Final = "a get of several keys reads one state"
 FRESH_READS: Final = "reads see every write acknowledged before they began"
 LINEARIZABLE: Final = "calls are linearizable"
 KV_ERRORS: Final = "every error is a KvError"
-RETURNS: Final = "every call returns"
 
 REQUIRES: Final = {
     TAKEOVERS: "takeover() raises the generation by one atomically: no two takeovers return the "
@@ -89,8 +116,8 @@ REQUIRES: Final = {
     "response, and returns what the sequential contract returns at that instant",
     KV_ERRORS: "every error a call raises is a KvError (pagekv.kv.errors), also while other "
     "threads call the namespace",
-    RETURNS: f"every call returns or raises within {_CALL_TIMEOUT:g} s, also while other "
-    "threads call the namespace",
+    RETURNS: f"{RETURNS_REQUIRES}, also while other threads call the namespace",
+    RESULT_TYPES: RESULT_TYPES_REQUIRES,
 }
 
 _HANDLES: Final = {
@@ -176,18 +203,36 @@ class Program:
         }
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> Program:
-        threads = tuple(
-            tuple(Step(Op.from_json(s["op"]), bool(s["fenced"])) for s in steps)
-            for steps in data["threads"]
+    def from_json(data: object) -> Program:
+        """The program `to_json` wrote; `UsageError` for anything else."""
+        if not isinstance(data, dict) or data.get("handles", "shared") not in _HANDLES:
+            raise UsageError(f"a concurrent program must name its handles ({', '.join(_HANDLES)})")
+        threads = data.get("threads")
+        if not isinstance(threads, list) or not 0 < len(threads) <= _MOST_THREADS:
+            raise UsageError(f"a concurrent program has 1 to {_MOST_THREADS} threads")
+        if not all(isinstance(t, list) and 0 < len(t) <= _MOST_STEPS for t in threads):
+            raise UsageError(f"each thread of a concurrent program has 1 to {_MOST_STEPS} steps")
+        return Program(
+            tuple(tuple(map(_step_from_json, steps)) for steps in threads),
+            data.get("handles", "shared"),
         )
-        return Program(threads, data.get("handles", "shared"))
 
 
-def _generate(rng: random.Random, subject: Subject) -> Program:
+def _step_from_json(data: object) -> Step:
+    if not isinstance(data, dict) or not isinstance(data.get("fenced"), bool):
+        raise UsageError(f"a step of a concurrent program is {{op, fenced}}, not {show(data)}")
+    op = Op.from_json(data.get("op"))
+    if data["fenced"] and (op.method not in FENCED or "fence" in dict(op.kwargs)):
+        raise UsageError(f"a fenced step must be a write without a fence of its own, not {op}")
+    return Step(op, data["fenced"])
+
+
+def _generate(rng: random.Random, subject: Subject, two_stores: bool) -> Program:
+    """A random program; `two_stores`: its threads may reach the namespace through two stores
+    open at one location."""
     handles = "shared"
     if subject.returns_store and rng.random() < 0.5:
-        handles = "stores" if subject.reopens and rng.random() < 0.5 else "own"
+        handles = "stores" if two_stores and subject.reopens and rng.random() < 0.5 else "own"
     values = (f"v{n}".encode() for n in itertools.count(1))
     threads = tuple(
         tuple(_step(rng, i == 0, next(values)) for i in range(rng.randint(4, 8)))
@@ -275,6 +320,8 @@ class Event:
         return show(self.outcome.value if self.outcome is not None else None)
 
     def result(self) -> str:
+        if isinstance(self.error, ResultTypeError):
+            return str(self.error)
         if self.error is not None:
             return f"raised {show(self.error)}"
         if self.outcome is None:
@@ -292,27 +339,83 @@ class _Round:
     program: Program
     events: list[Event]
     initial: Model
+    timeout: float
     hung: list[Event] = field(default_factory=list)
 
 
-def _open(subject: Subject, program: Program) -> list[ActorKv]:
-    """The namespace objects of a fresh namespace, one per thread or one shared."""
+class _NotRun(Exception):
+    """A round's setup got no definite answer (`KvUnavailable`, `KvIndeterminate`) in
+    `_SETUP_TRIES` tries: the round is not run, and nothing is concluded from it."""
+
+
+class _Refused(Exception):
+    """The factory refused the second store at one location: the shape cannot run here."""
+
+
+def _transient(error: BaseException) -> bool:
+    """An error after which a setup step is tried again: nothing definite was answered."""
+    if isinstance(error, FactoryFailed):
+        error = error.error
+    return isinstance(error, KvUnavailable | KvIndeterminate)
+
+
+def _open(subject: Subject, program: Program) -> list[Any]:
+    """The namespace objects of a fresh namespace, one per thread or one shared (each as the
+    subject guards it). Raises `_Refused` when the second store at one location is refused,
+    `FactoryFailed` when the factory or a store's `namespace()` fails."""
     n = len(program.threads)
-    if program.handles == "stores" and subject.reopens:
-        location = subject.location()
-        stores = [subject.open_store(location=location) for _ in range(2)]
-        return [stores[t % 2].namespace(NAMESPACE) for t in range(n)]
-    if program.handles != "shared" and subject.returns_store:
-        store = subject.open_store()
-        return [store.namespace(NAMESPACE) for _ in range(n)]
+    try:
+        if program.handles == "stores" and subject.reopens:
+            location = subject.location()
+            stores = [subject.open_store(location=location)]
+            try:
+                stores.append(subject.open_store(location=location))
+            except FactoryFailed as e:
+                if _transient(e):
+                    raise
+                raise _Refused(f"a second store at one location: {e}") from e
+            return [stores[t % 2].namespace(NAMESPACE) for t in range(n)]
+        if program.handles != "shared" and subject.returns_store:
+            store = subject.open_store()
+            return [store.namespace(NAMESPACE) for _ in range(n)]
+    except (FactoryFailed, _Refused):
+        raise
+    except Exception as e:
+        raise FactoryFailed(f"store.namespace({NAMESPACE!r})", e) from e
     return [subject.namespace()]
 
 
-def _call(kv: ActorKv, thread: int, op: Op) -> Event:
+def _setup(subject: Subject, program: Program) -> tuple[list[Any], Event]:
+    """The round's handles and its first generation, read before the threads start; both made
+    again while they get no definite answer."""
+    for _ in range(_SETUP_TRIES):
+        try:
+            handles = _open(subject, program)
+        except FactoryFailed as e:
+            if not _transient(e):
+                raise
+            subject.close()
+            continue
+        first = _call(handles[0], FINAL, Op.of("generation"))
+        if first.outcome is None or not _transient_outcome(first.outcome):
+            return handles, first
+        subject.close()
+    raise _NotRun(f"the round's setup got no definite answer in {_SETUP_TRIES} tries")
+
+
+def _transient_outcome(outcome: Outcome) -> bool:
+    return outcome.raised is not None and _transient(outcome.raised)
+
+
+def _call(kv: Any, thread: int, op: Op) -> Event:
+    """`op` on `kv` as an event; whatever the backend raises is its outcome or error, but a
+    `KeyboardInterrupt` (the user's) and a `CallTimeout` (the subject's) end the round."""
     start = time.perf_counter_ns()
     try:
         outcome = observe(kv, op)
-    except Exception as e:
+    except (KeyboardInterrupt, CallTimeout):
+        raise
+    except BaseException as e:
         return Event(thread, op, None, start, time.perf_counter_ns(), e)
     return Event(thread, op, outcome, start, time.perf_counter_ns())
 
@@ -370,19 +473,23 @@ class _Crew:
 
 def _run(subject: Subject, crew: _Crew, program: Program) -> _Round:
     """Run `program` once on a fresh namespace; what the subject opened is closed after it
-    (unless a call hangs: closing under it could hang too)."""
+    (unless a call hangs: closing under it could hang too, and the subject is abandoned)."""
     hung: list[Event] = []
+    timeout = subject.call_timeout
     try:
-        handles = _open(subject, program)
-        initial = Model(subject.limits_of(handles[0], None), generation=handles[0].generation())
+        handles, first = _setup(subject, program)
+        limits = subject.limits_of(handles[0], None)
+        if not first.succeeded:  # a definite wrong answer: the round is that call
+            return _Round(program, [first], Model(limits), timeout)
+        initial = Model(limits, generation=first.outcome.value)  # type: ignore[union-attr]
         n = len(program.threads)
         recorded: list[list[Event]] = [[] for _ in range(n)]
         calling: list[tuple[Op, int] | None] = [None] * n
         barrier = threading.Barrier(n)
 
         def work(t: int) -> None:
-            kv, generation = handles[t % len(handles)], initial.generation
-            barrier.wait(_CALL_TIMEOUT)
+            kv, generation = handles[t % len(handles)].inner, initial.generation
+            barrier.wait(timeout)
             for step in program.threads[t]:
                 op = step.resolve(generation)
                 calling[t] = (op, time.perf_counter_ns())
@@ -395,17 +502,20 @@ def _run(subject: Subject, crew: _Crew, program: Program) -> _Round:
             calling[t] = None
 
         with switching_often():
-            finished = crew.run([partial(work, t) for t in range(n)], _CALL_TIMEOUT)
+            finished = crew.run([partial(work, t) for t in range(n)], timeout)
         for t, pending in enumerate(calling):
             if t not in finished and pending is not None:
                 hung.append(Event(t, pending[0], None, pending[1], pending[1]))
         if len(finished) < n and not hung:
             raise RuntimeError("the check's threads did not start")
+        if hung:
+            call = f"{hung[0].label} {program.handle(hung[0].thread)}.{hung[0].op}"
+            subject.abandon(CallTimeout(call, timeout))
         events = sorted((e for es in recorded for e in es), key=lambda e: e.start)
         if not hung:
             for op in _CLOSING:
                 events.append(_call(handles[0], FINAL, op))
-        return _Round(program, events, initial, hung)
+        return _Round(program, events, initial, timeout, hung)
     finally:
         if not hung:
             subject.close()
@@ -547,6 +657,9 @@ def check_history(
     """None when `events` (each call with its outcome) are linearizable from `initial`; else the
     failure, its cause named. Raises `Inconclusive` when the search runs out of `budget`."""
     crashed = next((e for e in events if e.error is not None), None)
+    if isinstance(crashed.error if crashed else None, ResultTypeError):
+        assert crashed is not None
+        return Failure(RESULT_TYPES, crashed, crashed.result())
     if crashed is not None:
         return Failure(KV_ERRORS, crashed, crashed.result(), "returns, or raises a KvError")
     result = _search([_as_call(e) for e in events], initial, budget)
@@ -833,7 +946,7 @@ def _unexplained(case: _Case) -> Failure:
 def _judge(round_: _Round) -> Failure | None:
     if round_.hung:
         event = round_.hung[0]
-        return Failure(RETURNS, event, f"had not returned after {_CALL_TIMEOUT:g} s")
+        return Failure(RETURNS, event, f"had not returned after {round_.timeout:g} s")
     return check_history(round_.events, round_.initial)
 
 
@@ -841,10 +954,15 @@ def _reproduce(
     subject: Subject, crew: _Crew, program: Program, attempts: int, seconds: float
 ) -> tuple[_Round, Failure, int] | None:
     """Re-run `program` until it breaks the contract, within the bounds: the failing round, its
-    failure and how many runs it took."""
+    failure and how many runs it took. A program of a shape the factory refuses does not."""
     deadline = time.monotonic() + seconds
     for attempt in range(1, attempts + 1):
-        round_ = _run(subject, crew, program)
+        try:
+            round_ = _run(subject, crew, program)
+        except _Refused:
+            return None
+        except _NotRun:
+            continue
         try:
             failure = _judge(round_)
         except Inconclusive:
@@ -920,48 +1038,72 @@ def _violation(round_: _Round, failure: Failure, seed: int | None) -> Violation:
 
 def run_concurrent(subject: Subject, *, seconds: float, seed: int) -> PartResult:
     """Rounds of random programs until `seconds` run out or one breaks the contract, which is
-    then minimised within three times `seconds` (2 s at least, 20 s at most). Each round closes
-    whatever the subject has open when it ends."""
+    then minimised within what is left of `seconds` (2 s at least, 20 s at most). Each round
+    closes whatever the subject has open when it ends."""
     started = time.monotonic()
     rng = random.Random(seed)
-    rounds = calls = checked = inconclusive = 0
+    rounds = calls = checked = inconclusive = not_run = 0
+    not_checked: list[str] = []
+    two_stores = True
     crew = _Crew()
     try:
         while True:
-            round_ = _run(subject, crew, _generate(rng, subject))
-            rounds += 1
-            calls += len(round_.events)
+            program = _generate(rng, subject, two_stores)
             try:
-                failure = _judge(round_)
-            except Inconclusive:
-                inconclusive += 1
-                failure = None
-            else:
-                checked += 1
-            if failure is not None:
-                found = round_, failure
-                if failure.clause != RETURNS:
-                    low, high = _MINIMISE_SECONDS
-                    found = _minimise(subject, crew, found, min(high, max(low, 3 * seconds)))
-                summary = (
-                    f"{rounds:,} rounds, {calls:,} calls; round {rounds:,} broke the contract "
-                    f"(minimised to {found[0].program.calls} calls)"
-                )
-                violation = _violation(*found, seed)
-                elapsed = time.monotonic() - started
-                return PartResult(PART, Status.FAILED, summary, elapsed, [violation])
+                round_ = _run(subject, crew, program)
+            except _Refused as e:
+                not_checked.append(f"programs of {_HANDLES['stores']}: {e}")
+                two_stores = False
+                continue
+            except _NotRun:
+                not_run += 1
+                round_ = None
+            if round_ is not None:
+                rounds += 1
+                calls += len(round_.events)
+                try:
+                    failure = _judge(round_)
+                except Inconclusive:
+                    inconclusive += 1
+                    failure = None
+                else:
+                    checked += 1
+                if failure is not None:
+                    found_after = time.monotonic() - started
+                    found = round_, failure
+                    if failure.clause != RETURNS:
+                        low, high = _MINIMISE_SECONDS
+                        bound = min(high, max(low, seconds - found_after))
+                        found = _minimise(subject, crew, found, bound)
+                    summary = (
+                        f"{rounds:,} rounds, {calls:,} calls; round {rounds:,} broke the "
+                        f"contract (minimised to {found[0].program.calls} calls)"
+                    )
+                    return PartResult(
+                        PART,
+                        Status.FAILED,
+                        summary,
+                        time.monotonic() - started,
+                        [_violation(*found, seed)],
+                        not_checked,
+                        found_after,
+                    )
             if time.monotonic() - started >= seconds:
                 break
     finally:
         crew.close()
     summary = f"{rounds:,} rounds, {calls:,} calls linearizable"
-    not_checked: list[str] = []
     if inconclusive:
         summary = (
             f"{rounds:,} rounds, {checked:,} histories linearizable, "
             f"{inconclusive:,} too large to decide"
         )
         not_checked.append(f"{inconclusive} of {rounds} histories: no decision within the budget")
+    if not_run:
+        not_checked.append(
+            f"{not_run} rounds not run: their setup got no definite answer "
+            f"(KvUnavailable or KvIndeterminate) in {_SETUP_TRIES} tries"
+        )
     status = Status.PASSED if checked else Status.NOT_CHECKED
     return PartResult(PART, status, summary, time.monotonic() - started, not_checked=not_checked)
 

@@ -5,6 +5,13 @@ fails): it cannot say which call misbehaved. So each namespace it is given is `M
 call the VFS makes is mirrored on the contract's `Model`, and the first call whose answer the model
 does not admit is the finding, named with its arguments. A run the fuzz fails with no such call is
 reported with the fuzz's own failure and the minimised steps.
+
+The VFS takes any KV error as fatal for its connection. So the monitor makes a call again
+itself while it answers `KvUnavailable` (it applied nothing), and a read while it answers
+`KvIndeterminate` (it changed nothing): the VFS sees neither. A write answering
+`KvIndeterminate` goes up to the VFS, and the model keeps both states (applied and not); a run
+that then fails, or that got no definite answer in `_TRIES` tries, is not checked, with the
+reason, rather than failed.
 """
 
 from __future__ import annotations
@@ -21,10 +28,18 @@ from pagekv.fuzz.session import run_options
 from pagekv.fuzz.steps import EVENTS, from_json, to_json
 from pagekv.kv import ActorKv, KvError, KvIndeterminate, KvUnavailable
 from pagekv.kv.wrappers import KvWrapper
-from pagekv.testing.model import Model, Op, Outcome
+from pagekv.testing.model import (
+    READS,
+    RESULT_TYPES,
+    RESULT_TYPES_REQUIRES,
+    Model,
+    Op,
+    Outcome,
+    wrong_type,
+)
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation, show
-from pagekv.testing.subject import Subject
+from pagekv.testing.subject import FactoryFailed, Subject, UsageError
 
 T = TypeVar("T")
 _SEQUENCE_SHOWN: Final = 30
@@ -34,6 +49,12 @@ _EVENTS: Final = frozenset(EVENTS) - {"quota"}
 """Quota runs need limits of the fuzz's choosing; the contract part checks the quota."""
 _CANDIDATES: Final = 8
 """States the model keeps after indeterminate outcomes before it gives up checking a run."""
+_TRIES: Final = 5
+"""Times the monitor makes a call that answers `KvUnavailable` (a read: or `KvIndeterminate`)."""
+_MINIMISE_LEAST: Final = 2.0
+"""Seconds a finding is minimised for at least (else what is left of the part's time)."""
+_DB_OPTIONS: Final = {"in_place_commits": bool}
+"""The database options a replay file may set, and their types (those `run_options` makes)."""
 
 _CLAUSES: Final = {
     "get": "get returns the value last written to each key",
@@ -55,26 +76,57 @@ class Monitored(KvWrapper):
 
     def __init__(self, inner: ActorKv, limits: Any) -> None:
         super().__init__(inner)
-        self._models = [Model(limits, generation=inner.generation())]
         self._lock = threading.Lock()
         self.calls: list[str] = []
         self.violation: Violation | None = None
+        self.unsettled: str | None = None
+        """The first answer that was not definite: a `KvIndeterminate` write, or a call that
+        answered `KvUnavailable` every try. A run that fails after it is not checked."""
         self._written_by: dict[bytes, int] = {}
         """Each key's latest write: the index in `calls` of the call that put it."""
+        self._models: list[Model] = []
+        self._models = [Model(limits, generation=self.generation())]
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         call = Op(op, args, tuple(kwargs.items()))
         with self._lock:
-            try:
-                result = fn(*args, **kwargs)
-            except KvError as e:
-                self._judge(call, Outcome(errors=frozenset({type(e)}), raised=e))
-                raise
-            except Exception as e:
-                self._untyped(call, e)
-                raise
-            self._judge(call, Outcome(result))
-            return result
+            attempt = 1
+            while True:
+                try:
+                    result = fn(*args, **kwargs)
+                except KvError as e:
+                    again = isinstance(e, KvUnavailable) or (
+                        isinstance(e, KvIndeterminate) and op in READS
+                    )
+                    if again and attempt < _TRIES:
+                        self.calls.append(f"{call} raised {show(e)} (made again)")
+                        attempt += 1
+                        continue
+                    if again or isinstance(e, KvIndeterminate):
+                        self.unsettled = self.unsettled or f"{call} raised {show(e)}"
+                    self._judge(call, Outcome(errors=frozenset({type(e)}), raised=e))
+                    raise
+                except Exception as e:
+                    self._untyped(call, e)
+                    raise
+                problem = wrong_type(op, result)
+                if problem is None:
+                    self._judge(call, Outcome(result))
+                else:
+                    self._wrong_type(call, result, problem)
+                return result
+
+    def _wrong_type(self, op: Op, result: object, problem: str) -> None:
+        self.calls.append(f"{op} -> {show(result)}")
+        if self.violation is None:
+            self.violation = Violation(
+                part="fuzz",
+                clause=RESULT_TYPES,
+                requires=RESULT_TYPES_REQUIRES,
+                call=f"kv.{op}",
+                got=f"returned {show(result)}, {problem}",
+                sequence=self.calls[-_SEQUENCE_SHOWN:],
+            )
 
     def _untyped(self, op: Op, error: Exception) -> None:
         self.calls.append(f"{op} raised {type(error).__name__}: {error}")
@@ -92,7 +144,7 @@ class Monitored(KvWrapper):
         self.calls.append(f"{op} {observed}")
         if self.violation is not None or not self._models:
             return
-        if isinstance(observed.raised, KvUnavailable):
+        if isinstance(observed.raised, KvUnavailable | KvIndeterminate) and op.method in READS:
             return
         if isinstance(observed.raised, KvIndeterminate):
             applied = [m.copy() for m in self._models]
@@ -146,32 +198,54 @@ class _Runs:
 
     subject: Subject
     monitors: list[Monitored] = field(default_factory=list)
+    failed: FactoryFailed | None = None
+    """The factory failing to open a run's namespace."""
+    unsettled: str | None = None
+    """A run's namespace that could not even be monitored: no definite first `generation()`."""
 
     def __call__(self) -> ActorKv:
-        kv = self.subject.namespace()
-        monitor = Monitored(kv, self.subject.limits_of(kv, None))
+        try:
+            kv = self.subject.namespace()
+        except FactoryFailed as e:
+            self.failed = e
+            raise
+        try:
+            monitor = Monitored(kv, self.subject.limits_of(kv, None))
+        except (KvUnavailable, KvIndeterminate) as e:
+            self.unsettled = f"generation() raised {show(e)}"
+            raise
         self.monitors.append(monitor)
         return monitor
 
     def found(self) -> Violation | None:
+        if self.failed is not None:
+            return self.failed.violation("fuzz")
         return next((m.violation for m in self.monitors if m.violation is not None), None)
+
+    def unsure(self) -> str | None:
+        """Why the latest run is not checked, if it is not."""
+        return next((m.unsettled for m in self.monitors if m.unsettled), self.unsettled)
 
     def reset(self) -> None:
         self.monitors.clear()
+        self.failed = self.unsettled = None
         self.subject.close()
 
 
-def _execute(runs: _Runs, steps: list[Step], options: dict[str, Any]) -> Violation | None:
-    """Run steps on a fresh monitored namespace: the first violation, from the model or the fuzz."""
+def _execute(runs: _Runs, steps: list[Step], options: dict[str, Any]) -> Violation | str | None:
+    """Run steps on a fresh monitored namespace: the first violation, from the model or the
+    fuzz; or why the run is not checked (a failure after an answer that was not definite)."""
     runs.reset()
     failure: Exception | None = None
     try:
         Runner(runs, **options).run(steps)
     except Exception as e:  # a FuzzFailure, or the backend failing the database's open
         failure = e
-    found = runs.found()
+    found, unsure = runs.found(), runs.unsure()
     runs.reset()
     if found is None and failure is not None:
+        if unsure is not None:
+            return f"{unsure}, which the VFS takes as fatal ({type(failure).__name__}: {failure})"
         found = Violation(
             part="fuzz",
             clause="the database survives every step",
@@ -188,16 +262,22 @@ def run_fuzz(subject: Subject, *, seconds: float, seed: int) -> PartResult:
     runs = _Runs(subject)
     rng = random.Random(seed)
     n = 0
+    unsure: list[str] = []
     while time.monotonic() - started < seconds:
         n += 1
         run = rng.randrange(2**63)
         steps = run_seed(run, config)
         options = run_options(run, config)
         found = _execute(runs, steps, options)
-        if found is not None:
+        if isinstance(found, str):
+            unsure.append(found)
+        elif found is not None:
             return _failed(runs, found, run, steps, options, seed, started, seconds)
-    summary = f"{n} runs of {config.steps_per_run} steps, every KV call as the model requires"
-    return PartResult("fuzz", Status.PASSED, summary, time.monotonic() - started)
+    not_checked = [f"{len(unsure)} of {n} runs: {unsure[0]}"] if unsure else []
+    checked = n - len(unsure)
+    summary = f"{checked} runs of {config.steps_per_run} steps, every KV call as the model requires"
+    status = Status.PASSED if checked else Status.NOT_CHECKED
+    return PartResult("fuzz", status, summary, time.monotonic() - started, [], not_checked)
 
 
 def _failed(
@@ -214,19 +294,40 @@ def _failed(
 
     def fails(candidate: list[Step]) -> bool:
         again = _execute(runs, candidate, options)
-        return again is not None and again.clause == found.clause
+        return isinstance(again, Violation) and again.clause == found.clause
 
-    small = minimize(steps, fails, max(5.0, seconds))
-    final = _execute(runs, small, options) or found
+    small = minimize(steps, fails, max(_MINIMISE_LEAST, seconds - took))
+    final = _execute(runs, small, options)
+    if not isinstance(final, Violation):
+        final = found
     final.seed = seed
     final.details = {"run": run, "db_options": options, "steps": [to_json(s) for s in small]}
-    summary = f"found in run {run} after {took:.1f} s; {len(small)} fuzz steps replay it"
-    return PartResult("fuzz", Status.FAILED, summary, took, [final])
+    summary = f"found in run {run}; {len(small)} fuzz steps replay it"
+    elapsed = time.monotonic() - started
+    return PartResult("fuzz", Status.FAILED, summary, elapsed, [final], [], took)
 
 
 def replay_fuzz(subject: Subject, details: dict[str, Any]) -> Violation | None:
-    steps = [from_json(s) for s in details["steps"]]
-    found = _execute(_Runs(subject), steps, details.get("db_options", {}))
-    if found is not None:
-        found.details = details
+    """Run a reported run's steps again; its violation, or None (also when the run got an
+    answer that was not definite). `UsageError` when `details` are not a run's."""
+    steps, options = _decode(details)
+    found = _execute(_Runs(subject), steps, options)
+    if not isinstance(found, Violation):
+        return None
+    found.details = details
     return found
+
+
+def _decode(details: dict[str, Any]) -> tuple[list[Step], dict[str, Any]]:
+    options = details.get("db_options", {})
+    if not isinstance(options, dict) or any(
+        type(options[k]) is not _DB_OPTIONS.get(k) for k in options
+    ):
+        raise UsageError(f"a fuzz replay's db_options are some of {sorted(_DB_OPTIONS)}")
+    raw = details.get("steps")
+    if not isinstance(raw, list):
+        raise UsageError("a fuzz replay's steps are a list")
+    try:
+        return [from_json(s) for s in raw], options
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UsageError(f"a fuzz replay's step is malformed: {type(e).__name__}: {e}") from None

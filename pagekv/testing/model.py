@@ -7,6 +7,12 @@ compares a reopened namespace with it, and the fuzz part mirrors every call the 
 Validation is our own (`pagekv.kv.limits`), which is the contract's: the model raises what a
 request deserves. A request that breaks several rules may deserve several errors; `Outcome.errors`
 is then the set of them, and a backend may raise any one.
+
+Results are checked for type before they are compared (`wrong_type`): the contract's types
+exactly, so a `bytearray` value or a `[key, value]` list is a violation, never equal to what the
+model holds. `Op.from_json` decodes a call from a replay file and refuses anything but an
+`ActorKv` method with arguments of the shapes the parts make, so a tampered file cannot call
+anything else on the backend.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pagekv.kv import (
+    ACTOR_KV_METHODS,
     ActorKv,
     FenceMismatch,
     InvalidArgument,
@@ -36,9 +43,34 @@ from pagekv.kv.limits import (
     quota_delta,
 )
 from pagekv.testing.report import show, show_call
+from pagekv.testing.subject import UsageError
 
 READS = frozenset({"get", "list", "generation", "used_bytes"})
 WRITES = frozenset({"write", "put", "delete", "delete_range", "takeover", "drop"})
+_ARGUMENTS: Final = {
+    "get": (1, frozenset()),
+    "list": (0, frozenset({"prefix", "start", "end", "limit", "reverse"})),
+    "write": (0, frozenset({"put", "delete", "fence"})),
+    "put": (1, frozenset({"fence"})),
+    "delete": (1, frozenset({"fence"})),
+    "delete_range": (2, frozenset({"fence"})),
+    "takeover": (0, frozenset()),
+    "generation": (0, frozenset()),
+    "used_bytes": (0, frozenset()),
+    "drop": (0, frozenset({"fence"})),
+}
+"""Each `ActorKv` method (every one but the `limits` property): its positional arguments and
+the keywords it takes. A replayed call must fit these."""
+assert set(_ARGUMENTS) == READS | WRITES == set(ACTOR_KV_METHODS) - {"limits"}
+FENCED: Final = frozenset(m for m, (_, names) in _ARGUMENTS.items() if "fence" in names)
+"""The methods that take `fence=`."""
+
+RESULT_TYPES: Final = "every result has the contract's type"
+RESULT_TYPES_REQUIRES: Final = (
+    "get returns a list of bytes or None, list a list of (key, value) tuples of bytes (bytes "
+    "exactly: not bytearray or memoryview), takeover, generation and used_bytes an int, the "
+    "writes None"
+)
 
 
 @dataclass(frozen=True)
@@ -63,8 +95,26 @@ class Op:
         return {"method": self.method, "args": _enc(self.args), "kwargs": _enc(dict(self.kwargs))}
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> Op:
-        return Op(data["method"], tuple(_dec(data["args"])), tuple(_dec(data["kwargs"]).items()))
+    def from_json(data: object) -> Op:
+        """The call `to_json` wrote. Raises `UsageError` for anything else: a method that is
+        not an `ActorKv` method, arguments it does not take, values of other shapes."""
+        try:
+            if not isinstance(data, dict):
+                raise ValueError(f"a call must be an object, not {show(data)}")
+            method = data.get("method")
+            if not isinstance(method, str) or method not in _ARGUMENTS:
+                raise ValueError(
+                    f"{method!r} is not an ActorKv method ({', '.join(sorted(_ARGUMENTS))})"
+                )
+            args, kwargs = _dec(data.get("args")), _dec_keywords(data.get("kwargs"))
+            count, names = _ARGUMENTS[method]
+            if not isinstance(args, list) or len(args) != count:
+                raise ValueError(f"{method} takes {count} positional arguments, not {show(args)}")
+            if not set(kwargs) <= names:
+                raise ValueError(f"{method} takes no {', '.join(sorted(set(kwargs) - names))}")
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"a replayed call is malformed: {e}") from None
+        return Op(method, tuple(args), tuple(kwargs.items()))
 
 
 def _enc(value: Any) -> Any:
@@ -78,15 +128,38 @@ def _enc(value: Any) -> Any:
     return value
 
 
-def _dec(value: Any) -> Any:
+def _dec(value: object) -> Any:
+    """What `_enc` wrote: bytes, ints, bools, None, and lists and mappings of them (a mapping's
+    keys hashable); anything else raises `ValueError` or `TypeError`."""
     if isinstance(value, dict):
-        if "hex" in value:
+        if set(value) == {"hex"} and isinstance(value["hex"], str):
             return bytes.fromhex(value["hex"])
-        if "dict" in value:
-            return {_dec(k): _dec(v) for k, v in value["dict"]}
+        if set(value) == {"dict"} and isinstance(value["dict"], list):
+            return {_dec(k): _dec(v) for k, v in map(_pair, value["dict"])}
+        raise ValueError(f"{show(value)} is not an encoded value")
     if isinstance(value, list):
         return [_dec(v) for v in value]
-    return value
+    if value is None or isinstance(value, int):
+        return value
+    raise ValueError(f"{show(value)} is not an encoded value")
+
+
+def _pair(item: object) -> tuple[object, object]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise ValueError(f"{show(item)} is not a [key, value] pair")
+    return item[0], item[1]
+
+
+def _dec_keywords(value: object) -> dict[str, Any]:
+    """Keyword arguments as `_enc` wrote them: names and encoded values."""
+    if not isinstance(value, dict) or set(value) != {"dict"} or not isinstance(value["dict"], list):
+        raise ValueError(
+            f"keyword arguments must be encoded as {{'dict': [...]}}, not {show(value)}"
+        )
+    pairs = list(map(_pair, value["dict"]))
+    if not all(isinstance(name, str) for name, _ in pairs):
+        raise ValueError(f"keyword names must be strings, not {show([n for n, _ in pairs])}")
+    return {name: _dec(v) for name, v in pairs}  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -109,6 +182,8 @@ class Outcome:
         return observed.raised is not None and isinstance(observed.raised, tuple(self.errors))
 
     def __str__(self) -> str:
+        if isinstance(self.raised, ResultTypeError):
+            return str(self.raised)
         if self.raised is not None:
             return f"raised {type(self.raised).__name__}: {self.raised}"
         if self.errors:
@@ -117,24 +192,48 @@ class Outcome:
 
 
 def _same(a: Any, b: Any) -> bool:
-    return _plain(a) == _plain(b)
+    """Equal, for values of the contract's types (`wrong_type` has passed them)."""
+    return bool(a == b)
 
 
-def _plain(value: Any) -> Any:
-    """Lists and tuples alike, bytes-likes as bytes: the shape a result is compared in."""
-    if isinstance(value, list | tuple):
-        return tuple(_plain(v) for v in value)
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    return value
+def wrong_type(method: str, value: object) -> str | None:
+    """What is wrong with the type of `value`, a result of `method`; None when nothing is."""
+    if method in ("get", "list"):
+        if type(value) is not list:
+            return f"a {type(value).__name__}, not a list"
+        for i, item in enumerate(value):
+            if method == "get" and item is not None and type(item) is not bytes:
+                return f"[{i}] is a {type(item).__name__}, not bytes or None"
+            if method == "list":
+                if type(item) is not tuple or len(item) != 2:
+                    return f"[{i}] is a {type(item).__name__}, not a (key, value) tuple"
+                kinds = [type(part).__name__ for part in item if type(part) is not bytes]
+                if kinds:
+                    return f"[{i}] holds a {kinds[0]}, not bytes"
+        return None
+    if method in ("takeover", "generation", "used_bytes"):
+        return None if type(value) is int else f"a {type(value).__name__}, not an int"
+    return None if value is None else f"a {type(value).__name__}, not None"
+
+
+class ResultTypeError(Exception):
+    """A call returned a value of another type than the contract's: what `observe` raises."""
+
+    def __init__(self, value: object, problem: str) -> None:
+        super().__init__(f"returned {show(value)}, {problem}")
+        self.value = value
 
 
 def observe(kv: ActorKv, op: Op) -> Outcome:
-    """Run `op` on a real namespace; a `KvError` becomes an outcome, anything else propagates."""
+    """Run `op` on a real namespace; a `KvError` becomes an outcome, a result of another type
+    than the contract's raises `ResultTypeError`, anything else propagates."""
     try:
         value = op.call(kv)
     except KvError as e:
         return Outcome(errors=frozenset({type(e)}), raised=e)
+    problem = wrong_type(op.method, value)
+    if problem is not None:
+        raise ResultTypeError(value, problem)
     return Outcome(value)
 
 

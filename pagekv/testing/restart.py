@@ -19,11 +19,19 @@ namespace back after each call, and a kill's finding is first run again clean, w
 A failure is minimised (delta debugging over the calls and restart points; a kill candidate is
 tried a few times, since where a kill lands varies) and its report names the earliest
 acknowledged call whose effect is missing.
+
+A namespace's model starts at the generation it has when the run opens it (a fresh namespace
+need not be at 0). The answers the contract allows a backend that cannot tell are taken as a
+client would: a call answering `KvUnavailable` applied nothing and is made again (a read
+answering `KvIndeterminate` too); a write answering `KvIndeterminate` may have applied, so the
+namespace is read back, and the model follows what it holds, as before the call or as after it.
+A run whose call gets no definite answer in `_TRIES` tries is not checked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import multiprocessing
 import os
@@ -39,11 +47,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from pagekv.kv import ActorKv, KvError, KvLimits
-from pagekv.testing.model import Model, Op, Outcome, observe
+from pagekv.kv import ActorKv, KvError, KvIndeterminate, KvLimits, KvUnavailable
+from pagekv.testing.model import (
+    READS,
+    RESULT_TYPES,
+    RESULT_TYPES_REQUIRES,
+    Model,
+    Op,
+    Outcome,
+    ResultTypeError,
+    observe,
+)
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation, show
-from pagekv.testing.subject import NAMESPACE, Subject, UsageError
+from pagekv.testing.subject import NAMESPACE, FactoryFailed, Subject, UsageError
 
 CLEAN: Final = "clean"
 KILL: Final = "kill"
@@ -52,16 +69,23 @@ _KEYS: Final = tuple(b"k%02d" % n for n in range(12))
 _KILL_TRIES: Final = 3
 """Times a kill candidate is run while minimising before it is taken not to fail."""
 _MINIMISE_SECONDS: Final = 10.0
-"""The most a failure's minimisation takes (at most the part's own `seconds`, at least 1 s)."""
+"""The most a failure's minimisation takes (what is left of the part's `seconds`, at least 1 s)."""
+_TRIES: Final = 5
+"""Times a call is made while it answers `KvUnavailable` (or, for a read, `KvIndeterminate`)."""
+_MOST_STEPS: Final = 200
+"""The longest scenario a replay file may ask for (the part makes 6 to 40 calls)."""
+_MOST_DELAY: Final = 1.0
 _CHILD_SECONDS: Final = 10.0
 """How long a child may take to reach its kill point; it is killed then wherever it is."""
 _RECORD: Final = struct.Struct("<iI")
 """An acknowledgement from the child: the call's index (-1: the store opened) and a status;
 8 bytes, so one `write` of it is atomic on a pipe."""
 _LENGTH: Final = struct.Struct("<I")
-_OK, _WRONG, _BROKEN = 0, 1, 2
+_OK, _WRONG, _BROKEN, _NOT_APPLIED, _UNSETTLED = 0, 1, 2, 3, 4
 """A child's statuses: acknowledged as the model requires; answered otherwise; the store did not
-open (index -1) or our own code failed (index -2). A text follows all but the first."""
+open (index -1) or our own code failed (index -2); answered `KvIndeterminate` and read back as
+not applied; no definite answer in `_TRIES` tries. A text follows all but `_OK` and
+`_NOT_APPLIED`, and the open's `_OK` (its text: the namespaces' first generations)."""
 _OPENED: Final = -1
 _CRASHED: Final = -2
 
@@ -105,6 +129,7 @@ _ANSWERS: Final = _Clause(
     "each call of a restart run answers as the contract's model does and leaves the namespaces "
     "as the model has them (so that what a restart changes is told from what a call did)",
 )
+_TYPES: Final = _Clause(RESULT_TYPES, RESULT_TYPES_REQUIRES)
 _REOPENS: Final = _Clause(
     "the store reopens after a restart",
     "the factory called again with the same location opens the store, and its namespaces "
@@ -123,8 +148,16 @@ class Step:
         return {"restart": True} if self.op is None else {"ns": self.ns, "op": self.op.to_json()}
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> Step:
-        return Step() if data.get("restart") else Step(data["ns"], Op.from_json(data["op"]))
+    def from_json(data: object, names: int) -> Step:
+        """The step `to_json` wrote, of a scenario of `names` namespaces; `UsageError` else."""
+        if data == {"restart": True}:
+            return Step()
+        if not isinstance(data, dict) or set(data) != {"ns", "op"}:
+            raise UsageError(f"a restart step is {{ns, op}} or {{restart: true}}, not {show(data)}")
+        ns = data["ns"]
+        if type(ns) is not int or not 0 <= ns < names:
+            raise UsageError(f"a restart step's ns must be below {names}, not {show(ns)}")
+        return Step(ns, Op.from_json(data["op"]))
 
 
 @dataclass(frozen=True)
@@ -158,9 +191,24 @@ class Scenario:
         }
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> Scenario:
-        steps = tuple(Step.from_json(s) for s in data["steps"])
-        return Scenario(data["kind"], tuple(data["names"]), steps, data.get("delay", 0.0))
+    def from_json(data: object) -> Scenario:
+        """The scenario `to_json` wrote; `UsageError` for anything else (the part's own
+        namespace names only, a kill with one kill point and a delay of a second at most)."""
+        if not isinstance(data, dict) or data.get("kind") not in (CLEAN, KILL):
+            raise UsageError(f"a restart scenario's kind is {CLEAN} or {KILL}")
+        names, steps, delay = data.get("names"), data.get("steps"), data.get("delay", 0.0)
+        if not isinstance(names, list) or not names or not set(names) <= set(_NAMES):
+            raise UsageError(f"a restart scenario's names are some of {', '.join(_NAMES)}")
+        if len(set(names)) != len(names):
+            raise UsageError("a restart scenario names each namespace once")
+        if not isinstance(steps, list) or len(steps) > _MOST_STEPS:
+            raise UsageError(f"a restart scenario has a list of {_MOST_STEPS} steps at most")
+        if type(delay) not in (int, float) or not 0 <= delay <= _MOST_DELAY:
+            raise UsageError(f"a restart scenario's delay is 0 to {_MOST_DELAY:g} s")
+        parsed = tuple(Step.from_json(s, len(names)) for s in steps)
+        if data["kind"] == KILL and parsed.count(Step()) != 1:
+            raise UsageError("a kill scenario has exactly one restart step, its kill point")
+        return Scenario(data["kind"], tuple(names), parsed, float(delay))
 
 
 @dataclass
@@ -169,6 +217,8 @@ class _Tally:
     restarts: int = 0
     kills: int = 0
     calls: int = 0
+    unsettled: int = 0
+    """Runs given up on: a call of theirs got no definite answer."""
 
     def add(self, run: _Run) -> None:
         self.runs += 1
@@ -184,62 +234,63 @@ class _Tally:
 
 
 def run_restart(subject: Subject, *, seconds: float, seed: int) -> PartResult:
-    """Seeded runs until `seconds` are used (at least two); the first failure, minimised."""
+    """Seeded runs until `seconds` are used (at least one); the first failure, minimised within
+    what is left of `seconds`."""
     started = time.monotonic()
     if not subject.reopens:
         return PartResult("restart", Status.NOT_CHECKED, _cannot_reopen(subject))
     no_kills = _cannot_kill()
-    limits = _limits(subject)
+    not_checked = [] if no_kills is None else [no_kills]
+    limits, first = _fresh(subject)
     rng = random.Random(seed)
     tally = _Tally()
-    while tally.runs < 2 or time.monotonic() - started < seconds:
-        kind = KILL if no_kills is None and tally.runs % 2 else CLEAN
-        scenario = _generate(random.Random(rng.getrandbits(64)), kind, limits)
+    while tally.runs + tally.unsettled < 1 or time.monotonic() - started < seconds:
+        kind = KILL if no_kills is None and (tally.runs + tally.unsettled) % 2 else CLEAN
+        scenario = _generate(random.Random(rng.getrandbits(64)), kind, limits, first)
         run = _Run(subject, scenario, limits, seed)
-        found = run.execute()
+        try:
+            found = run.execute()
+        except _Unsettled:
+            tally.unsettled += 1
+            continue
         tally.add(run)
         if found is not None:
+            found_after = time.monotonic() - started
             scenario, found = _blame(subject, scenario, limits, seed, found)
-            budget = min(_MINIMISE_SECONDS, max(1.0, seconds))
+            budget = min(_MINIMISE_SECONDS, max(1.0, seconds - found_after))
             found = _minimise(subject, scenario, limits, seed, found, budget)
             calls = len(Scenario.from_json(found.details["scenario"]).calls())
             summary = (
                 f"{tally}; run {tally.runs} ({kind}) failed, minimised to {calls} "
                 f"call{'s' if calls != 1 else ''}"
             )
+            took = time.monotonic() - started
             return PartResult(
-                "restart",
-                Status.FAILED,
-                summary,
-                time.monotonic() - started,
-                [found],
-                [] if no_kills is None else [no_kills],
+                "restart", Status.FAILED, summary, took, [found], not_checked, found_after
             )
-    if no_kills is not None:
-        return PartResult(
-            "restart",
-            Status.PASSED,
-            f"{tally}, nothing lost; no kills: {no_kills}",
-            time.monotonic() - started,
-            not_checked=[no_kills],
+    if tally.unsettled:
+        not_checked.append(
+            f"{tally.unsettled} runs given up: a call got no definite answer (KvUnavailable, or "
+            f"KvIndeterminate from a read) in {_TRIES} tries"
         )
-    return PartResult(
-        "restart", Status.PASSED, f"{tally}, nothing lost", time.monotonic() - started
-    )
+    summary = f"{tally}, nothing lost" + (f"; no kills: {no_kills}" if no_kills else "")
+    status = Status.PASSED if tally.runs else Status.NOT_CHECKED
+    return PartResult("restart", status, summary, time.monotonic() - started, [], not_checked)
 
 
 def replay_restart(subject: Subject, details: dict[str, Any]) -> Violation | None:
     """Run a reported scenario again (a kill one up to a few times); its violation, or None.
 
-    Raises `UsageError` where it cannot run: a factory that cannot reopen, a kill without fork."""
+    Raises `UsageError` where it cannot run (a factory that cannot reopen, a kill without fork)
+    or when `details` are not a scenario."""
     if not subject.reopens:
         raise UsageError(f"cannot replay a restart: {_cannot_reopen(subject)}")
-    scenario = Scenario.from_json(details["scenario"])
+    scenario = Scenario.from_json(details.get("scenario"))
     if scenario.kind == KILL and (reason := _cannot_kill()) is not None:
         raise UsageError(f"cannot replay a kill: {reason}")
-    limits = _limits(subject)
+    limits, _ = _fresh(subject)
     for _ in range(_KILL_TRIES if scenario.kind == KILL else 1):
-        found = _Run(subject, scenario, limits, details.get("seed")).execute()
+        found = _attempt(_Run(subject, scenario, limits, details.get("seed")))
         if found is not None:
             return found
     return None
@@ -263,23 +314,31 @@ def _cannot_kill() -> str | None:
     return None
 
 
-def _limits(subject: Subject) -> KvLimits:
-    """The limits the factory's namespaces advertise: what the calls are generated within."""
+def _fresh(subject: Subject) -> tuple[KvLimits, int]:
+    """The limits a fresh namespace of the factory's advertises and its generation: what the
+    calls are generated within, and the generation their fences start from (the runs read
+    their own namespaces' generations; this one only makes fences current as intended)."""
     location = subject.location()
     store = subject.open_store(location=location, track=False)
     try:
-        return subject.limits_of(store.namespace(_NAMES[0]), None)
+        try:
+            kv = store.namespace(_NAMES[0])
+        except Exception as e:
+            raise FactoryFailed(f"store.namespace({_NAMES[0]!r})", e) from e
+        generation = _observe(kv, Op.of("generation"))
+        first = generation.value if not generation.failed else 0
+        return subject.limits_of(kv, None), first
     finally:
-        store.close()
+        _close_quietly(store)
         shutil.rmtree(location, ignore_errors=True)
 
 
 # --- generating a run ---------------------------------------------------------------------------
 
 
-def _generate(rng: random.Random, kind: str, limits: KvLimits) -> Scenario:
+def _generate(rng: random.Random, kind: str, limits: KvLimits, first: int) -> Scenario:
     names = _NAMES[: rng.choice((2, 3))]
-    shadows = [Model(limits) for _ in names]
+    shadows = [Model(limits, generation=first) for _ in names]
     calls: list[Step] = []
     for number in range(rng.randint(6, 40)):
         ns = rng.randrange(len(names))
@@ -365,15 +424,57 @@ class _Seen:
     used: Outcome
 
 
+class _Unsettled(Exception):
+    """A call got no definite answer in `_TRIES` tries: its run is given up, neither passed nor
+    failed."""
+
+
 def _observe(kv: ActorKv, op: Op) -> Outcome:
-    try:
-        return observe(kv, op)
-    except Exception as e:  # not a KvError: no outcome the contract allows (`errors` is a marker)
-        return Outcome(errors=frozenset({KvError}), raised=e)
+    """`op` on `kv`, made again while it answers `KvUnavailable` (it applied nothing) or, for a
+    read, `KvIndeterminate` (it changed nothing); raises `_Unsettled` after `_TRIES` tries. An
+    error that is no `KvError`, or a result of another type than the contract's, is an outcome
+    no call is allowed (its `errors` a marker)."""
+    for _ in range(_TRIES):
+        try:
+            outcome = observe(kv, op)
+        except Exception as e:
+            return Outcome(errors=frozenset({KvError}), raised=e)
+        raised = outcome.raised
+        if not (
+            isinstance(raised, KvUnavailable)
+            or (isinstance(raised, KvIndeterminate) and op.method in READS)
+        ):
+            return outcome
+    raise _Unsettled(f"{op} {_said(outcome)}, {_TRIES} times")
+
+
+def _settle(kv: ActorKv, model: Model, op: Op) -> tuple[Model, Outcome | None] | str:
+    """After `op` answered `KvIndeterminate`: the namespace read back, and the model that
+    follows it, with the outcome `op` had if it applied (None: it had not). The reads, shown,
+    when the namespace is as neither."""
+    after = model.copy()
+    applied = after.apply(op)
+    reads = ("list", "generation", "used_bytes")
+    seen = [_observe(kv, Op.of(method)) for method in reads]
+    for candidate, outcome in ((after, applied), (model, None)):
+        wanted = (candidate.contents(), candidate.generation, candidate.used)
+        if all(Outcome(w).admits(got) for w, got in zip(wanted, seen, strict=True)):
+            return candidate, outcome
+    return "; ".join(f"{m}() {_said(o)}" for m, o in zip(reads, seen, strict=True))
+
+
+_UNSETTLED_EXPECTED: Final = "the namespace as it was before the call, or as the call leaves it"
+
+
+def _clause_of(observed: Outcome) -> _Clause:
+    """The clause a wrong answer breaks: its type's, or the answer's."""
+    return _TYPES if isinstance(observed.raised, ResultTypeError) else _ANSWERS
 
 
 def _said(outcome: Outcome) -> str:
     """An outcome as a report's sequence shows it: `-> value` or `raised Error`."""
+    if isinstance(outcome.raised, ResultTypeError):
+        return str(outcome.raised)
     if outcome.raised is not None:
         return f"raised {show(outcome.raised)}"
     if outcome.failed:
@@ -401,6 +502,8 @@ class _Run:
         self.scenario = scenario
         self.limits = limits
         self.seed = seed
+        self.first = [0 for _ in scenario.names]
+        """Each namespace's generation when the run opened it: where its model starts."""
         self.models = [Model(limits) for _ in scenario.names]
         self.history: list[list[_Acked]] = [[] for _ in scenario.names]
         self.lines = ["store = factory(location=L)"] + [
@@ -431,6 +534,17 @@ class _Run:
             details={"scenario": self.scenario.to_json(), "seed": self.seed},
         )
 
+    def _begin(self, generations: list[Outcome]) -> Violation | None:
+        """The models start at the generations the namespaces were opened at."""
+        for ns, got in enumerate(generations):
+            call = f"{_handle(ns)}.generation()"
+            self.lines.append(f"{call} {_said(got)}")
+            if got.failed:
+                return self.violation(_clause_of(got), call, _said(got), "an int")
+            self.first[ns] = got.value
+            self.models[ns] = Model(self.limits, generation=got.value)
+        return None
+
     def _ack(self, ns: int, op: Op, outcome: Outcome, note: str = "") -> None:
         line = _line(_handle(ns), op, outcome)
         self.history[ns].append(_Acked(sum(map(len, self.history)), op, line))
@@ -442,8 +556,10 @@ class _Run:
         last = max((i for i, s in enumerate(self.scenario.steps) if s.op is None), default=-1)
         store: Any = None
         try:
-            store = self.subject.open_store(location=location, track=False)
-            kvs = [store.namespace(n) for n in self.scenario.names]
+            store, kvs = self._open(location)
+            found = self._begin([_observe(kv, Op.of("generation")) for kv in kvs])
+            if found is not None:
+                return found
             for i, step in enumerate(self.scenario.steps):
                 if step.op is not None:
                     found = self._call(kvs[step.ns], step.ns, step.op) or self._verify(kvs)
@@ -472,13 +588,30 @@ class _Run:
 
     def _call(self, kv: ActorKv, ns: int, op: Op) -> Violation | None:
         observed = _observe(kv, op)
-        required = self.models[ns].apply(op)
         self.calls += 1
+        if isinstance(observed.raised, KvIndeterminate):
+            return self._settled(kv, ns, op, observed)
+        required = self.models[ns].apply(op)
         if not required.admits(observed):
             call = f"{_handle(ns)}.{op}"
-            self.lines.append(f"{call} {observed}")
-            return self.violation(_ANSWERS, call, str(observed), str(required))
+            self.lines.append(f"{call} {_said(observed)}")
+            return self.violation(_clause_of(observed), call, _said(observed), str(required))
         self._ack(ns, op, required)
+        return None
+
+    def _settled(self, kv: ActorKv, ns: int, op: Op, observed: Outcome) -> Violation | None:
+        """`op` answered `KvIndeterminate`: the model follows what the namespace holds."""
+        call = f"{_handle(ns)}.{op}"
+        settled = _settle(kv, self.models[ns], op)
+        if isinstance(settled, str):
+            self.lines.append(f"{call} {_said(observed)}")
+            got = f"{_said(observed)}, then {settled}"
+            return self.violation(_ANSWERS, call, got, _UNSETTLED_EXPECTED)
+        self.models[ns], applied = settled
+        if applied is None:
+            self.lines.append(f"{call} {_said(observed)}  (read back: it had not applied)")
+        else:
+            self._ack(ns, op, applied, f"  ({_said(observed)}; read back: it had applied)")
         return None
 
     def _verify(self, kvs: list[ActorKv]) -> Violation | None:
@@ -497,32 +630,41 @@ class _Run:
                     expected = show([model.values.get(key)])
                 except (TypeError, ValueError):
                     text, expected = f"then {h}.list() {_said(listed)}", show(model.contents())
-                return self.violation(_ANSWERS, self.lines[-1], text, expected)
+                return self.violation(_clause_of(listed), self.lines[-1], text, expected)
             for method, want in (("generation", model.generation), ("used_bytes", model.used)):
                 got_value = _observe(kv, Op.of(method))
                 if not Outcome(want).admits(got_value):
                     text = f"then {h}.{method}() {_said(got_value)}"
-                    return self.violation(_ANSWERS, self.lines[-1], text, show(want))
+                    clause = _clause_of(got_value)
+                    return self.violation(clause, self.lines[-1], text, show(want))
         return None
 
-    def _reopen(self, location: Path) -> tuple[Any, list[ActorKv]] | Violation:
-        try:
-            store = self.subject.open_store(location=location, track=False)
-        except Exception as e:
-            return self.violation(_REOPENS, "factory(location=L)", f"raised {show(e)}")
+    def _open(self, location: Path) -> tuple[Any, list[ActorKv]]:
+        """The store at `location` and the run's namespaces of it; `FactoryFailed` if either
+        fails."""
+        store = self.subject.open_store(location=location, track=False)
         try:
             return store, [store.namespace(n) for n in self.scenario.names]
         except Exception as e:
             _close_quietly(store)
-            return self.violation(_REOPENS, "store.namespace(...)", f"raised {show(e)}")
+            raise FactoryFailed("store.namespace(...)", e) from e
+
+    def _reopen(self, location: Path) -> tuple[Any, list[ActorKv]] | Violation:
+        try:
+            return self._open(location)
+        except FactoryFailed as e:
+            call = (
+                "store.namespace(...)"
+                if e.call == "store.namespace(...)"
+                else "factory(location=L)"
+            )
+            return self.violation(_REOPENS, call, f"raised {show(e.error)}")
 
     # --- kills ------------------------------------------------------------------------------
 
     def _kill(self, location: Path) -> Violation | None:
         calls = self.scenario.calls()
         kill_after = self.scenario.kill_after
-        if kill_after < 0:
-            self.lines.append("SIGKILL once the store is open")
         acked = 0
         for index, status, text in _run_child(self.subject, location, self.scenario, self.limits):
             if status == _BROKEN:
@@ -531,10 +673,22 @@ class _Run:
                 return self.violation(
                     _ANSWERS, "factory(location=L) in a forked process", text or "failed"
                 )
+            if status == _UNSETTLED:
+                raise _Unsettled(text or "(cut short by the kill)")
             if index == _OPENED:
+                assert text is not None
+                found = self._begin([Outcome(g) for g in json.loads(text)])
+                if kill_after < 0:
+                    self.lines.append("SIGKILL once the store is open")
+                if found is not None:
+                    return found
                 continue
             ns, op = calls[index].ns, calls[index].op
             assert op is not None
+            if status == _NOT_APPLIED:
+                self.lines.append(f"{_handle(ns)}.{op} raised KvIndeterminate  (not applied)")
+                acked += 1
+                continue
             required = self.models[ns].apply(op)
             if status == _WRONG:
                 got = text or "(cut short by the kill)"
@@ -700,7 +854,7 @@ class _Run:
 
     def _states(self, ns: int) -> list[Model]:
         """The namespace after each of its acknowledged calls, from empty."""
-        model = Model(self.limits)
+        model = Model(self.limits, generation=self.first[ns])
         states = [model.copy()]
         for acked in self.history[ns]:
             model.apply(acked.op)
@@ -713,6 +867,10 @@ class _Run:
             op = Op.of("takeover")
             before = self.models[ns].generation
             observed = _observe(kv, op)
+            if isinstance(observed.raised, KvIndeterminate):
+                if (found := self._settled(kv, ns, op, observed)) is not None:
+                    return found
+                continue
             required = self.models[ns].apply(op)
             if not required.admits(observed):
                 got = f"after the restart, {_line(_handle(ns), op, observed)}"
@@ -814,7 +972,7 @@ class _Received:
             index, status = _RECORD.unpack_from(self.buffer)
             text: str | None = None
             end = _RECORD.size
-            if status != _OK:
+            if _texted(index, status):
                 if len(self.buffer) < end + _LENGTH.size:
                     break
                 (length,) = _LENGTH.unpack_from(self.buffer, end)
@@ -824,7 +982,7 @@ class _Received:
                 text = self.buffer[_RECORD.size + _LENGTH.size : end].decode()
             self.buffer = self.buffer[end:]
             self.records.append((index, status, text))
-            due = due or status != _OK or index == kill_after
+            due = due or status not in (_OK, _NOT_APPLIED) or index == kill_after
         return due
 
     def finish(self) -> None:
@@ -835,9 +993,14 @@ class _Received:
         self.buffer = b""
 
 
+def _texted(index: int, status: int) -> bool:
+    """Whether a text follows the record (see `_OK`)."""
+    return status not in (_OK, _NOT_APPLIED) or index == _OPENED
+
+
 def _send(fd: int, index: int, status: int, text: str = "") -> None:
     data = _RECORD.pack(index, status)
-    if status != _OK:
+    if _texted(index, status):
         encoded = text.encode()
         data += _LENGTH.pack(len(encoded)) + encoded
     while data:
@@ -862,18 +1025,25 @@ def _child(
         try:
             store = subject.open_store(location=location, track=False)
             kvs = [store.namespace(n) for n in scenario.names]
+            generations = [_observe(kv, Op.of("generation")) for kv in kvs]
+        except _Unsettled as e:
+            _send(ack, _OPENED, _UNSETTLED, str(e))
+            return
         except Exception as e:
             _send(ack, _OPENED, _BROKEN, f"raised {show(e)}")
             return
-        _send(ack, _OPENED, _OK)
-        models = [Model(limits) for _ in scenario.names]
+        wrong = next((g for g in generations if g.failed), None)
+        if wrong is not None:
+            _send(ack, _OPENED, _BROKEN, f"generation() {_said(wrong)}")
+            return
+        _send(ack, _OPENED, _OK, json.dumps([g.value for g in generations]))
+        models = [Model(limits, generation=g.value) for g in generations]
         for index, step in enumerate(scenario.calls()):
             assert step.op is not None
-            observed = _observe(kvs[step.ns], step.op)
-            if not models[step.ns].apply(step.op).admits(observed):
-                _send(ack, index, _WRONG, str(observed))
+            status, text = _child_call(kvs[step.ns], models, step)
+            _send(ack, index, status, text)
+            if status not in (_OK, _NOT_APPLIED):
                 return
-            _send(ack, index, _OK)
         os.read(hold, 1)
     except BaseException:
         _send(ack, _CRASHED, _BROKEN, traceback.format_exc())
@@ -881,7 +1051,34 @@ def _child(
         os._exit(0)
 
 
+def _child_call(kv: ActorKv, models: list[Model], step: Step) -> tuple[int, str]:
+    """One call of a kill's child, as `_Run._call` makes it in a clean run: its status and the
+    text that goes with it."""
+    assert step.op is not None
+    try:
+        observed = _observe(kv, step.op)
+        if isinstance(observed.raised, KvIndeterminate):
+            settled = _settle(kv, models[step.ns], step.op)
+            if isinstance(settled, str):
+                return _WRONG, f"{_said(observed)}, then {settled}"
+            models[step.ns], applied = settled
+            return (_NOT_APPLIED if applied is None else _OK), ""
+    except _Unsettled as e:
+        return _UNSETTLED, str(e)
+    if not models[step.ns].apply(step.op).admits(observed):
+        return _WRONG, _said(observed)
+    return _OK, ""
+
+
 # --- minimising -------------------------------------------------------------------------------
+
+
+def _attempt(run: _Run) -> Violation | None:
+    """A re-run's violation; None also when it got no definite answer (it proves nothing)."""
+    try:
+        return run.execute()
+    except _Unsettled:
+        return None
 
 
 def _blame(
@@ -892,7 +1089,7 @@ def _blame(
     if scenario.kind == CLEAN or found.clause in (_ANSWERS.name, _REOPENS.name):
         return scenario, found
     bare = Scenario(CLEAN, scenario.names, tuple(scenario.calls()))
-    before = _Run(subject, bare, limits, seed).execute()
+    before = _attempt(_Run(subject, bare, limits, seed))
     return (bare, before) if before is not None else (scenario, found)
 
 
@@ -914,7 +1111,7 @@ def _minimise(
     def fails(steps: list[Step], names: tuple[str, ...] = scenario.names) -> Violation | None:
         candidate = replace(scenario, names=names, steps=tuple(steps))
         for _ in range(tries):
-            again = _Run(subject, candidate, limits, seed).execute()
+            again = _attempt(_Run(subject, candidate, limits, seed))
             if again is not None and again.clause == found.clause:
                 return again
         return None

@@ -16,25 +16,93 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
+import os
+import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pagekv.kv import ACTOR_KV_METHODS, ActorKv, KvLimits
-from pagekv.testing.report import Call
+from pagekv.testing.report import Call, Violation, show, show_call
 
 Factory = Callable[..., Any]
+T = TypeVar("T")
 
 NAMESPACE: Final = "pagekv-check"
 """The namespace a check uses in a store it opened (a fresh store per check)."""
+DEFAULT_CALL_TIMEOUT: Final = 60.0
+"""Seconds a backend call may take before it is reported as one that does not return."""
+_KEYWORDS: Final = ("limits", "location")
+
+RETURNS: Final = "every call returns"
+RETURNS_REQUIRES: Final = (
+    "every call of the backend (the factory, a store's namespace() and close(), every namespace "
+    "method) returns or raises within the check's call timeout"
+)
+OPENS: Final = "the factory opens a store or namespace each time it is called"
+OPENS_REQUIRES: Final = (
+    "the factory, called again as the check calls it (with the limits= and location= it "
+    "declares), returns a fresh namespace or store, or the store at that location; a store's "
+    "namespace(name) returns a namespace"
+)
 
 
 class UsageError(Exception):
     """The factory could not be loaded or called as the contract says (exit status 2)."""
+
+
+class FactoryFailed(Exception):
+    """The factory, or a store's `namespace()`, raised after the factory's first call worked:
+    a failure of the backend, reported by the part that needed the store (a first call that
+    fails is a usage error instead)."""
+
+    def __init__(self, call: str, error: BaseException) -> None:
+        super().__init__(f"{call} raised {show(error)}")
+        self.call = call
+        self.error = error
+
+    def violation(self, part: str, seed: int | None = None) -> Violation:
+        return Violation(
+            part, OPENS, OPENS_REQUIRES, call=self.call, got=f"raised {show(self.error)}", seed=seed
+        )
+
+
+class CallTimeout(BaseException):
+    """A backend call did not return within the call timeout; its thread is left inside the
+    backend. Not an `Exception`, so that it passes every handler that takes a backend's error
+    as its answer and ends the part (which reports `violation()`); every later call of the
+    subject raises it at once, since the backend may be wedged."""
+
+    def __init__(self, call: str, seconds: float) -> None:
+        super().__init__(f"{call} did not return within {seconds:g} s")
+        self.call = call
+        self.seconds = seconds
+
+    def violation(self, part: str, seed: int | None = None) -> Violation:
+        got = f"did not return within {self.seconds:g} s"
+        return Violation(part, RETURNS, RETURNS_REQUIRES, call=self.call, got=got, seed=seed)
+
+
+class BackendExit(Exception):
+    """A backend call raised `SystemExit` (or another `BaseException` that is neither an
+    `Exception` nor `KeyboardInterrupt`): the backend's untyped error, never the check's exit."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"raised {type(error).__name__}({', '.join(map(repr, error.args))})")
+
+
+def _invoke(fn: Callable[..., T], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> T:
+    try:
+        return fn(*args, **kwargs)
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as e:
+        raise BackendExit(e) from e
 
 
 def load_factory(spec: str) -> Factory:
@@ -46,11 +114,17 @@ def load_factory(spec: str) -> Factory:
         target: Any = importlib.import_module(module_name)
     except ImportError as e:
         raise UsageError(f"cannot import {module_name!r} for factory {spec!r}: {e}") from e
+    except (Exception, SystemExit) as e:  # the module's own code failed as it was imported
+        raise UsageError(
+            f"cannot import {module_name!r} for factory {spec!r}: importing it raised {show(e)}"
+        ) from e
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             raise UsageError(f"module {module_name!r} has no {attr!r} (factory {spec!r})") from None
+        except Exception as e:
+            raise UsageError(f"factory {spec!r}: getting {part!r} raised {show(e)}") from e
     if not callable(target):
         raise UsageError(f"factory {spec!r} is a {type(target).__name__}, not a callable")
     return target
@@ -73,29 +147,110 @@ def is_store(obj: object) -> bool:
     return callable(getattr(obj, "namespace", None)) and callable(getattr(obj, "close", None))
 
 
-def _declares(factory: Factory, name: str) -> bool:
+def _compiled(factory: Factory) -> bool:
+    """Whether `factory` is a class or function not written in Python (mypyc's, or C's): its
+    signature then marks every parameter positional-only, though it takes them by keyword."""
+    if isinstance(factory, type):
+        return not any(
+            inspect.isfunction(getattr(factory, n, None)) for n in ("__init__", "__new__")
+        )
+    return inspect.isbuiltin(factory)
+
+
+def _keywords(factory: Factory) -> set[str] | None:
+    """Which of `limits` and `location` the factory takes by keyword, by its signature; None
+    when the signature cannot tell (none at all, or a compiled class's bare `*args, **kwargs`)."""
     try:
-        parameters = inspect.signature(factory).parameters.values()
+        parameters = list(inspect.signature(factory).parameters.values())
     except (TypeError, ValueError):
-        return False
-    return any(
-        (p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-        or p.kind is p.VAR_KEYWORD
-        for p in parameters
-    )
+        return None
+    kind = inspect.Parameter
+    compiled = _compiled(factory)
+    if compiled and {p.kind for p in parameters} <= {kind.VAR_POSITIONAL, kind.VAR_KEYWORD}:
+        return None
+    if any(p.kind is kind.VAR_KEYWORD for p in parameters):
+        return set(_KEYWORDS)
+    by_keyword = {kind.KEYWORD_ONLY, kind.POSITIONAL_OR_KEYWORD}
+    if compiled:
+        by_keyword.add(kind.POSITIONAL_ONLY)
+    return {p.name for p in parameters if p.name in _KEYWORDS and p.kind in by_keyword}
+
+
+class _Worker:
+    """A daemon thread making one caller thread's backend calls, so that the caller can stop
+    waiting for a call that does not return. It ends when its caller thread does (or when it
+    is abandoned, once the call it is in returns)."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        threading.Thread(
+            target=self._serve, args=(self.inbox,), name="pagekv-check-call", daemon=True
+        ).start()
+        weakref.finalize(self, self.inbox.put, None)
+
+    @staticmethod
+    def _serve(inbox: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
+        while (job := inbox.get()) is not None:
+            fn, args, kwargs, box, done = job
+            try:
+                box.append((True, _invoke(fn, args, kwargs)))
+            except BaseException as e:
+                box.append((False, e))
+            done.set()
+            del job, fn, args, kwargs, box, done
+
+
+class _Guarded:
+    """A namespace of the backend's whose every method runs through `Subject.call`."""
+
+    def __init__(self, subject: Subject, inner: Any, label: str) -> None:
+        self.inner = inner
+        """The backend's own object (the concurrent part calls it from threads it times)."""
+        self._subject = subject
+        self._label = label
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+        label = f"{self._label}.{name}"
+        return lambda *args, **kwargs: self._subject.call(label, attr, args, kwargs)
+
+
+class _GuardedStore(_Guarded):
+    """A store of the backend's: `namespace()` and `close()` under the call timeout, and the
+    namespaces it returns guarded too."""
+
+    def namespace(self, name: object) -> Any:
+        inner = self._subject.call("store.namespace", self.inner.namespace, (name,))
+        return _Guarded(self._subject, inner, "kv")
+
+    def close(self) -> None:
+        self._subject.call("store.close", self.inner.close)
 
 
 class Subject:
     """A factory under check: opens fresh namespaces and stores, and closes all it opened.
 
-    Thread-safe: the concurrent part opens handles from several threads.
+    Every call of the backend's goes through `call`: on a thread of its own, so that one that
+    does not return within `call_timeout` seconds raises `CallTimeout` instead of hanging the
+    check. Thread-safe: the concurrent part opens handles from several threads.
     """
 
-    def __init__(self, factory: Factory, name: str | None = None) -> None:
+    def __init__(
+        self,
+        factory: Factory,
+        name: str | None = None,
+        *,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    ) -> None:
         self.factory = factory
         self.name = name or factory_name(factory)
-        self.takes_limits = _declares(factory, "limits")
-        self.takes_location = _declares(factory, "location")
+        self.call_timeout = call_timeout
+        self.hung: CallTimeout | None = None
+        """The first call that did not return: the backend may be wedged since."""
+        self._pid = os.getpid()
+        self._local = threading.local()
         self._root: Path | None = None
         self._locations = itertools.count()
         self._opened: list[Any] = []
@@ -106,14 +261,74 @@ class Subject:
             self.close()
             raise
 
+    def call(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> T:
+        """`fn(*args, **kwargs)`, a call of the backend's known as `name` in reports, within
+        `call_timeout` seconds. A `KeyboardInterrupt` still stops the check; a `SystemExit`
+        the backend raises becomes `BackendExit`, its error."""
+        kwargs = kwargs or {}
+        if os.getpid() != self._pid:  # a forked child has no workers; its parent times it
+            return _invoke(fn, args, kwargs)
+        if self.hung is not None:
+            raise self.hung.with_traceback(None)
+        worker = getattr(self._local, "worker", None)
+        if worker is None:
+            worker = self._local.worker = _Worker()
+        box: list[tuple[bool, Any]] = []
+        done = threading.Event()
+        worker.inbox.put((fn, args, kwargs, box, done))
+        try:
+            returned = done.wait(self.call_timeout)
+        except BaseException:  # interrupted: the call runs on, this worker is not used again
+            self._local.worker = None
+            raise
+        if not returned:
+            self._local.worker = None
+            hung = CallTimeout(show_call(name, args, kwargs), self.call_timeout)
+            with self._lock:
+                self.hung = self.hung or hung
+            raise hung
+        ok, value = box[0]
+        if ok:
+            return value  # type: ignore[no-any-return]
+        raise value
+
+    def abandon(self, hung: CallTimeout) -> None:
+        """A call of the subject's (made on a thread of the caller's) did not return: no more
+        calls are made, and nothing is closed."""
+        with self._lock:
+            self.hung = self.hung or hung
+
     def _probe_kind(self) -> bool:
-        obj = self._call(None, None)
-        if is_store(obj) and not is_namespace(obj):
-            self._close(obj)
-            return True
-        if is_namespace(obj):
-            self._drop_quietly(obj)
-            return False
+        """Call the factory once: what it returns, and which keywords it takes where its
+        signature did not say. Any failure here is a usage error."""
+        declared = _keywords(self.factory)
+        tries = (
+            [set(_KEYWORDS), {"limits"}, {"location"}, set()] if declared is None else [declared]
+        )
+        for n, keywords in enumerate(tries, 1):
+            self.takes_limits = "limits" in keywords
+            self.takes_location = "location" in keywords
+            try:
+                obj = self._call(None, None, first=True)
+            except UsageError as e:
+                unexpected = isinstance(e.__cause__, TypeError) and "keyword" in str(e.__cause__)
+                if unexpected and n < len(tries):
+                    continue
+                raise
+            break
+        kind = is_store(obj) and not is_namespace(obj)
+        if kind or is_namespace(obj):
+            try:
+                self._close(_Guarded(self, obj, "store" if kind else "kv"))
+            except (Exception, CallTimeout) as e:
+                raise UsageError(f"factory {self.name}'s first object: close() {show(e)}") from e
+            return kind
         missing = [n for n in ACTOR_KV_METHODS if not hasattr(obj, n)]
         raise UsageError(
             f"factory {self.name} returned {type(obj).__name__} {obj!r:.40}, neither a namespace "
@@ -134,16 +349,27 @@ class Subject:
         path.mkdir()
         return path
 
-    def _call(self, limits: KvLimits | None, location: Path | None) -> Any:
+    def _call(self, limits: KvLimits | None, location: Path | None, first: bool = False) -> Any:
+        """The factory's object, raw. Its first call failing is a usage error; a later one
+        (after the first worked) is the backend's failure, `FactoryFailed`."""
         kwargs: dict[str, Any] = {}
         if self.takes_limits and limits is not None:
             kwargs["limits"] = limits
         if self.takes_location:
             kwargs["location"] = location if location is not None else self.location()
+        shown = show_call(self.name, (), kwargs)
         try:
-            return self.factory(**kwargs)
-        except TypeError as e:
-            raise UsageError(f"factory {self.name} cannot be called with {kwargs}: {e}") from e
+            return self.call(self.name, self.factory, (), kwargs)
+        except (Exception, CallTimeout) as e:
+            if not first:
+                if isinstance(e, CallTimeout):
+                    raise
+                raise FactoryFailed(shown, e) from e
+            if isinstance(e, TypeError):
+                raise UsageError(f"factory {self.name} cannot be called with {kwargs}: {e}") from e
+            raise UsageError(
+                f"factory {self.name} failed its first call, {shown}: {show(e)}"
+            ) from e
 
     def open_store(
         self, limits: KvLimits | None = None, location: Path | None = None, *, track: bool = True
@@ -152,7 +378,7 @@ class Subject:
         False: a caller that opens and closes many stores (the restart part) closes its own,
         since a store's `close` need not be idempotent."""
         assert self.returns_store
-        store = self._call(limits, location)
+        store = _GuardedStore(self, self._call(limits, location), "store")
         if track:
             with self._lock:
                 self._opened.append(store)
@@ -161,11 +387,15 @@ class Subject:
     def namespace(self, limits: KvLimits | None = None) -> ActorKv:
         """A fresh, empty namespace."""
         if self.returns_store:
-            return self.open_store(limits).namespace(NAMESPACE)  # type: ignore[no-any-return]
-        ns = self._call(limits, None)
+            store = self.open_store(limits)
+            try:
+                return store.namespace(NAMESPACE)  # type: ignore[no-any-return]
+            except Exception as e:
+                raise FactoryFailed(f"store.namespace({NAMESPACE!r})", e) from e
+        ns = _Guarded(self, self._call(limits, None), "kv")
         with self._lock:
             self._opened.append(ns)
-        return ns  # type: ignore[no-any-return]
+        return ns  # type: ignore[return-value]
 
     def limits_of(self, kv: ActorKv, asked: KvLimits | None) -> KvLimits:
         """The limits a namespace advertises; those asked for, if it advertises none."""
@@ -173,23 +403,22 @@ class Subject:
         return limits if isinstance(limits, KvLimits) else (asked or KvLimits())
 
     def close(self) -> None:
+        """Close what the subject opened (unless a call hung: the backend may be wedged), and
+        remove its directories. A close that fails is not what a check checks."""
         with self._lock:
             opened, self._opened = self._opened, []
             root, self._root = self._root, None
         for obj in reversed(opened):
-            self._close(obj)
+            if self.hung is not None:
+                break
+            with suppress(Exception, CallTimeout):
+                self._close(obj)
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
 
     @staticmethod
     def _close(obj: Any) -> None:
         close = getattr(obj, "close", None)
-        if callable(close):
-            close()
-
-    @staticmethod
-    def _drop_quietly(ns: Any) -> None:
-        close = getattr(ns, "close", None)
         if callable(close):
             close()
 
