@@ -946,7 +946,7 @@ def _unexplained(case: _Case) -> Failure:
 def _judge(round_: _Round) -> Failure | None:
     if round_.hung:
         event = round_.hung[0]
-        return Failure(RETURNS, event, f"had not returned after {round_.timeout:g} s")
+        return Failure(RETURNS, event, f"did not return within {round_.timeout:g} s")
     return check_history(round_.events, round_.initial)
 
 

@@ -13,10 +13,54 @@ import pytest
 
 FACTORIES = textwrap.dedent(
     """\
-    from pagekv.kv import MemoryStore
+    import threading
+    from pathlib import Path
+
+    from pagekv.kv import MemoryStore, open_kv
 
     def good(limits=None):
         return MemoryStore(limits=limits).namespace("x")
+
+    def store(location, limits=None):
+        return open_kv(location.as_uri(), limits=limits)
+
+    def fails_first(limits=None):
+        raise ValueError("no database at localhost:5432")
+
+    def reopen_fails(location, limits=None):
+        '''Opens a fresh location, refuses one it opened before (in any process).'''
+        if (location / "opened").exists():
+            raise TypeError("reopening is not supported")
+        (location / "opened").touch()
+        return open_kv(location.as_uri(), limits=limits)
+
+    def leaks_a_thread(limits=None):
+        threading.Thread(target=threading.Event().wait).start()  # not a daemon, never ends
+        return MemoryStore(limits=limits).namespace("x")
+
+    class Wrapped:
+        def __init__(self, limits=None):
+            self.inner = MemoryStore(limits=limits).namespace("x")
+            self.limits = self.inner.limits
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    class Exits(Wrapped):
+        def list(self, **kwargs):
+            raise SystemExit(7)
+
+    class Interrupts(Wrapped):
+        def list(self, **kwargs):
+            raise KeyboardInterrupt
+
+    class Hangs(Wrapped):
+        def list(self, **kwargs):
+            threading.Event().wait()
+
+    class Spied(Wrapped):
+        def evil(self):
+            Path("evil-called").touch()
 
     class Truncating:
         '''Keeps at most 64 KiB of a value, below the 128 KiB it advertises.'''
@@ -47,6 +91,7 @@ FACTORIES = textwrap.dedent(
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     (tmp_path / "mykv.py").write_text(FACTORIES)
+    (tmp_path / "needs_redis.py").write_text('raise RuntimeError("set REDIS_URL")\n')
     return tmp_path
 
 
@@ -104,6 +149,8 @@ def test_a_replay_against_another_backend_refuses(project: Path) -> None:
         ("mykv:missing", "module 'mykv' has no 'missing'"),
         ("mykv:number", "returned int 3, neither a namespace"),
         ("mykv:needs_an_argument", "cannot be called with {}"),
+        ("mykv:fails_first", "failed its first call, mykv:fails_first(): ValueError: no database"),
+        ("needs_redis:make", "importing it raised RuntimeError: set REDIS_URL"),
     ],
 )
 def test_a_factory_that_cannot_be_used_exits_2(project: Path, spec: str, says: str) -> None:
@@ -121,3 +168,119 @@ def test_unknown_parts_and_a_malformed_replay_exit_2(project: Path) -> None:
     done = _check("mykv:good", "--replay", "bad.json", cwd=project)
     assert done.returncode == 2
     assert "cannot replay bad.json" in done.stderr
+
+
+def test_a_factory_failing_a_reopen_is_a_violation_not_a_usage_error(project: Path) -> None:
+    """Its first call worked: a later failure is the backend's."""
+    done = _check("mykv:reopen_fails", "--parts", "restart", "--seconds", "1", cwd=project)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "restart: the store reopens after a restart" in done.stderr
+    assert "raised TypeError: reopening is not supported" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_backend_raising_system_exit_is_reported_not_obeyed(project: Path) -> None:
+    done = _check("mykv:Exits", "--parts", "contract", cwd=project)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "raised BackendExit: raised SystemExit(7)" in done.stderr
+
+
+def test_a_keyboard_interrupt_stops_the_check(project: Path) -> None:
+    done = _check("mykv:Interrupts", "--parts", "contract", cwd=project)
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert done.stderr.strip().endswith("pagekv check-backend: interrupted")
+    assert "ok:" not in done.stdout
+
+
+def test_a_call_that_never_returns_is_a_violation_and_the_process_ends(project: Path) -> None:
+    done = _check("mykv:Hangs", "--parts", "contract,fuzz", "--call-timeout", "0.5", cwd=project)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "contract: every call returns" in done.stderr
+    assert "did not return within 0.5 s" in done.stderr and "kv.list(" in done.stderr
+    fuzz = next(line for line in done.stdout.splitlines() if line.startswith("fuzz"))
+    assert "not checked" in fuzz and "not run" in fuzz
+
+
+def test_a_thread_the_backend_leaves_running_does_not_keep_the_process_alive(
+    project: Path,
+) -> None:
+    done = _check("mykv:leaks_a_thread", "--parts", "contract", cwd=project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("ok: mykv:leaks_a_thread conforms")
+
+
+def test_a_check_of_nothing_is_no_verdict(project: Path) -> None:
+    done = _check("mykv:good", "--parts", "restart", cwd=project)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "ok:" not in done.stdout
+    assert "nothing checked: no part could check mykv:good" in done.stderr
+
+
+@pytest.mark.parametrize("parts", ["", ",", " , "])
+def test_no_parts_is_a_usage_error_naming_them(project: Path, parts: str) -> None:
+    done = _check("mykv:good", "--parts", parts, cwd=project)
+    assert done.returncode == 2
+    names = "--parts names no part; name one or more of contract, concurrent, restart, fuzz"
+    assert names in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("out", "says"),
+    [("nowhere/replay.json", "there is no directory nowhere"), (".", "is a directory")],
+)
+def test_an_out_that_cannot_be_written_is_refused_before_the_check(
+    project: Path, out: str, says: str
+) -> None:
+    done = _check("mykv:good", "--out", out, cwd=project)
+    assert done.returncode == 2
+    assert f"--out {out}" in done.stderr and says in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_compiled_store_class_is_given_its_limits(project: Path) -> None:
+    """`MemoryStore` is compiled by mypyc: its signature reads `(limits=None, ..., /)`."""
+    done = _check("pagekv.kv:MemoryStore", "--parts", "contract", cwd=project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "limits= argument" not in done.stdout
+
+
+def _replay_file(project: Path, factory: str, violations: object) -> str:
+    data = {"factory": factory, "violations": violations}
+    (project / "replay.json").write_text(json.dumps(data))
+    return "replay.json"
+
+
+def _entry(part: str, details: object) -> list[dict[str, object]]:
+    return [{"part": part, "clause": "x", "details": details}]
+
+
+@pytest.mark.parametrize(
+    ("factory", "violations", "says"),
+    [
+        ("mykv:good", 5, "a replay file is an object with a factory"),
+        ("mykv:good", [{"part": "contract", "clause": "x"}], "violation 0 must have a part"),
+        ("mykv:good", _entry("contract", {}), "no clause None"),
+        ("mykv:store", _entry("concurrent", {"program": {"threads": "zz"}}), "1 to 16 threads"),
+        ("mykv:store", _entry("restart", {"scenario": {"kind": "boom"}}), "kind is clean or kill"),
+        ("mykv:good", _entry("fuzz", {"steps": [{"type": "nope"}]}), "step is malformed"),
+        ("mykv:good", _entry("fuzz", {"steps": [], "db_options": {"vfs": 1}}), "db_options"),
+    ],
+    ids=["violations", "entry", "clause", "program", "scenario", "fuzz-step", "db-options"],
+)
+def test_a_malformed_replay_file_is_a_usage_error(
+    project: Path, factory: str, violations: object, says: str
+) -> None:
+    done = _check(factory, "--replay", _replay_file(project, factory, violations), cwd=project)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert says in done.stderr
+
+
+def test_a_replay_file_cannot_call_other_methods_of_the_backend(project: Path) -> None:
+    evil = {"method": "evil", "args": [], "kwargs": {"dict": []}}
+    program = {"handles": "shared", "threads": [[{"op": evil, "fenced": False}]]}
+    replay = _replay_file(project, "mykv:Spied", _entry("concurrent", {"program": program}))
+    done = _check("mykv:Spied", "--replay", replay, cwd=project)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "'evil' is not an ActorKv method" in done.stderr
+    assert not (project / "evil-called").exists()

@@ -434,4 +434,5 @@ def test_a_call_that_never_returns_is_reported() -> None:
     assert violation is not None, result.summary
     assert violation.clause == RETURNS
     assert "takeover()" in violation.call
-    assert violation.got == "had not returned after 0.5 s"
+    assert violation.got == "did not return within 0.5 s"
+    assert subject.hung is not None, "the subject makes no calls after one hung"
