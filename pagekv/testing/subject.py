@@ -9,6 +9,15 @@ It is called with the keyword arguments it declares, of these two:
 - `location`: a directory, fresh and empty for a fresh store. A factory that declares it and
   returns a store must reopen the same data when called again with the same location after the
   store is closed (or its process killed): the restart checks need that.
+
+What it declares is read from its signature; a compiled class (mypyc marks every parameter
+positional-only, though it takes them by keyword) is taken at its word, and a factory whose
+signature says nothing is tried with both, one and neither at its first call. Any failure of
+that first call is a usage error; a later call failing is the backend's failure.
+
+Every call of the backend's (the factory, a store's methods, a namespace's) runs through
+`Subject.call`, on a thread of its own, so that one that does not return within the call
+timeout is reported (`CallTimeout`) instead of hanging the check.
 """
 
 from __future__ import annotations

@@ -4,9 +4,11 @@ directory, exit 0/1/2, the summary lines, the replay file and its refusals."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -171,11 +173,17 @@ def test_unknown_parts_and_a_malformed_replay_exit_2(project: Path) -> None:
 
 
 def test_a_factory_failing_a_reopen_is_a_violation_not_a_usage_error(project: Path) -> None:
-    """Its first call worked: a later failure is the backend's."""
-    done = _check("mykv:reopen_fails", "--parts", "restart", "--seconds", "1", cwd=project)
+    """Its first call worked: a later failure is the backend's, in each part that reopens."""
+    done = _check("mykv:reopen_fails", "--parts", "contract,restart", "--seconds", "1", cwd=project)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "restart: the store reopens after a restart" in done.stderr
-    assert "raised TypeError: reopening is not supported" in done.stderr
+    reports = done.stderr.split("\n\n")
+    for part in ("contract", "restart"):
+        assert any(
+            r.strip().startswith(f"{part}: ")
+            and "raised TypeError: reopening is not supported" in r
+            for r in reports
+        ), done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -190,6 +198,21 @@ def test_a_keyboard_interrupt_stops_the_check(project: Path) -> None:
     assert done.returncode == 130, done.stdout + done.stderr
     assert done.stderr.strip().endswith("pagekv check-backend: interrupted")
     assert "ok:" not in done.stdout
+
+
+def test_an_interrupt_stops_a_check_waiting_for_a_call(project: Path) -> None:
+    """The call runs on a thread of its own; the user's Ctrl-C still reaches the check."""
+    command = [sys.executable, "-m", "pagekv", "check-backend", "mykv:Hangs", "--parts", "contract"]
+    with subprocess.Popen(
+        command, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("pagekv check-backend: mykv:Hangs")
+        time.sleep(0.3)  # into the clauses, most likely waiting for the hung list()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.strip().endswith("pagekv check-backend: interrupted"), err
 
 
 def test_a_call_that_never_returns_is_a_violation_and_the_process_ends(project: Path) -> None:

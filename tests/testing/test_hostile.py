@@ -160,6 +160,11 @@ def test_a_call_that_never_returns_fails_its_part_and_the_rest_are_not_run(
 # --- time ------------------------------------------------------------------------------------
 
 
+def test_no_parts_is_refused() -> None:
+    with pytest.raises(ValueError, match="no parts to run; the parts are contract, concurrent"):
+        check_backend(plain_namespace, parts=[])
+
+
 def test_parts_shrink_to_the_time_the_contract_leaves() -> None:
     """The clauses take a second or more; a check of 0.01 s has no time left for the rest."""
     result = check_backend(plain_namespace, seconds=0.01, seed=1, parts=["contract", "fuzz"])
