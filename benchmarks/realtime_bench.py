@@ -10,11 +10,12 @@ machine's cores as they would on one host. Cases, interleaved over `--rounds`, m
 - fan-out: N connections subscribed to one room; one HTTP-free action over a socket broadcasts
   a stamp 20 times per round; latency is receipt time minus the stamp (one clock), over every
   receipt of every connection;
-- actions/s: one socket, 32 action frames in flight, each action a state write whose commit
-  the answer waits for, and a broadcast to the caller;
-- memory: the server's RSS (from /proc) before and after 1,000 connections are opened to 100
-  actors and the actors have gone to sleep (their state in the store, the sockets kept), per
-  connection.
+- actions/s: one socket with 1 and with 32 action frames in flight, each action a state write
+  whose commit the answer waits for plus an event to the caller; and the same write over HTTP,
+  one call at a time on a keep-alive connection (httpx), for the ratio;
+- memory: on a fresh server, one actor woken by a first connection and asleep; then the
+  server's RSS (from /proc) before and after 2,000 more connections to it are opened and it has
+  gone back to sleep (its connections' state in its database, the sockets kept), per connection.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import anyio
 import cbor2
+import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -58,6 +60,12 @@ async def bump(ctx: ActorContext) -> int:
     return ctx.state["n"]
 
 
+@room.action
+async def bump_http(ctx: ActorContext) -> int:
+    ctx.state["n"] += 1
+    return ctx.state["n"]
+
+
 registry = Registry([room])
 
 
@@ -66,6 +74,7 @@ async def _open(url: str, key: str, events: tuple[str, ...] = ()) -> ClientConne
         f"{url.replace('http', 'ws', 1)}/actors/room/connect?key={key}&encoding=cbor",
         subprotocols=["pagekv", f"pagekv.token.{TOKEN}"],  # type: ignore[list-item]
         max_size=None,
+        compression=None,
     )
     await socket.send(cbor2.dumps({"t": "connect", "params": {}}))
     assert cbor2.loads(await socket.recv())["t"] == "init"
@@ -110,10 +119,23 @@ async def fanout(url: str, count: int, key: str, broadcasts: int = 20) -> list[f
     return latencies
 
 
-async def actions_per_second(url: str, key: str, seconds: float = 3.0) -> float:
+async def http_actions_per_second(url: str, key: str, seconds: float = 3.0) -> float:
+    """The same action over HTTP, one call at a time on a keep-alive connection."""
+    headers = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+        done, started = 0, time.monotonic()
+        while time.monotonic() - started < seconds:
+            answer = await http.post(f"/actors/room/actions/bump_http?key={key}", content=b"{}")
+            answer.raise_for_status()
+            done += 1
+        return done / (time.monotonic() - started)
+
+
+async def actions_per_second(url: str, key: str, window: int, seconds: float = 3.0) -> float:
+    """Actions over one socket, `window` frames in flight."""
     socket = await _open(url, key)
     ids = itertools.count(1)
-    in_flight = anyio.Semaphore(32)
+    in_flight = anyio.Semaphore(window)
     done = 0
     deadline = time.monotonic() + seconds
 
@@ -147,14 +169,16 @@ def _rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-async def memory_per_connection(url: str, pid: int, tag: str, count: int = 1000) -> float:
-    """Bytes of server RSS per idle connection, its actor asleep."""
-    await anyio.sleep(1.5)
+async def memory_per_connection(url: str, pid: int, tag: str, count: int = 2000) -> float:
+    """Bytes of server RSS per idle connection of one hibernated actor (woken once before, so
+    its wake is not counted)."""
+    first = await _open(url, f"{tag}-mem", ("stamp",))
+    await anyio.sleep(2.5)  # asleep, its one connection kept
     before = _rss_kib(pid)
-    sockets = [await _open(url, f"{tag}-mem-{i % 100}", ("stamp",)) for i in range(count)]
-    await anyio.sleep(2.5)  # every actor idle past its sleep_timeout: asleep, sockets open
+    sockets = [await _open(url, f"{tag}-mem", ("stamp",)) for _ in range(count)]
+    await anyio.sleep(2.5)  # asleep again, every socket open
     after = _rss_kib(pid)
-    for socket in sockets:
+    for socket in [first, *sockets]:
         await socket.close()
     return (after - before) * 1024 / count
 
@@ -171,9 +195,16 @@ async def main(args: argparse.Namespace) -> None:
                     results.setdefault(f"fanout {n} p50", []).append(statistics.median(lat))
                     p99 = statistics.quantiles(lat, n=100)[98] if len(lat) > 1 else lat[0]
                     results.setdefault(f"fanout {n} p99", []).append(p99)
-                per_s = await actions_per_second(server.url, f"r{round_}-rate")
-                results.setdefault("actions/s", []).append(per_s)
-                mem = await memory_per_connection(server.url, server.proc.pid, f"r{round_}")
+                for window in (1, 32):
+                    per_s = await actions_per_second(server.url, f"r{round_}-rate", window)
+                    results.setdefault(f"socket actions/s x{window}", []).append(per_s)
+                per_s = await http_actions_per_second(server.url, f"r{round_}-http")
+                results.setdefault("HTTP actions/s x1", []).append(per_s)
+                fresh = start_server(f"file:{tmp}/mem{round_}", app=__file__)
+                try:  # on a fresh server: freed memory of earlier rounds would hide the growth
+                    mem = await memory_per_connection(fresh.url, fresh.proc.pid, f"r{round_}")
+                finally:
+                    fresh.stop()
                 results.setdefault("bytes/connection", []).append(mem)
                 print(
                     f"round {round_ + 1}: "

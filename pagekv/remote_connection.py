@@ -77,7 +77,12 @@ class RemoteConnection(ActorConnection):
     async def _open(self) -> None:
         """Open a socket and send the connect frame; `ConnectionClosed` if refused."""
         protocols = ["pagekv"] + ([f"pagekv.token.{self._token}"] if self._token else [])
-        socket = await connect(self._url, subprotocols=protocols, max_size=None)
+        socket = await connect(
+            self._url,
+            subprotocols=protocols,
+            max_size=None,
+            compression=None,  # type: ignore[arg-type]
+        )
         hello: dict[str, Any] = {"t": "connect", "params": self.params}
         if self._input is not None:
             hello["input"] = self._input

@@ -246,6 +246,7 @@ async def _relay(
             additional_headers=headers,
             subprotocols=offered,  # type: ignore[arg-type]
             max_size=None,
+            compression=None,
             open_timeout=rt.config.forward_connect_s,
         )
     except (OSError, TimeoutError, InvalidHandshake) as e:

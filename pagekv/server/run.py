@@ -57,6 +57,9 @@ def uvicorn_server(
             server_header=False,
             http=http_protocol(config.header_timeout_s, config.max_header_bytes),
             ws="websockets-sansio",
+            # a compressor and a decompressor per socket cost ~100 KiB of memory each idle
+            # connection; frames are small actions and events (RESULTS: Connections)
+            ws_per_message_deflate=False,
             ws_max_size=config.ws_max_in_bytes,
             ws_ping_interval=config.ws_ping_interval_s,
             ws_ping_timeout=config.ws_ping_timeout_s,
