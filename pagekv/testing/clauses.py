@@ -11,7 +11,8 @@ What the trial does on every call, so no clause has to:
 - **Result types.** Every result must be of the `ActorKv` types exactly: `get` a `list` of
   `bytes` or None, `list` a `list` of `(bytes, bytes)` tuples, `takeover`, `generation` and
   `used_bytes` an `int` (not a bool), a write None. Anything else (a `bytearray`, `[key, value]`
-  lists) is a violation naming the call and the type, whichever clause made it.
+  lists) is a violation naming the call and the type, whichever clause made it, worded as in
+  every part (`model.wrong_type`).
 - **Transient errors.** `KvUnavailable` means nothing was applied, so the call is made again, up
   to `ATTEMPTS` times. A read changes nothing, so one answering `KvIndeterminate` is made again
   too, and so is any other write but `takeover`: each of them, applied twice, leaves what one
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from pagekv.kv import ActorKv, KvIndeterminate, KvLimits, KvUnavailable
+from pagekv.testing.model import RESULT_TYPES_REQUIRES, wrong_type
 from pagekv.testing.report import Call, Violation, show
 from pagekv.testing.subject import NAMESPACE, Probe, Subject
 
@@ -148,45 +150,6 @@ def _shown(got: object, want: object) -> str:
     return text
 
 
-_RESULTS: Final = {
-    "get": "a list of bytes or None, one per key asked",
-    "list": "a list of (key, value) tuples of bytes",
-    "takeover": "an int",
-    "generation": "an int",
-    "used_bytes": "an int",
-}
-"""What each method returns, as the `ActorKv` protocol types it; the writes return None."""
-
-
-def _wrong_type(method: str, value: object) -> str | None:
-    """How `value`, returned by `method`, breaks the contract's result type; None if it does not."""
-
-    def wrong(what: object, where: str, required: str) -> str:
-        at = f" at {where}" if where else ""
-        return f"returned {type(what).__name__}{at}: {show(what)}; the contract requires {required}"
-
-    if method == "get":
-        if type(value) is not list:
-            return wrong(value, "", "a list")
-        for i, v in enumerate(value):
-            if v is not None and type(v) is not bytes:
-                return wrong(v, f"[{i}]", "bytes (or None for a missing key)")
-        return None
-    if method == "list":
-        if type(value) is not list:
-            return wrong(value, "", "a list")
-        for i, entry in enumerate(value):
-            if type(entry) is not tuple or len(entry) != 2:
-                return wrong(entry, f"[{i}]", "a (key, value) tuple")
-            for j, part in enumerate(entry):
-                if type(part) is not bytes:
-                    return wrong(part, f"[{i}][{j}]", "bytes")
-        return None
-    if method in _RESULTS:
-        return None if type(value) is int else wrong(value, "", "an int")
-    return None if value is None else wrong(value, "", "None")
-
-
 def _repeatable(value: object) -> Iterator[object]:
     """`value` for each try of a call: an iterator argument is teed, so a repeat reads it all."""
     if isinstance(value, Iterator):
@@ -204,13 +167,9 @@ class _Checked(Probe):
 
     def _record(self, method: str, *args: Any, **kwargs: Any) -> Any:
         call = self._trial.attempt(self.inner, self.handle, method, args, kwargs)
-        problem = _wrong_type(method, call.returned)
+        problem = wrong_type(method, call.returned)
         if problem is not None:
-            raise self._trial.violation(
-                f"{method}() returns {_RESULTS.get(method, 'None')} (the ActorKv types, exactly)",
-                problem,
-                call=call,
-            )
+            raise self._trial.violation(RESULT_TYPES_REQUIRES, problem, call=call)
         return call.returned
 
 

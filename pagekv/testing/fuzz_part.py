@@ -124,7 +124,7 @@ class Monitored(KvWrapper):
                 clause=RESULT_TYPES,
                 requires=RESULT_TYPES_REQUIRES,
                 call=f"kv.{op}",
-                got=f"returned {show(result)}, {problem}",
+                got=problem,
                 sequence=self.calls[-_SEQUENCE_SHOWN:],
             )
 

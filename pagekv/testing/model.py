@@ -197,30 +197,42 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def wrong_type(method: str, value: object) -> str | None:
-    """What is wrong with the type of `value`, a result of `method`; None when nothing is."""
-    if method in ("get", "list"):
+    """How `value`, returned by `method`, breaks the contract's result type (`RESULT_TYPES`);
+    None when it does not. Every part reports a type violation in these words: the type, where
+    in the result, the offending value and what the contract requires there."""
+
+    def wrong(what: object, where: str, required: str) -> str:
+        at = f" at {where}" if where else ""
+        return f"returned {type(what).__name__}{at}: {show(what)}; the contract requires {required}"
+
+    if method == "get":
         if type(value) is not list:
-            return f"a {type(value).__name__}, not a list"
+            return wrong(value, "", "a list")
         for i, item in enumerate(value):
-            if method == "get" and item is not None and type(item) is not bytes:
-                return f"[{i}] is a {type(item).__name__}, not bytes or None"
-            if method == "list":
-                if type(item) is not tuple or len(item) != 2:
-                    return f"[{i}] is a {type(item).__name__}, not a (key, value) tuple"
-                kinds = [type(part).__name__ for part in item if type(part) is not bytes]
-                if kinds:
-                    return f"[{i}] holds a {kinds[0]}, not bytes"
+            if item is not None and type(item) is not bytes:
+                return wrong(item, f"[{i}]", "bytes (or None for a missing key)")
+        return None
+    if method == "list":
+        if type(value) is not list:
+            return wrong(value, "", "a list")
+        for i, entry in enumerate(value):
+            if type(entry) is not tuple or len(entry) != 2:
+                return wrong(entry, f"[{i}]", "a (key, value) tuple")
+            for j, part in enumerate(entry):
+                if type(part) is not bytes:
+                    return wrong(part, f"[{i}][{j}]", "bytes")
         return None
     if method in ("takeover", "generation", "used_bytes"):
-        return None if type(value) is int else f"a {type(value).__name__}, not an int"
-    return None if value is None else f"a {type(value).__name__}, not None"
+        return None if type(value) is int else wrong(value, "", "an int")
+    return None if value is None else wrong(value, "", "None")
 
 
 class ResultTypeError(Exception):
-    """A call returned a value of another type than the contract's: what `observe` raises."""
+    """A call returned a value of another type than the contract's: what `observe` raises,
+    its message `wrong_type`'s."""
 
     def __init__(self, value: object, problem: str) -> None:
-        super().__init__(f"returned {show(value)}, {problem}")
+        super().__init__(problem)
         self.value = value
 
 

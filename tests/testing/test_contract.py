@@ -38,6 +38,7 @@ from pagekv.testing import (
 )
 from pagekv.testing.clauses import ATTEMPTS
 from pagekv.testing.contract_data import ORDERED_KEYS
+from pagekv.testing.model import RESULT_TYPES_REQUIRES
 from pagekv.testing.subject import Factory
 from tests.testing.backends.plain import PlainKv, PlainStore
 
@@ -335,7 +336,7 @@ def test_a_result_of_another_type_is_a_type_violation_naming_the_call(
     assert all("the contract requires" in v.got for v in part.violations), part.violations
     v = part.violations[0]
     assert v.call.startswith(call) and v.got.startswith(got), v.report()
-    assert "(the ActorKv types, exactly)" in v.requires
+    assert v.requires == RESULT_TYPES_REQUIRES, v.report()
 
 
 # --- transient errors ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ contract allows (transient errors, a first generation other than 0, a second sto
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ from pagekv.kv import KvLimits, MemoryStore
 from pagekv.testing.check import CheckResult, check_backend
 from pagekv.testing.concurrent import KV_ERRORS, Program, run_concurrent
 from pagekv.testing.fuzz_part import run_fuzz
-from pagekv.testing.model import RESULT_TYPES, Op
+from pagekv.testing.model import RESULT_TYPES, RESULT_TYPES_REQUIRES, Op
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.restart import Scenario, run_restart
 from pagekv.testing.subject import RETURNS, Subject, UsageError
@@ -101,16 +102,37 @@ def test_results_of_another_type_fail_the_concurrent_part(
     violation = result.violation
     assert result.status is Status.FAILED and violation is not None, _report(result)
     assert violation.clause == RESULT_TYPES, violation
-    assert method in violation.call and f"is a {type_name}" in violation.got, violation
+    assert method in violation.call, violation
+    assert violation.got.startswith(f"returned {type_name} at [0]"), violation
     assert result.found_after is not None and 0 <= result.found_after <= result.seconds
     assert "found after" in result.line()
 
 
-def test_results_of_another_type_fail_the_restart_part() -> None:
-    result = _part(run_restart, hostile.list_pairs_store, 0.5)
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda factory: check_backend(factory, parts=["contract"], seed=4).parts[0],
+        lambda factory: _part(run_concurrent, factory, 1.0),
+        lambda factory: _part(run_restart, factory, 0.5),
+        lambda factory: _part(run_fuzz, factory, 1.0),
+    ],
+    ids=["contract", "concurrent", "restart", "fuzz"],
+)
+def test_a_result_of_another_type_is_reported_in_the_same_words_by_every_part(
+    run: Callable[[Any], PartResult],
+) -> None:
+    """One wording (`model.wrong_type`): the type, where, the value, what the contract requires
+    there. (The restart part reads with `list`, not `get`: a `[key, value]` list reaches all.)"""
+    result = run(hostile.list_pairs_store)
     violation = result.violation
-    assert violation is not None and violation.clause == RESULT_TYPES, _report(result)
-    assert "list()" in violation.got and "is a list, not a (key, value) tuple" in violation.got
+    assert result.status is Status.FAILED and violation is not None, _report(result)
+    assert violation.requires == RESULT_TYPES_REQUIRES, violation
+    if violation.part != "contract":  # the contract part names the clause that made the call
+        assert violation.clause == RESULT_TYPES, violation
+    wording = r"list\(.*?\) returned list at \[\d+\]: \[b'.*\]; the contract requires (.*)$"
+    words = re.search(wording, f"{violation.call} {violation.got}")
+    assert words is not None, violation
+    assert words[1] == "a (key, value) tuple", violation
 
 
 def test_system_exit_from_a_backend_is_its_error_not_the_checks_exit() -> None:
