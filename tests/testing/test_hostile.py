@@ -177,6 +177,11 @@ def test_a_call_that_never_returns_fails_its_part_and_the_rest_are_not_run(
     assert hung.violation.got == "did not return within 0.5 s", hung.violation
     for part in skipped:
         assert part.status is Status.NOT_CHECKED and "not run" in part.summary, part.line()
+    if hung.part == "contract":  # the clauses after the hung one: counted, and said in one line
+        (unrun,) = hung.not_checked
+        assert unrun.endswith(f"not run, kv.{method}() did not return within 0.5 s"), unrun
+        count = int(unrun.split()[1])
+        assert count > 0 and hung.summary.endswith(f", 1 broken, {count} not checked"), hung.line()
 
 
 # --- time ------------------------------------------------------------------------------------
