@@ -86,12 +86,16 @@ class RemoteConnection(ActorConnection):
         hello: dict[str, Any] = {"t": "connect", "params": self.params}
         if self._input is not None:
             hello["input"] = self._input
-        await socket.send(cbor2.dumps(hello))
         try:
-            init = cbor2.loads(await socket.recv())
+            await socket.send(cbor2.dumps(hello))
+            while (frame := cbor2.loads(await socket.recv())).get("t") != "init":
+                self._dispatch(frame)
         except SocketClosed as e:
             raise _closed(e) from None
-        self.id = init["conn"]
+        except BaseException:
+            await socket.close()
+            raise
+        self.id = frame["conn"]
         self._socket = socket
         for event in sorted(self.subscriptions):  # again, after a reconnect; unanswered (id 0)
             await socket.send(cbor2.dumps({"t": "sub", "id": 0, "event": event}))
@@ -99,7 +103,8 @@ class RemoteConnection(ActorConnection):
     async def _read_forever(self) -> None:
         while True:
             socket = self._socket
-            assert socket is not None
+            if socket is None:  # closed before this task began
+                return
             try:
                 async for data in socket:
                     self._dispatch(cbor2.loads(data))

@@ -18,7 +18,7 @@ import anyio
 import cbor2
 
 from pagekv.actor.connection import CloseCode, Connection, Frame
-from pagekv.actor.errors import ActorError
+from pagekv.actor.errors import ActorError, ActorNotFound, UnknownActor
 
 if TYPE_CHECKING:
     from pagekv.actor.hub import Hub
@@ -173,14 +173,21 @@ class LocalConnection(ActorConnection):
         self._conn: Connection | None = None
 
     async def open(self) -> LocalConnection:
-        self._conn = await self._hub.connect(
-            self.name,
-            self.key,
-            self.params,
-            self._transport,
-            create=self._create,
-            input=self._input,
-        )
+        """Connect; a refusal is a `ConnectionClosed` with the code a socket would close with
+        (the cause chained)."""
+        try:
+            self._conn = await self._hub.connect(
+                self.name,
+                self.key,
+                self.params,
+                self._transport,
+                create=self._create,
+                input=self._input,
+            )
+        except (UnknownActor, ActorNotFound) as e:
+            raise ConnectionClosed(CloseCode.NOT_FOUND, str(e)) from e
+        except Exception as e:
+            raise ConnectionClosed(CloseCode.REFUSED, f"{type(e).__name__}: {e}") from e
         self.id = self._conn.id
         return self
 

@@ -79,6 +79,7 @@ class Woken(Protocol):
 
 log = logging.getLogger("pagekv.actor")
 MAX_EVENT_NAME = 256
+MAX_SUBSCRIPTIONS = 256
 _TABLE = "_pagekv_connections"
 
 
@@ -155,6 +156,10 @@ class Hub:
         """Start (or stop) sending `conn` the broadcasts of `event`; saved before it returns."""
         if not isinstance(event, str) or not 0 < len(event) <= MAX_EVENT_NAME:
             raise InvalidArguments(f"an event name must be 1 to {MAX_EVENT_NAME} characters")
+        if on and event not in conn.subscriptions and len(conn.subscriptions) >= MAX_SUBSCRIPTIONS:
+            raise InvalidArguments(
+                f"a connection may subscribe to at most {MAX_SUBSCRIPTIONS} events"
+            )
 
         async def run(ctx: ActorContext) -> None:
             if on:
@@ -204,7 +209,12 @@ class Hub:
             try:
                 data = cbor2.dumps([conn._state, sorted(conn.subscriptions)])
             except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
-                raise TypeError(f"connection state must be CBOR-serialisable: {e}") from e
+                if conn.saved is not None:  # back to what the database holds, not wedged
+                    conn._state = cbor2.loads(conn.saved)[0]
+                raise TypeError(
+                    f"connection state must be CBOR-serialisable (it is back to its last saved "
+                    f"value): {e}"
+                ) from e
             if data != conn.saved:
                 rows.append((conn, data))
         if not rows:
@@ -222,17 +232,18 @@ class Hub:
         for conn, data in rows:
             conn.saved = data
 
-    async def restore(self, instance: Woken) -> None:
-        """At a wake: give this process's connections of the actor their saved state and
-        subscriptions, reap the rows of connections that are gone (`on_disconnect`), and close
-        those without a row (connected at an instance whose commit did not land)."""
-        ctx, aid = instance.ctx, instance.actor_id
-        rows = await ctx.db.locked(
+    async def restore(self, instance: Woken) -> list[Connection]:
+        """At a wake, before any hook that may read `ctx.conns`: give this process's
+        connections of the actor their saved state and subscriptions, and close those without a
+        row (connected at an instance whose commit did not land). Returns the connections that
+        are gone (a row, no socket here), for `reap` once the wake hooks ran."""
+        aid = instance.actor_id
+        rows = await instance.ctx.db.locked(
             lambda c: c.execute(f"SELECT id, params, data FROM {_TABLE}").fetchall(),
             internal=True,
         )
         live = self._live.get(aid, {})
-        found = set()
+        found, gone = set(), []
         for conn_id, params, data in rows:
             conn = live.get(conn_id)
             state, subscriptions = cbor2.loads(data)
@@ -240,25 +251,22 @@ class Hub:
                 found.add(conn_id)
                 conn._state, conn.subscriptions, conn.saved = state, set(subscriptions), data
                 continue
-            gone = Connection(
-                instance.definition.name,
-                instance.key,
-                cbor2.loads(params),
-                _GONE,
-                self.limits,
-                id=conn_id,
-                _state=state,
-            )
-            gone.close_code = CloseCode.NORMAL
-            gone.subscriptions = set(subscriptions)
-            try:
-                await self._reap(ctx, gone, instance.definition.hooks.get("on_disconnect"))
-            except Exception:
-                log.exception("actor %s: on_disconnect of %s failed at the wake", aid, conn_id)
+            name, key = instance.definition.name, instance.key
+            shell = Connection(name, key, cbor2.loads(params), _GONE, self.limits, id=conn_id)
+            shell._state, shell.subscriptions = state, set(subscriptions)
+            shell.close_code = CloseCode.NORMAL
+            gone.append(shell)
         for conn in list(live.values()):
             if conn.id not in found:
                 conn.close(CloseCode.INTERNAL, "the connection was lost by the actor; reconnect")
                 self._forget(conn)
+        return gone
+
+    async def reap(self, instance: Woken, gone: list[Connection]) -> None:
+        """`on_disconnect` for each connection `restore` found gone, and its row deleted."""
+        hook = instance.definition.hooks.get("on_disconnect")
+        for conn in gone:
+            await self._reap(instance.ctx, conn, hook)
 
     def stopped(self, aid: str, how: str) -> None:
         """An instance of `aid` stopped: its connections hibernate (sleep), or are closed."""
@@ -296,8 +304,11 @@ class Hub:
         )
         if not exists:
             return
-        if hook is not None:
-            await _as(conn, hook, ctx, conn)
+        try:
+            if hook is not None:
+                await _as(conn, hook, ctx, conn)
+        except Exception:  # logged; the row goes all the same, so the hook never runs again
+            log.exception("actor %s: on_disconnect of %s failed", ctx.actor_id, conn.id)
         await ctx.db.run(
             lambda c: c.execute(f"DELETE FROM {_TABLE} WHERE id = ?", (conn.id,)), internal=True
         )

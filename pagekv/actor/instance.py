@@ -21,7 +21,7 @@ import anyio
 import apsw
 import cbor2
 
-from pagekv.actor.connection import Connection
+from pagekv.actor.connection import Connection, calling_connection
 from pagekv.actor.context import ActorContext
 from pagekv.actor.database import ActorDb
 from pagekv.actor.definition import ActorDefinition, Hook
@@ -177,6 +177,7 @@ class ActorInstance:
                     await self._timed("on_migrate", hooks["on_migrate"](self.ctx), user=True)
             if not initialized:
                 await self._create(input, fresh=loaded.fresh and not hooked)
+            gone = await self.registry.hub.restore(self)
             if "create_vars" in hooks:
                 self.ctx.vars = await self._timed(
                     "create_vars", hooks["create_vars"](self.ctx), user=True
@@ -184,7 +185,7 @@ class ActorInstance:
             if "on_wake" in hooks:
                 await self._timed("on_wake", hooks["on_wake"](self.ctx), user=True)
                 await db.save_state()
-            await self.registry.hub.restore(self)
+            await self.registry.hub.reap(self, gone)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 try:
@@ -340,8 +341,8 @@ class ActorInstance:
                                 await self._keep_state()
                                 raise
                             ended = time.monotonic()
-                            await self.ctx.db.save_state()
                             await self.registry.hub.save(self.ctx)
+                            await self.ctx.db.save_state()
                 except ActorTakenOver as e:
                     if self._wrote_nothing(writes, commits):  # the fence refused it all
                         self.registry.counters["takeovers"] += 1
@@ -375,6 +376,7 @@ class ActorInstance:
         if not self.serving():  # it began to stop while the check above waited
             raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
         self.active += 1
+        outer = calling_connection.set(None)  # a connection is `ctx.conn` in its actor alone
         try:
             yield
         except (ActorTakenOver, ActorStopped) as e:
@@ -383,6 +385,7 @@ class ActorInstance:
                 self.registry.counters["takeovers"] += 1
             raise
         finally:
+            calling_connection.reset(outer)
             self.active -= 1
             self.last_active = time.monotonic()
             if self.active == 0:

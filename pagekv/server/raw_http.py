@@ -5,13 +5,17 @@ The handler sees the request as addressed to the actor: its path is what follows
 (`/` at least), its query string without `key` and `mode`, its body read whole first (under
 the server's body limit, so a call forwarded to the actor's owner carries it). Auth, the actor
 limits and the forwarding to the owner are the gateway's; a handler that returns anything but a
-`Response` is a 500 naming what it returned.
+`Response` is a 500 naming what it returned, and one that raises Starlette's `HTTPException`
+answers with its status. The query string reaches it as sent (minus `key` and `mode`), so a
+signature over it still holds. A streaming response's body is produced after the call has
+returned, outside the actor: it must not touch `ctx` (state, database) while it streams.
 """
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, unquote_plus
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -53,7 +57,12 @@ def _routing(request: Request) -> tuple[str, bool, bytes]:
         raise HttpError(
             400, ErrorCode.INVALID_PARAMETER, f"mode must be one of {list(MODES)}, got {mode!r}"
         )
-    rest = urlencode([(k, v) for k, v in items if k not in _ROUTING]).encode()
+    raw = request.scope.get("query_string", b"")
+    rest = b"&".join(  # the other pairs as sent, not re-encoded (signatures over them hold)
+        pair
+        for pair in raw.split(b"&")
+        if unquote_plus(pair.split(b"=")[0].decode()) not in _ROUTING
+    )
     return found["key"], mode == "get_or_create", rest
 
 
@@ -90,10 +99,16 @@ async def handle(request: Request) -> Response:
         raise HttpError(404, ErrorCode.NOT_FOUND, f"actor {name!r} serves no raw HTTP (on_request)")
 
     async def serve(via: Forwarded | None) -> Response:
+        refused: HTTPException | None = None
         with failures("request", path, name, key):
-            response = await rt.registry.invoke(
-                name, key, hook, (_inner(request, body, path, query),), create=create, via=via
-            )
+            try:
+                response = await rt.registry.invoke(
+                    name, key, hook, (_inner(request, body, path, query),), create=create, via=via
+                )
+            except HTTPException as e:  # the handler's own answer, as in any Starlette app
+                refused = e
+        if refused is not None:
+            raise refused
         if not isinstance(response, Response):
             raise HttpError(
                 500,

@@ -21,6 +21,7 @@ from collections import deque
 from typing import Any
 
 import anyio
+import cbor2
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import connect as ws_connect
@@ -49,12 +50,17 @@ SUBPROTOCOL = "pagekv"
 TOKEN_PREFIX = "pagekv.token."
 _ROUTING = {"key": True, "mode": False, "encoding": False}
 _IN_FLIGHT = 32
+_CLOSE_GRACE_S = 1.0
 log = logging.getLogger("pagekv.server")
 
 
 class _Sender:
     """A socket's `Transport`: frames are encoded as they are pushed (so the buffer counts
-    bytes) and sent in order by `run`; a buffer past its bound closes the connection."""
+    bytes) and sent in order by `run`. Past its bound the buffer is dropped and the connection
+    closed (`SLOW_CONSUMER`): a send stuck on a client that reads nothing is cancelled, and
+    the close frame gets `_CLOSE_GRACE_S` to go out before the socket is given up. A frame
+    this connection's encoding cannot carry (JSON has no datetime) closes this connection
+    alone (`UNSENDABLE`), never the broadcast that sent it."""
 
     def __init__(self, websocket: WebSocket, media_type: str, limits: ConnectionLimits) -> None:
         self._websocket = websocket
@@ -63,14 +69,28 @@ class _Sender:
         self._queue: deque[bytes] = deque()
         self._buffered = 0
         self._ready = anyio.Event()
+        self._sending: anyio.CancelScope | None = None
+        self.conn: Connection | None = None
         self.closing: tuple[int, str] | None = None
+
+    def first(self, frame: Frame) -> None:
+        """Send `frame` before anything pushed so far (the `init` frame, after the events
+        `on_connect` may have sent)."""
+        data = encode(frame, self._media_type)
+        self._queue.appendleft(data)
+        self._buffered += len(data)
+        self._ready.set()
 
     def push(self, frame: Frame, size: int) -> None:
         if self.closing is not None:
             return
-        data = encode(frame, self._media_type)
+        try:
+            data = encode(frame, self._media_type)
+        except (TypeError, ValueError) as e:
+            self._close_conn(CloseCode.UNSENDABLE, f"a frame this connection cannot carry: {e}")
+            return
         if self._buffered + len(data) > self._limit:
-            self.close(
+            self._close_conn(
                 CloseCode.SLOW_CONSUMER,
                 f"the client reads too slowly: over {self._limit} bytes waiting to be sent",
             )
@@ -79,11 +99,20 @@ class _Sender:
         self._buffered += len(data)
         self._ready.set()
 
+    def _close_conn(self, code: CloseCode, reason: str) -> None:
+        if self.conn is not None:
+            self.conn.close(code, reason)  # which calls `close` below
+        else:
+            self.close(code, reason)
+
     def close(self, code: CloseCode, reason: str) -> None:
         if self.closing is None:
             self.closing = (int(code), close_reason(reason))
             self._queue.clear()
+            self._buffered = 0
             self._ready.set()
+            if self._sending is not None:
+                self._sending.cancel()
 
     async def run(self) -> None:
         """Send until closed; then send the close frame."""
@@ -94,12 +123,15 @@ class _Sender:
                 continue
             data = self._queue.popleft()
             self._buffered -= len(data)
-            if self._media_type == CBOR:
-                await self._websocket.send_bytes(data)
-            else:
-                await self._websocket.send_text(data.decode())
+            with anyio.CancelScope() as self._sending:
+                if self._media_type == CBOR:
+                    await self._websocket.send_bytes(data)
+                else:
+                    await self._websocket.send_text(data.decode())
+            self._sending = None
         code, reason = self.closing
-        await self._websocket.close(code, reason)
+        with anyio.move_on_after(_CLOSE_GRACE_S):
+            await self._websocket.close(code, reason)
 
 
 def _token_offered(websocket: WebSocket) -> str | None:
@@ -138,6 +170,12 @@ async def _receive(websocket: WebSocket, limits: ConnectionLimits, media_type: s
         raise _Refused(CloseCode.MALFORMED, str(e)) from None
     if not isinstance(frame, dict) or not isinstance(frame.get("t"), str):
         raise _Refused(CloseCode.MALFORMED, 'a frame must be an object with a "t" field')
+    if media_type == CBOR:
+        try:  # CBOR can share values: a cyclic frame could be stored or answered nowhere
+            cbor2.dumps(frame)
+        except (cbor2.CBOREncodeError, ValueError, TypeError, RecursionError) as e:
+            message = f"a frame that cannot be encoded again: {e}"
+            raise _Refused(CloseCode.MALFORMED, message) from None
     return frame
 
 
@@ -217,11 +255,15 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
         runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
         code = CloseCode.INTERNAL if runtime_failure else CloseCode.REFUSED
         raise _Refused(code, failure.message) from None
-    sender.push({"t": "init", "conn": conn.id}, 0)
+    sender.conn = conn
+    sender.first({"t": "init", "conn": conn.id})
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_send_then_stop, sender, tg.cancel_scope)
-            await _read(websocket, rt, conn, sender, media_type, limits, tg)
+        # the actions a socket started run to their end even when it closes under them (as
+        # an HTTP call does when its client hangs up): only the reading and sending stop
+        async with anyio.create_task_group() as actions, anyio.create_task_group() as io:
+            io.start_soon(_send_then_stop, sender, io.cancel_scope)
+            await _read(websocket, rt, conn, sender, media_type, limits, actions)
+            io.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await rt.registry.hub.disconnected(conn)
@@ -309,7 +351,6 @@ async def _read(
         except WebSocketDisconnect:
             if conn.close_code is None:  # the client closed it, or its socket died
                 conn.close_code = CloseCode.NORMAL
-            tg.cancel_scope.cancel()
             return
         await slots.acquire()
         tg.start_soon(_answer, rt, conn, frame, slots)
@@ -342,19 +383,28 @@ async def _answer(rt: Runtime, conn: Connection, frame: Frame, slots: anyio.Sema
             return
         except Exception as e:
             failure = classify(e, in_action=frame["t"] == "action")
-            conn.push({"t": "error", "id": request, "error": failure.body()["error"]}, 0)
+            _push_error(conn, request, failure.body()["error"])
             return
         answer = {"t": "result", "id": request, "result": result}
         try:
             conn.push(answer, encoded_size(answer, conn.limits))
         except MessageTooLarge as e:
-            error = {"code": ErrorCode.ANSWER_TOO_LARGE, "message": str(e)}
-            conn.push({"t": "error", "id": request, "error": error}, 0)
+            _push_error(conn, request, {"code": ErrorCode.ANSWER_TOO_LARGE, "message": str(e)})
         except TypeError as e:
             error = {"code": ErrorCode.UNENCODABLE_RESULT, "message": f"unsendable result: {e}"}
-            conn.push({"t": "error", "id": request, "error": error}, 0)
+            _push_error(conn, request, error)
     finally:
         slots.release()
+
+
+def _push_error(conn: Connection, request: Any, error: dict[str, Any]) -> None:
+    """An error frame, its message cut (and saying so) to fit the outgoing limit."""
+    room = conn.limits.max_out_bytes - 256
+    message = str(error.get("message", ""))
+    if len(message.encode()) > room:
+        cut = message.encode()[: max(room, 0)].decode(errors="ignore")
+        error = {**error, "message": f"{cut}... (cut to fit {conn.limits.max_out_bytes} bytes)"}
+    conn.push({"t": "error", "id": request, "error": error}, 0)
 
 
 ROUTES = [WebSocketRoute("/actors/{name}/connect", connect)]

@@ -5,6 +5,7 @@ raw HTTP, and actor-to-actor calls."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import socket
 from pathlib import Path
@@ -14,7 +15,8 @@ import anyio
 import cbor2
 import pytest
 from server_helpers import TOKEN, serving
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, PlainTextResponse
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 
@@ -102,8 +104,70 @@ async def _http(ctx: ActorContext, request: Any) -> Any:
     )
 
 
+lobby = actor("lobby", state={"debit": 0, "credit": 0}, sleep_timeout=0.3)
+woke_with: list[Any] = []
+
+
+@lobby.on_connect
+async def _welcome(ctx: ActorContext, conn: Any) -> None:
+    conn.state = {"name": conn.params["name"]}
+    conn.send("welcome", conn.params["name"])  # before the client has its init frame
+
+
+@lobby.on_wake
+async def _woke(ctx: ActorContext) -> None:
+    woke_with.append(sorted(c.state["name"] for c in ctx.conns))
+
+
+@lobby.on_disconnect
+async def _lobby_left(ctx: ActorContext, conn: Any) -> None:
+    seen.append(("lobby disconnect", conn.state))
+    raise RuntimeError("a hook that fails still runs once")
+
+
+@lobby.action
+async def transfer(ctx: ActorContext) -> None:
+    ctx.state["debit"] += 1
+    await anyio.sleep(0.5)
+    ctx.state["credit"] += 1
+
+
+@lobby.action
+async def balance(ctx: ActorContext) -> dict[str, int]:
+    return ctx.state
+
+
+@lobby.action
+async def stamp(ctx: ActorContext) -> int:
+    return ctx.broadcast("stamp", datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+
+
+@lobby.action
+async def spoil(ctx: ActorContext) -> None:
+    assert ctx.conn is not None
+    ctx.conn.state = {"fn": print}
+
+
+@lobby.action
+async def whoami(ctx: ActorContext) -> Any:
+    return ctx.conn.state if ctx.conn is not None else None
+
+
+@lobby.action
+async def shout(ctx: ActorContext, size: int) -> None:
+    raise ValueError("y" * size)
+
+
+@lobby.on_request
+async def _teapot(ctx: ActorContext, request: Any) -> Any:
+    if request.url.path == "/teapot":
+        raise HTTPException(418, "short and stout")
+    return PlainTextResponse(request.scope["query_string"].decode())
+
+
 @pytest.fixture(autouse=True)
 def _clear_seen() -> None:
+    woke_with.clear()
     seen.clear()
 
 
@@ -465,3 +529,157 @@ async def _eventually(check: Any, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
         while not check():
             await anyio.sleep(0.02)
+
+
+async def _lobby_socket(url: str, key: str, name: str, encoding: str = "json") -> Any:
+    socket_ = await ws_connect(
+        url.replace("http://", "ws://") + f"/actors/lobby/connect?key={key}&encoding={encoding}",
+        subprotocols=["pagekv", f"pagekv.token.{TOKEN}"],
+    )
+    hello = {"t": "connect", "params": {"name": name}}
+    await socket_.send(cbor2.dumps(hello) if encoding == "cbor" else json.dumps(hello))
+    return socket_
+
+
+def _frame(data: str | bytes) -> Any:
+    return cbor2.loads(data) if isinstance(data, bytes) else json.loads(data)
+
+
+async def test_init_comes_first_even_when_on_connect_sends_at_once() -> None:
+    async with serving([lobby]) as s:
+        raw = await _lobby_socket(s.url, "hello", "ada")
+        assert _frame(await raw.recv())["t"] == "init"
+        assert _frame(await raw.recv()) == {"t": "event", "name": "welcome", "args": ["ada"]}
+        await raw.close()
+        async with (
+            s.client() as client,
+            client.get_or_create("lobby", "hello").connect({"name": "bob"}) as bob,
+        ):
+            assert (await bob.next_event("welcome")).payload == "bob"
+
+
+async def test_wake_hooks_see_the_connections_restored() -> None:
+    async with serving([lobby]) as s, s.client() as client:
+        handle = client.get_or_create("lobby", "wake")
+        async with handle.connect({"name": "ada"}) as ada, handle.connect({"name": "bob"}):
+            await _eventually(lambda: s.app.state.registry.metrics()["live"] == 0)
+            assert await ada.whoami() == {"name": "ada"}  # woken by the frame
+            assert woke_with == [[], ["ada", "bob"]]
+
+
+async def test_a_socket_closed_under_a_running_action_lets_it_finish() -> None:
+    async with serving([lobby]) as s, s.client() as client:
+        raw = await _lobby_socket(s.url, "bank", "ada")
+        await raw.recv()
+        await raw.send(json.dumps({"t": "action", "id": 1, "name": "transfer", "args": []}))
+        await anyio.sleep(0.1)
+        await raw.close()  # mid-action
+        await anyio.sleep(0.7)
+        assert await client.get("lobby", "bank").balance() == {"debit": 1, "credit": 1}
+
+
+async def test_ctx_conn_does_not_leak_into_actors_called_through_ctx_client() -> None:
+    async with (
+        serving([room]) as s,
+        s.client() as client,
+        client.get_or_create("room", "asker").connect({"name": "ada"}) as ada,
+    ):
+        assert await ada.ask("asked") == 0
+        assert await ada.me() == {"name": "ada", "said": 0}  # the callee's post saw no conn
+
+
+async def test_a_frame_json_cannot_carry_closes_that_connection_alone() -> None:
+    async with serving([lobby]) as s, s.client() as client:
+        json_socket = await _lobby_socket(s.url, "mixed", "js")
+        cbor_socket = await _lobby_socket(s.url, "mixed", "cb", encoding="cbor")
+        for socket_ in (json_socket, cbor_socket):
+            await socket_.recv()
+            await socket_.recv()
+            sub = {"t": "sub", "id": 1, "event": "stamp"}
+            await socket_.send(cbor2.dumps(sub) if socket_ is cbor_socket else json.dumps(sub))
+            assert _frame(await socket_.recv())["t"] == "result"
+        assert await client.get("lobby", "mixed").stamp() == 2  # the action is unaffected
+        event = _frame(await cbor_socket.recv())
+        assert event["args"][0] == datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+        code, reason = await _closed_with(json_socket)
+        assert code == CloseCode.UNSENDABLE and "datetime" in reason
+        await cbor_socket.close()
+
+
+async def test_cyclic_cbor_frames_are_malformed() -> None:
+    async with serving([lobby]) as s:
+        raw = await _lobby_socket(s.url, "cycle", "ada", encoding="cbor")
+        await raw.recv()
+        await raw.recv()
+        cyclic = b"\xa2atfactionbid\xd8\x1c\x81\xd8\x1d\x00"  # {"t": "action", "id": [<self>]}
+        await raw.send(cyclic)
+        code, reason = await _closed_with(raw)
+        assert code == CloseCode.MALFORMED and "cyclic" in reason
+
+
+async def test_errors_are_cut_to_the_outgoing_limit_and_say_so() -> None:
+    async with serving([lobby], ws_max_out_bytes=16 * 1024) as s:
+        raw = await _lobby_socket(s.url, "loud", "ada")
+        await raw.recv()
+        await raw.recv()
+        await raw.send(json.dumps({"t": "action", "id": 1, "name": "shout", "args": [100_000]}))
+        data = await raw.recv()
+        error = _frame(data)["error"]
+        assert len(data) <= 16 * 1024 and error["code"] == "action_error"
+        assert error["message"].endswith("(cut to fit 16384 bytes)")
+        await raw.close()
+
+
+async def test_subscriptions_per_connection_are_bounded() -> None:
+    async with (
+        serving([room]) as s,
+        s.client() as client,
+        client.get_or_create("room", "subs").connect({"name": "ada"}) as ada,
+    ):
+        for i in range(256):
+            await ada.subscribe(f"e{i}")
+        with pytest.raises(Exception, match="at most 256 events"):
+            await ada.subscribe("one too many")
+        await ada.subscribe("e0")  # again: no new subscription
+
+
+async def test_an_unstorable_connection_state_is_refused_and_put_back() -> None:
+    async with (
+        serving([lobby]) as s,
+        s.client() as client,
+        client.get_or_create("lobby", "spoilt").connect({"name": "ada"}) as ada,
+    ):
+        with pytest.raises(Exception, match="CBOR-serialisable"):
+            await ada.spoil()
+        assert await ada.whoami() == {"name": "ada"}
+
+
+async def test_a_failing_on_disconnect_runs_once_and_its_row_goes() -> None:
+    async with serving([lobby]) as s, s.client() as client:
+        handle = client.get_or_create("lobby", "failing")
+        async with handle.connect({"name": "ada"}):
+            pass
+        await _eventually(lambda: ("lobby disconnect", {"name": "ada"}) in seen)
+        await _eventually(lambda: s.app.state.registry.metrics()["live"] == 0)
+        await handle.balance()  # a wake: nothing left to reap
+        assert seen.count(("lobby disconnect", {"name": "ada"})) == 1
+
+
+async def test_the_in_process_client_is_refused_as_a_socket_is() -> None:
+    async with Registry([room], "memory://").run() as client:
+        with pytest.raises(ConnectionClosed) as refused:
+            async with client.get_or_create("room", "r").connect({"name": "mallory"}):
+                pass
+        assert refused.value.code == CloseCode.REFUSED and "mallory" in refused.value.reason
+        with pytest.raises(ConnectionClosed) as missing:
+            async with client.get("room", "never").connect({"name": "ada"}):
+                pass
+        assert missing.value.code == CloseCode.NOT_FOUND
+
+
+async def test_raw_http_keeps_the_query_as_sent_and_the_handler_s_http_errors() -> None:
+    async with serving([lobby]) as s, s.http() as http:
+        answer = await http.get("/actors/lobby/request/q?y=%20&key=raw&x=a+b&sig=%2Fz")
+        assert answer.text == "y=%20&x=a+b&sig=%2Fz"
+        teapot = await http.get("/actors/lobby/request/teapot?key=raw")
+        assert teapot.status_code == 418 and "short and stout" in teapot.text
