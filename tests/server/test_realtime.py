@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed as SocketClosed
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.client_connection import ConnectionClosed
 from pagekv.actor.connection import UNLOADED, CloseCode
-from pagekv.kv import open_kv
+from pagekv.kv import MemoryStore, open_kv
 
 pytestmark = pytest.mark.anyio
 
@@ -81,6 +81,11 @@ async def kick(ctx: ActorContext, name: str) -> None:
 async def flood(ctx: ActorContext, count: int, size: int) -> None:
     for _ in range(count):
         ctx.broadcast("message", "x" * size)
+
+
+@room.action
+async def later(ctx: ActorContext, seconds: float, text: str) -> None:
+    await ctx.schedule.after(seconds, "post", text)
 
 
 @room.action
@@ -399,14 +404,32 @@ async def test_a_dead_socket_is_reaped_by_pings() -> None:
         raw.close()
 
 
-async def test_shutdown_closes_sockets_with_going_away() -> None:
-    async with serving([room]) as s:
+async def test_shutdown_closes_sockets_with_going_away_and_the_next_wake_reaps_them() -> None:
+    store = MemoryStore()
+    async with serving([room], kv=store) as s:
         socket_ = await _raw(s.url, "bye")
         await socket_.recv()
-        s.app.state.registry.hub.shutdown()
-        code, reason = await _closed_with(socket_)
-        assert code == CloseCode.GOING_AWAY and "shutting down" in reason
+        # the server stops (its lifespan ends) with the socket open
+    code, reason = await _closed_with(socket_)
+    assert code == CloseCode.GOING_AWAY and "shutting down" in reason
     assert not [e for e in seen if e[0] == "disconnect"]  # reaped at the next wake instead
+    async with serving([room], kv=store) as s, s.client() as client:
+        await client.get("room", "bye").me()
+        assert seen.count(("disconnect", {"name": "ada", "said": 0})) == 1
+
+
+async def test_a_due_schedule_wakes_a_hibernated_actor_whose_broadcast_reaches_its_sockets() -> (
+    None
+):
+    async with serving([room]) as s, s.client() as client:
+        handle = client.get_or_create("room", "timer")
+        async with handle.connect({"name": "ada"}) as ada:
+            await ada.subscribe("message")
+            await ada.later(0.8, "from a schedule")
+            await _eventually(lambda: s.app.state.registry.metrics()["live"] == 0)
+            event = await ada.next_event("message")
+            assert event.payload == {"text": "from a schedule"}
+            assert s.app.state.registry.counters["wakes"] == 2
 
 
 async def test_takeover_closes_stale_sockets_and_the_client_reconnects(tmp_path: Path) -> None:
