@@ -50,6 +50,7 @@ from pagekv.actor import (
     InvalidArguments,
     UnknownActor,
 )
+from pagekv.actor.calls_by_name import CallsByName
 from pagekv.actor.registry import LEASE_S
 from pagekv.remote_connection import RemoteConnection
 from pagekv.server.protocol import CBOR, JSON, ErrorCode, decode, encode
@@ -264,7 +265,7 @@ class HttpClient:
         await self.aclose()
 
 
-class ActorHandle:
+class ActorHandle(CallsByName):
     """Calls actions of one actor by name over HTTP; resolved by the server on every call."""
 
     def __init__(
@@ -315,12 +316,3 @@ class ActorHandle:
             input=self._input,
             raise_error=_raise_remote,
         )
-
-    def __getattr__(self, action: str) -> Callable[..., Awaitable[Any]]:
-        if action.startswith("_"):
-            raise AttributeError(action)
-
-        async def invoke(*args: Any, **kwargs: Any) -> Any:
-            return await self.call(action, *args, **kwargs)
-
-        return invoke

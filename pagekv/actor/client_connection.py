@@ -9,7 +9,7 @@ names given (and skips the others), `next_event` takes one.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import cbor2
 
+from pagekv.actor.calls_by_name import CallsByName
 from pagekv.actor.connection import CloseCode, Connection, Frame
 from pagekv.actor.errors import ActorError, ActorNotFound, UnknownActor
 
@@ -47,7 +48,7 @@ class ConnectionClosed(ActorError):
         self.reason = reason
 
 
-class ActorConnection:
+class ActorConnection(CallsByName):
     """Subclasses say how frames travel: `_call`, `_subscribe` and `_close`."""
 
     def __init__(self, name: str, key: str, params: Any) -> None:
@@ -65,15 +66,6 @@ class ActorConnection:
         """Run `action` on the actor over this connection (`ctx.conn` is this connection)."""
         self._check_open()
         return await self._call(action, args, kwargs)
-
-    def __getattr__(self, action: str) -> Callable[..., Awaitable[Any]]:
-        if action.startswith("_"):
-            raise AttributeError(action)
-
-        async def invoke(*args: Any, **kwargs: Any) -> Any:
-            return await self.call(action, *args, **kwargs)
-
-        return invoke
 
     async def subscribe(self, event: str) -> None:
         """Receive the actor's broadcasts of `event` (saved with the connection, so a

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
+from pagekv.actor.calls_by_name import CallsByName
 from pagekv.actor.client_connection import LocalConnection
 from pagekv.actor.connection import ConnectionLimits
 from pagekv.actor.definition import ActorDefinition
@@ -629,7 +630,7 @@ class RemoteCalls(Protocol):
     ) -> int: ...
 
 
-class ActorHandle:
+class ActorHandle(CallsByName):
     """Calls actions of one actor by name; re-resolves the actor on every call. An actor that
     another registry owns is reached through `Registry.remote` when the registry has one (a
     server's: `ctx.client` across hosts), else `OwnedElsewhere` is raised."""
@@ -679,15 +680,6 @@ class ActorHandle:
         return WorkflowHandle(
             self._registry, self.name, self.key, create=self._create, input=self._input
         )
-
-    def __getattr__(self, action: str) -> Callable[..., Awaitable[Any]]:
-        if action.startswith("_"):
-            raise AttributeError(action)
-
-        async def invoke(*args: Any, **kwargs: Any) -> Any:
-            return await self.call(action, *args, **kwargs)
-
-        return invoke
 
 
 class Client:
