@@ -184,10 +184,21 @@ class ActorDb:
         connection.execute("COMMIT")
         return written
 
-    async def save_state(self) -> None:
-        """Make the state durable now (its own commit) if it changed; no worker hop if not."""
-        if self.state.changed() is not None:
-            self.state.mark_saved(await self.locked(self.state.write_if_changed, internal=True))
+    async def save_state(self, also: Callable[[apsw.Connection], None] | None = None) -> None:
+        """Make the state durable now (its own commit) if it changed, with what `also` writes
+        (the runtime's own rows) in the same commit; no worker hop if there is nothing."""
+        if also is None:
+            if self.state.changed() is not None:
+                written = await self.locked(self.state.write_if_changed, internal=True)
+                self.state.mark_saved(written)
+            return
+
+        def write(connection: apsw.Connection) -> bytes | None:
+            with connection:
+                also(connection)
+                return self.state.write_if_changed(connection)
+
+        self.state.mark_saved(await self.locked(write, internal=True))
 
 
 def _rollback(connection: apsw.Connection) -> None:

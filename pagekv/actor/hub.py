@@ -199,10 +199,29 @@ class Hub:
 
     async def save(self, ctx: ActorContext, conns: list[Connection] | None = None) -> None:
         """Write the rows of the connections whose state or subscriptions may have changed (all
-        of the actor's open ones that were touched, by default), in one commit."""
-        candidates = self.connections(ctx.actor_id) if conns is None else conns
+        of the actor's open ones that were touched, by default) with the actor's state, in one
+        commit: an action that changes both costs one KV write, as one that changes either."""
+        rows = self._changes(ctx.actor_id if conns is None else None, conns or [])
+        if not rows:
+            await ctx.db.save_state()
+            return
+        params = {conn.id: cbor2.dumps(conn.params) for conn, _ in rows}
+
+        def write(c: Any) -> None:
+            c.executemany(
+                f"INSERT OR REPLACE INTO {_TABLE}(id, params, data) VALUES (?, ?, ?)",
+                [(conn.id, params[conn.id], data) for conn, data in rows],
+            )
+
+        await ctx.db.save_state(also=write)
+        for conn, data in rows:
+            conn.saved = data
+
+    def _changes(self, aid: str | None, conns: list[Connection]) -> list[tuple[Connection, bytes]]:
+        """The touched connections (of `aid`, or `conns`) whose row would change, encoded. One
+        that cannot be encoded is put back to its saved state and refused (`TypeError`)."""
         rows = []
-        for conn in candidates:
+        for conn in self.connections(aid) if aid is not None else conns:
             if not conn.touched or conn.closed:
                 continue
             conn.touched = False
@@ -217,20 +236,7 @@ class Hub:
                 ) from e
             if data != conn.saved:
                 rows.append((conn, data))
-        if not rows:
-            return
-        params = {conn.id: cbor2.dumps(conn.params) for conn, _ in rows}
-
-        def write(c: Any) -> None:
-            with c:
-                c.executemany(
-                    f"INSERT OR REPLACE INTO {_TABLE}(id, params, data) VALUES (?, ?, ?)",
-                    [(conn.id, params[conn.id], data) for conn, data in rows],
-                )
-
-        await ctx.db.run(write, internal=True)
-        for conn, data in rows:
-            conn.saved = data
+        return rows
 
     async def restore(self, instance: Woken) -> list[Connection]:
         """At a wake, before any hook that may read `ctx.conns`: give this process's

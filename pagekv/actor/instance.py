@@ -341,8 +341,7 @@ class ActorInstance:
                                 await self._keep_state()
                                 raise
                             ended = time.monotonic()
-                            await self.registry.hub.save(self.ctx)
-                            await self.ctx.db.save_state()
+                            await self.registry.hub.save(self.ctx)  # the state too
                 except ActorTakenOver as e:
                     if self._wrote_nothing(writes, commits):  # the fence refused it all
                         self.registry.counters["takeovers"] += 1
@@ -765,9 +764,7 @@ class ActorInstance:
         try:
             if hook is not None:
                 await hook(ctx)
-            await ctx.db.save_state()
-            if how == "sleep":
-                await self.registry.hub.save(ctx)
+            await self.registry.hub.save(ctx)  # the state too
         except Exception:
             log.exception("actor %s: stopping (%s) despite a failed hook", self.actor_id, how)
 

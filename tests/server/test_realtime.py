@@ -706,3 +706,17 @@ async def test_raw_http_keeps_the_query_as_sent_and_the_handler_s_http_errors() 
         assert answer.text == "y=%20&x=a+b&sig=%2Fz"
         teapot = await http.get("/actors/lobby/request/teapot?key=raw")
         assert teapot.status_code == 418 and "short and stout" in teapot.text
+
+
+async def test_an_action_changing_state_and_conn_state_commits_once() -> None:
+    async with (
+        serving([room]) as s,
+        s.client() as client,
+        client.get_or_create("room", "one-commit").connect({"name": "ada"}) as ada,
+    ):
+        (instance,) = s.app.state.registry.live()
+        before = instance.ctx.db.database.commits
+        assert await ada.post("hi") == 1  # ctx.state["posts"] and conn.state["said"] change
+        assert instance.ctx.db.database.commits == before + 1
+        assert await ada.me() == {"name": "ada", "said": 1}  # a read: no commit
+        assert instance.ctx.db.database.commits == before + 1
