@@ -10,7 +10,7 @@ import random
 
 from pagekv.kv import InvalidArgument, NameTooLarge
 from pagekv.testing.clauses import Trial, clause
-from pagekv.testing.contract_data import boundary
+from pagekv.testing.contract_data import at_least, boundary
 from pagekv.testing.contract_limits import limit_error
 
 
@@ -65,12 +65,13 @@ def namespace_names_are_kept_apart(t: Trial) -> None:
     max_name_bytes = boundary(t, t.handle(store, "first"), "max_name_bytes").max_name_bytes
     names = good_names(max_name_bytes)
     handles = [t.handle(store, name) for name in names]
-    for name, kv in zip(names, handles, strict=True):
-        kv.put({b"name": name.encode()})
-    for name, kv in zip(names, handles, strict=True):
+    at_least(t.limits(handles[0]), max_batch_bytes=2, max_storage_bytes=2)
+    for n, kv in enumerate(handles):  # one byte each: any key and value limit takes them
+        kv.put({b"n": bytes([n])})
+    for n, (name, kv) in enumerate(zip(names, handles, strict=True)):
         t.expect(
-            kv.get([b"name"]),
-            [name.encode()],
+            kv.get([b"n"]),
+            [bytes([n])],
             f"the namespace {name[:16]!r} ({len(name.encode())} bytes) holds only what was "
             "written to it",
         )

@@ -4,7 +4,9 @@ The fuzz alone sees a broken backend only through its symptoms (a corrupt page, 
 fails): it cannot say which call misbehaved. So each namespace it is given is `Monitored`: every
 call the VFS makes is mirrored on the contract's `Model`, and the first call whose answer the model
 does not admit is the finding, named with its arguments. A run the fuzz fails with no such call is
-reported with the fuzz's own failure and the minimised steps.
+reported with the fuzz's own failure and the minimised steps, unless the same steps fail on
+pagekv's memory store with the namespace's limits too: limits too small for the VFS (its keys,
+a page in a value, a commit in a batch, the database in the quota) leave that run not checked.
 
 The VFS takes any KV error as fatal for its connection. So the monitor makes a call again
 itself while it answers `KvUnavailable` (it applied nothing), and a read while it answers
@@ -26,7 +28,7 @@ from typing import Any, Final, TypeVar
 from pagekv.fuzz import FuzzConfig, Runner, Step, minimize, run_seed
 from pagekv.fuzz.session import run_options
 from pagekv.fuzz.steps import EVENTS, from_json, to_json
-from pagekv.kv import ActorKv, KvError, KvIndeterminate, KvUnavailable
+from pagekv.kv import ActorKv, KvError, KvIndeterminate, KvLimits, KvUnavailable, MemoryStore
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.testing.model import (
     READS,
@@ -202,6 +204,8 @@ class _Runs:
     """The factory failing to open a run's namespace."""
     unsettled: str | None = None
     """A run's namespace that could not even be monitored: no definite first `generation()`."""
+    limits: KvLimits | None = None
+    """What the latest run's namespace advertised."""
 
     def __call__(self) -> ActorKv:
         try:
@@ -209,8 +213,9 @@ class _Runs:
         except FactoryFailed as e:
             self.failed = e
             raise
+        self.limits = self.subject.limits_of(kv, None)
         try:
-            monitor = Monitored(kv, self.subject.limits_of(kv, None))
+            monitor = Monitored(kv, self.limits)
         except (KvUnavailable, KvIndeterminate) as e:
             self.unsettled = f"generation() raised {show(e)}"
             raise
@@ -228,24 +233,31 @@ class _Runs:
 
     def reset(self) -> None:
         self.monitors.clear()
-        self.failed = self.unsettled = None
+        self.failed = self.unsettled = self.limits = None
         self.subject.close()
 
 
 def _execute(runs: _Runs, steps: list[Step], options: dict[str, Any]) -> Violation | str | None:
     """Run steps on a fresh monitored namespace: the first violation, from the model or the
-    fuzz; or why the run is not checked (a failure after an answer that was not definite)."""
+    fuzz; or why the run is not checked (a failure after an answer that was not definite, or
+    one the same steps meet on pagekv's memory store with the namespace's limits)."""
     runs.reset()
     failure: Exception | None = None
     try:
         Runner(runs, **options).run(steps)
     except Exception as e:  # a FuzzFailure, or the backend failing the database's open
         failure = e
-    found, unsure = runs.found(), runs.unsure()
+    found, unsure, limits = runs.found(), runs.unsure(), runs.limits
     runs.reset()
     if found is None and failure is not None:
         if unsure is not None:
             return f"{unsure}, which the VFS takes as fatal ({type(failure).__name__}: {failure})"
+        if limits is not None and _fails_on_memory(limits, steps, options):
+            return (
+                "the VFS cannot run these steps within the namespace's limits: they fail on "
+                f"pagekv's memory store with the same limits too ({type(failure).__name__}: "
+                f"{failure})"
+            )
         found = Violation(
             part="fuzz",
             clause="the database survives every step",
@@ -254,6 +266,17 @@ def _execute(runs: _Runs, steps: list[Step], options: dict[str, Any]) -> Violati
             got=f"{type(failure).__name__}: {failure}",
         )
     return found
+
+
+def _fails_on_memory(limits: KvLimits, steps: list[Step], options: dict[str, Any]) -> bool:
+    """Whether `steps` fail on pagekv's own memory store with `limits`: then a run failing on
+    the backend, every call of which the model admitted, failed for its limits (a key, value,
+    batch or quota too small for the VFS), not for the backend."""
+    try:
+        Runner(lambda: MemoryStore(limits=limits).namespace("fuzz"), **options).run(steps)
+    except Exception:
+        return True
+    return False
 
 
 def run_fuzz(subject: Subject, *, seconds: float, seed: int) -> PartResult:

@@ -17,9 +17,10 @@ import pytest
 
 from pagekv.kv import KvLimits
 from pagekv.testing.check import check_backend
+from pagekv.testing.fuzz_part import run_fuzz
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.report import Violation
-from pagekv.testing.subject import Factory
+from pagekv.testing.subject import Factory, Subject
 from tests.testing.backends import broken
 from tests.testing.backends.broken import BROKEN
 from tests.testing.backends.plain import PlainStore, plain_namespace, plain_store
@@ -225,6 +226,49 @@ def test_a_correct_backend_with_smaller_limits_passes_the_contract(caps: str) ->
     assert part.status is Status.PASSED, _report([part])
     assert {r.partition(":")[0] for r in part.not_checked} == impossible, part.not_checked
     assert all(r.endswith(ONLY_REFUSED) for r in part.not_checked), part.not_checked
+
+
+TINY_LIMITS: Final[dict[str, tuple[dict[str, int], set[str]]]] = {
+    "max_batch_entries=1": (
+        {"max_batch_entries": 1},
+        {"delete range is not bounded by the batch limit"},
+    ),
+    "max_key_bytes=1": (
+        {"max_key_bytes": 1},
+        {"value size boundary", "namespace names are kept apart"},
+    ),
+    "max_value_bytes=1": ({"max_value_bytes": 1}, {"namespace names are kept apart"}),
+    "max_batch_bytes=1": ({"max_batch_bytes": 1}, set()),
+    "max_storage_bytes=16KiB": (
+        {"max_storage_bytes": 16 * 1024},
+        {"a list limit beyond any count means all"},
+    ),
+}
+"""Limits too small for most clauses (and, but the quota, for the VFS), and clauses that must
+still hold under them: each of those once failed a correct backend by writing more at once
+than the limits allow (two entries, a two-byte key, the name as a value, four fillers)."""
+
+
+@pytest.mark.parametrize("caps", TINY_LIMITS, ids=list(TINY_LIMITS))
+def test_limits_too_small_for_a_clause_leave_it_not_checked_never_failed(caps: str) -> None:
+    limits, holding = TINY_LIMITS[caps]
+    (part,) = check_backend(_capped(plain_store, **limits), seed=1, parts=["contract"]).parts
+    assert part.status is Status.PASSED, _report([part])
+    skipped = {r.partition(":")[0] for r in part.not_checked}
+    assert not holding & skipped, part.not_checked
+
+
+@pytest.mark.parametrize("caps", [c for c in TINY_LIMITS if "storage" not in c])
+def test_limits_too_small_for_the_vfs_leave_the_fuzz_part_not_checked(caps: str) -> None:
+    """The monitor admitted every call: the same steps fail on pagekv's memory store too."""
+    subject = Subject(_capped(plain_store, **TINY_LIMITS[caps][0]))
+    try:
+        result = run_fuzz(subject, seconds=0.3, seed=1)
+    finally:
+        subject.close()
+    assert result.status is Status.NOT_CHECKED, _report([result])
+    (reason,) = result.not_checked
+    assert "they fail on pagekv's memory store with the same limits too" in reason, reason
 
 
 @pytest.mark.parametrize(

@@ -207,7 +207,7 @@ class EntryByEntry(_Wrapped):
             "prefix with reverse and limit",
             "kv.list(prefix=b'a', reverse=True, limit=3)",
         ),
-        (Truncating, "value size boundary", "kv.put({b'ok'"),
+        (Truncating, "value size boundary", "kv.put({b'k'"),
         (NoOverwriteCredit, "quota credits overwrites", "kv.put({b'k': b'aaaaaaaa'+(59 bytes)})"),
         (EntryByEntry, "a batch with a rejected entry writes nothing", "kv.write(put={b'new'"),
     ],
