@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Final, TypeVar
 
-from pagekv.kv import KvIndeterminate, KvLimits, KvUnavailable
+from pagekv.kv import FenceMismatch, KvIndeterminate, KvLimits, KvUnavailable
 from pagekv.kv.limits import INT64_MAX
 from pagekv.kv.wrappers import WRITE_OPS, KvWrapper
 from tests.testing.backends.plain import PlainKv, PlainStore, plain_namespace
@@ -81,15 +81,20 @@ def flaky_store(mode: str) -> Callable[..., _Store]:
 
 class Offset(KvWrapper):
     """Generations 1000 above the inner namespace's: a fresh namespace starts at 1000 (a fence
-    below that is passed on as one the inner namespace never reaches, so it is stale there too)."""
+    below that is passed on as one the inner namespace never reaches, so it is stale there too;
+    a fence that is no generation at all is passed on as it is, to be refused). A stale fence's
+    `FenceMismatch` names the fence and generation as this namespace numbers them."""
 
     OFFSET: Final = 1000
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         fence = kwargs.get("fence")
-        if type(fence) is int:
+        if type(fence) is int and 0 <= fence <= INT64_MAX:
             kwargs["fence"] = fence - self.OFFSET if fence >= self.OFFSET else INT64_MAX - fence
-        result = fn(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except FenceMismatch as e:
+            raise FenceMismatch(fence, e.current + self.OFFSET) from None  # type: ignore[arg-type]
         if op in ("takeover", "generation"):
             return result + self.OFFSET  # type: ignore[operator, no-any-return]
         return result
