@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import FlushCounts, KvStore, open_kv
-from pagekv.server import gateway, inspector, raw_http, realtime
+from pagekv.server import gateway, inspector, raw_http, realtime, ui
 from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
@@ -188,6 +188,7 @@ def create_app(
             *realtime.ROUTES,
             *raw_http.ROUTES,
             *inspector.ROUTES,
+            *ui.ROUTES,
         ],
         middleware=middleware,
         exception_handlers={

@@ -1,9 +1,11 @@
 """Bearer-token authentication and explicitly scoped CORS, as ASGI middleware.
 
 Every route needs `Authorization: Bearer <token>` except `/health` (which reveals nothing but
-liveness). The token is compared in constant time and only ever read from that header: a token in
-the query string or a cookie authenticates nothing. CORS answers exist only for origins configured
-by name, only on the browser-facing prefixes (the gateway and the inspector), and without
+liveness) and the web inspector's page and static assets (`/` and `/ui/...`: they hold no data;
+the page asks for the token and sends it with every data request, `ui.py`). The token is compared
+in constant time and only ever read from that header: a token in the query string or a cookie
+authenticates nothing. CORS answers exist only for origins configured by name, only on the
+browser-facing prefixes (the gateway and the inspector), and without
 `Access-Control-Allow-Credentials` (a bearer token is not an ambient credential), so no arbitrary
 Origin is ever reflected.
 """
@@ -20,7 +22,8 @@ from pagekv.server.codec import error_answer
 from pagekv.server.errors import HttpError
 from pagekv.server.protocol import ErrorCode
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PREFIXES = ("/ui/",)
 CORS_PREFIXES = ("/actors/", "/inspect/")
 
 
@@ -39,7 +42,12 @@ class BearerAuth:
         return matches and scheme.lower() == b"bearer"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if (
+            scope["type"] != "http"
+            or scope["path"] in OPEN_PATHS
+            or scope["path"].startswith(OPEN_PREFIXES)
+            or self._authorized(scope)
+        ):
             await self.app(scope, receive, send)
             return
         error = HttpError(

@@ -1,7 +1,7 @@
 """The inspector API: which actors exist, and what each one holds.
 
-    GET  /inspect/actors[?name=N&after=ACTOR_ID&limit=L]
-    GET  /inspect/actors/{name}?key=K                      record, live status, storage metrics
+    GET  /inspect/actors[?name=N&after=ACTOR_ID&limit=L&usage=1]   usage=1: KV bytes of each
+    GET  /inspect/actors/{name}?key=K                      record, live status, storage, KV usage
     GET  /inspect/actors/{name}/state?key=K
     GET  /inspect/actors/{name}/tables?key=K
     GET  /inspect/actors/{name}/tables/{table}?key=K[&limit=L&offset=O]
@@ -87,31 +87,48 @@ async def _snapshot_read(
 
 async def list_actors(request: Request) -> Response:
     rt = runtime(request)
-    params = query_params(request, {"name": False, "after": False, "limit": False})
+    params = query_params(request, {"name": False, "after": False, "limit": False, "usage": False})
     limit = int_param(params, "limit", default=100, low=1, high=MAX_PAGE)
-    records = await _in_inspector(
-        rt,
-        lambda: inspect.list_actors(
+    usage = int_param(params, "usage", default=0, low=0, high=1) == 1
+
+    def read() -> tuple[list[inspect.ActorRecord], list[int]]:
+        records = inspect.list_actors(
             rt.index, limit=limit + 1, name=params.get("name"), after=params.get("after")
-        ),
-    )
+        )
+        used = (
+            [rt.store.namespace(r.actor_id).used_bytes() for r in records[:limit]] if usage else []
+        )
+        return records, used
+
+    records, used = await _in_inspector(rt, read)
     live = {i.actor_id for i in rt.registry.live()}
     actors = [
         {**asdict(r), "actor_id": r.actor_id, "live": r.actor_id in live} for r in records[:limit]
     ]
+    if usage:
+        for actor, used_bytes in zip(actors, used, strict=True):
+            actor["used_bytes"] = used_bytes
     after = actors[-1]["actor_id"] if len(records) > limit else None
     return answer(request, {"actors": actors, "next_after": after})
+
+
+def _kv_usage(rt: Runtime, actor_id: str) -> dict[str, int]:
+    """The bytes the actor's namespace holds against its storage quota."""
+    namespace = rt.store.namespace(actor_id)
+    return {"used_bytes": namespace.used_bytes(), "quota_bytes": namespace.limits.max_storage_bytes}
 
 
 async def actor_summary(request: Request) -> Response:
     rt, name, key, _ = _address(request)
     record, storage = await _snapshot_read(rt, name, key, lambda db: db.metrics())
+    kv_usage = await _in_inspector(rt, lambda: _kv_usage(rt, record.actor_id))
     live = rt.live(record.actor_id)
     summary: dict[str, Any] = {
         **asdict(record),
         "actor_id": record.actor_id,
         "live": live is not None,
         "storage": storage,
+        "kv_usage": kv_usage,
     }
     if live is not None:
         summary["instance"] = {
