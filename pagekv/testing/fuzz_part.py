@@ -279,9 +279,15 @@ def _fails_on_memory(limits: KvLimits, steps: list[Step], options: dict[str, Any
     return False
 
 
+def _config(seed: int, seconds: float) -> FuzzConfig:
+    """The fuzz's configuration: `run_seed(run, _config(...))` is a run's steps, whatever the
+    seed and seconds."""
+    return FuzzConfig(seed=seed, seconds=seconds, events=_EVENTS, max_blob=_MAX_BLOB)
+
+
 def run_fuzz(subject: Subject, *, seconds: float, seed: int) -> PartResult:
     started = time.monotonic()
-    config = FuzzConfig(seed=seed, seconds=seconds, events=_EVENTS, max_blob=_MAX_BLOB)
+    config = _config(seed, seconds)
     runs = _Runs(subject)
     rng = random.Random(seed)
     n = 0
@@ -351,6 +357,19 @@ def _decode(details: dict[str, Any]) -> tuple[list[Step], dict[str, Any]]:
     if not isinstance(raw, list):
         raise UsageError("a fuzz replay's steps are a list")
     try:
-        return [from_json(s) for s in raw], options
+        steps = [from_json(s) for s in raw]
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise UsageError(f"a fuzz replay's step is malformed: {type(e).__name__}: {e}") from None
+    run = details.get("run")
+    if type(run) is not int or not _generated(steps, run_seed(run, _config(0, 0.0))):
+        raise UsageError(
+            f"a fuzz replay's steps must be steps of its run ({show(run)}), as the fuzz generated "
+            "them: a replay runs no SQL of the file's own"
+        )
+    return steps, options
+
+
+def _generated(steps: list[Step], generated: list[Step]) -> bool:
+    """Whether `steps` are some of `generated`, in their order (what minimising leaves)."""
+    left = iter(generated)
+    return all(any(step == g for g in left) for step in steps)

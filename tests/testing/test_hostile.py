@@ -8,6 +8,7 @@ import inspect
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from pagekv.kv import KvLimits, MemoryStore
 from pagekv.testing.check import CheckResult, check_backend
 from pagekv.testing.concurrent import KV_ERRORS, Program, run_concurrent
-from pagekv.testing.fuzz_part import run_fuzz
+from pagekv.testing.fuzz_part import replay_fuzz, run_fuzz
 from pagekv.testing.model import RESULT_TYPES, RESULT_TYPES_REQUIRES, Op
 from pagekv.testing.outcome import PartResult, Status
 from pagekv.testing.restart import Scenario, run_restart
@@ -345,3 +346,26 @@ def test_a_malformed_concurrent_program_is_refused(data: Any, says: str) -> None
 def test_a_malformed_restart_scenario_is_refused(data: Any, says: str) -> None:
     with pytest.raises(UsageError, match=says):
         Scenario.from_json(data)
+
+
+def test_a_fuzz_replay_runs_only_steps_of_its_run(tmp_path: Path) -> None:
+    """A finding replays; a file's own SQL (here one that would write a file of its choosing
+    beside the scratch database) is refused before anything runs."""
+    subject = Subject(hostile.list_pairs_store)
+    try:
+        found = run_fuzz(subject, seconds=1.0, seed=4).violation
+        assert found is not None
+        assert replay_fuzz(subject, found.details) is not None, "the finding did not replay"
+        planted = tmp_path / "planted.db"
+        sql = [[f"ATTACH DATABASE '{planted}' AS p", []], ["CREATE TABLE p.t(x)", []]]
+        tampered = dict(
+            found.details, steps=[{"type": "txn", "explicit": False, "statements": sql}]
+        )
+        with pytest.raises(UsageError, match="steps must be steps of its run"):
+            replay_fuzz(subject, tampered)
+        repeated = dict(found.details, steps=[*found.details["steps"]] * 2)
+        with pytest.raises(UsageError, match="steps must be steps of its run"):
+            replay_fuzz(subject, repeated)
+    finally:
+        subject.close()
+    assert not planted.exists()
