@@ -1,0 +1,367 @@
+"""The web inspector in a real browser: Debian's headless Chromium, driven by Selenium through
+chromium-driver, against a real server on loopback (one server and one browser per module).
+
+Without chromium, chromium-driver or selenium these tests are skipped with a message saying how
+to enable them; under CI (`CI` set, as `.ci/run` does) they fail instead.
+
+Actor data carries markup throughout (a key, the state, table values, a query's error, a
+workflow step's error): each view must show it as text, add no element from it and run none of
+it (the payloads would set `window.__pwned` or open an alert).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from server_helpers import Served, serving
+
+from pagekv.actor import ActorContext, actor
+from pagekv.actor.workflow import StepContext, WorkflowContext
+
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:  # the fixture says what to install
+    webdriver = None
+
+PAYLOAD = (
+    '<img src=x onerror="window.__pwned=1;alert(1)">'
+    "<script>window.__pwned=2</script>javascript:window.__pwned=3"
+)
+KEY = '<b id="k">key</b>'
+NOTES = 25
+MANY = 53  # more than one page of the actors list (50)
+
+probe = actor("probe", state={"note": None})
+stepper = actor("stepper", state={})
+
+
+@probe.create_state
+async def _probe_state(ctx: ActorContext, input: Any) -> dict[str, Any]:
+    return {"note": input, "nested": {"list": [input, 1, None, True], "n": 2.5}}
+
+
+@probe.on_migrate
+async def _probe_schema(ctx: ActorContext) -> None:
+    await ctx.db.execute("CREATE TABLE IF NOT EXISTS notes(id INTEGER PRIMARY KEY, body TEXT)")
+
+
+@probe.action
+async def note(ctx: ActorContext, text: str, count: int) -> None:
+    async with ctx.db.transaction():
+        for n in range(count):
+            await ctx.db.execute("INSERT INTO notes(body) VALUES (?)", (f"{n}:{text}",))
+
+
+@probe.action
+async def touch(ctx: ActorContext) -> None:
+    pass
+
+
+async def _prepare(step: StepContext) -> int:
+    return 1
+
+
+async def _charge(step: StepContext) -> None:
+    raise RuntimeError(PAYLOAD)
+
+
+@stepper.workflow
+async def _run(wf: WorkflowContext) -> None:
+    await wf.step("prepare", _prepare)
+    await wf.step("charge", _charge, max_retries=0)
+
+
+@stepper.action
+async def poke(ctx: ActorContext) -> None:
+    pass
+
+
+def _missing() -> str | None:
+    if webdriver is None:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    for command in ("chromium", "chromedriver"):
+        if shutil.which(command) is None:
+            return f"{command} is not installed (apt-get install -y chromium chromium-driver)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Served]:
+    """A server on a thread of its own (its own event loop), so that the blocking Selenium
+    calls of the tests never stall it."""
+    ready: queue.Queue[Served | BaseException] = queue.Queue()
+    stop = threading.Event()
+
+    async def main() -> None:
+        try:
+            async with serving([probe, stepper]) as served:
+                ready.put(served)
+                while not stop.is_set():
+                    await anyio.sleep(0.05)
+        except BaseException as e:
+            ready.put(e)
+            raise
+
+    thread = threading.Thread(target=anyio.run, args=(main,), daemon=True)
+    thread.start()
+    started = ready.get(timeout=30)
+    if isinstance(started, BaseException):
+        raise started
+    try:
+        _populate(started)
+        yield started
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def _populate(served: Served) -> None:
+    headers = {"authorization": f"Bearer {served.token}"}
+    with httpx.Client(base_url=served.url, headers=headers, timeout=30) as http:
+
+        def call(path: str, key: str, body: dict[str, Any]) -> None:
+            response = http.post(path, params={"key": key}, json=body)
+            assert response.is_success, response.text
+
+        call("/actors/probe", KEY, {"input": PAYLOAD})
+        call("/actors/probe/actions/note", KEY, {"args": [PAYLOAD, NOTES]})
+        for n in range(MANY):
+            call("/actors/probe/actions/touch", f"many-{n:03}", {})
+        call("/actors/stepper/actions/poke", "order", {})
+        for _ in range(200):
+            flow = http.get("/inspect/actors/stepper/workflow", params={"key": "order"})
+            if flow.status_code == 200 and flow.json()["workflow"]["state"] == "failed":
+                return
+            threading.Event().wait(0.05)
+        raise AssertionError(f"the workflow did not fail: {flow.text}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    missing = _missing()
+    if missing is not None:
+        message = f"browser tests need Chromium and Selenium: {missing}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or ""
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(
+        options=options, service=Service(executable_path=shutil.which("chromedriver"))
+    )
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(driver: WebDriver, check: Callable[[WebDriver], Any], what: str) -> Any:
+    return WebDriverWait(driver, 10, poll_frequency=0.05).until(check, f"waiting for {what}")
+
+
+def _text(driver: WebDriver, css: str) -> str:
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return found[0].text if found else ""
+
+
+def _open(driver: WebDriver, served: Served, where: str, token: str | None = None) -> None:
+    """The page at `#/where`, signed in afresh through the form with `token`."""
+    driver.get(f"{served.url}/")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(f"{served.url}/#/{where}")
+    field = _wait(driver, lambda d: d.find_element(By.ID, "token"), "the token field")
+    _wait(driver, lambda d: field.is_displayed(), "the sign-in form")
+    field.send_keys(served.token if token is None else token)
+    driver.find_element(By.ID, "login-submit").click()
+
+
+def _nothing_ran(driver: WebDriver) -> None:
+    """No payload ran (no flag, no alert) and none became an element."""
+    assert driver.execute_script("return window.__pwned") is None
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert  # noqa: B018  (the property raises when there is none)
+    assert driver.find_elements(By.CSS_SELECTOR, "main img, main script, main b") == []
+
+
+def _rows(driver: WebDriver) -> list[str]:
+    return [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#actors tbody tr")]
+
+
+def test_sign_in_then_search_and_page_the_actors(browser: WebDriver, server: Served) -> None:
+    _open(browser, server, "actors")
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#actors tbody tr"), "the list")
+    assert browser.find_element(By.ID, "login").is_displayed() is False
+    assert browser.execute_script("return sessionStorage.getItem('pagekv.token')") == server.token
+    assert server.token not in browser.current_url
+    keys = [
+        e.text for e in browser.find_elements(By.CSS_SELECTOR, "#actors tbody tr td:nth-child(2)")
+    ]
+    assert len(keys) == 50 and KEY in keys  # the key's markup is text
+    browser.find_element(By.ID, "actor-filter").send_keys("stepper")
+    browser.find_element(By.CSS_SELECTOR, "#actor-search button").click()
+    _wait(browser, lambda d: len(_rows(d)) == 1, "the stepper alone")
+    assert _rows(browser)[0].startswith("stepper order")
+    browser.find_element(By.ID, "actor-filter").clear()
+    browser.find_element(By.ID, "actor-filter").send_keys("probe")
+    browser.find_element(By.CSS_SELECTOR, "#actor-search button").click()
+    _wait(
+        browser,
+        lambda d: (
+            _text(d, "#actor-page") == "page 1"
+            and not d.find_element(By.ID, "actors-next").get_attribute("disabled")
+        ),
+        "page 1 of the probes",
+    )
+    browser.find_element(By.ID, "actors-next").click()
+    _wait(browser, lambda d: _text(d, "#actor-page") == "page 2", "page 2")
+    second = [
+        e.text for e in browser.find_elements(By.CSS_SELECTOR, "#actors tbody tr td:nth-child(2)")
+    ]
+    assert len(second) == MANY + 1 - 50  # the markup key and the many-NNN keys
+    assert browser.find_element(By.ID, "actors-next").get_attribute("disabled") is not None
+    status = browser.find_elements(By.CSS_SELECTOR, "#actors tbody tr td:nth-child(3)")
+    assert {s.text for s in status} <= {"awake", "asleep"}
+    _nothing_ran(browser)
+
+
+def test_a_wrong_token_is_refused_and_forgotten(browser: WebDriver, server: Served) -> None:
+    _open(browser, server, "actors", token="not-the-token")
+    error = _wait(browser, lambda d: _text(d, "#login-error") or None, "the sign-in error")
+    assert "refused the token" in error and "missing or wrong token" in error
+    assert browser.execute_script("return sessionStorage.getItem('pagekv.token')") is None
+    assert browser.find_elements(By.ID, "actors") == []
+
+
+def test_an_actor_state_tables_and_queries(browser: WebDriver, server: Served) -> None:
+    key = browser.execute_script("return encodeURIComponent(arguments[0])", KEY)
+    _open(browser, server, f"actor/probe/{key}")
+    state = _wait(browser, lambda d: _text(d, "#state") or None, "the state")
+    assert f"note: {json.dumps(PAYLOAD)}" in state
+    assert "list [4]" in state and "n: 2.5" in state
+    assert "KB" not in _text(browser, "#kv-usage") and " of 10.0 GiB" in _text(browser, "#kv-usage")
+    opener = _wait(
+        browser,
+        lambda d: d.find_element(By.CSS_SELECTOR, "button.open-table[data-table='notes']"),
+        "the notes table",
+    )
+    opener.click()
+    _wait(browser, lambda d: _text(d, "#rows-position") == "rows 1-20", "the first page of rows")
+    headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#table-rows th")]
+    assert headers == ["id\nINTEGER", "body\nTEXT"]
+    first = browser.find_elements(By.CSS_SELECTOR, "#table-rows tbody tr")
+    assert first[0].text == f"1 0:{PAYLOAD}"
+    browser.find_element(By.ID, "rows-next").click()
+    _wait(browser, lambda d: _text(d, "#rows-position") == f"rows 21-{NOTES}", "the second page")
+    assert browser.find_element(By.ID, "rows-next").get_attribute("disabled") is not None
+    _nothing_ran(browser)
+
+    _query(browser, "SELECT count(*) AS n, max(body) AS last FROM notes")
+    _wait(browser, lambda d: _text(d, "#sql-result tbody") or None, "the query's rows")
+    assert _text(browser, "#sql-result thead") == "n last"
+    assert _text(browser, "#sql-result tbody") == f"{NOTES} 9:{PAYLOAD}"
+    _query(browser, "DELETE FROM notes")
+    refused = _wait(browser, lambda d: _text(d, "#sql-error") or None, "the refusal")
+    assert refused.startswith("query_refused: read-only query refused")
+    _query(browser, f"SELECT [{PAYLOAD}] FROM notes")  # no such column: an error naming it
+    invalid = _wait(browser, lambda d: "invalid_query" in _text(d, "#sql-error"), "the error")
+    assert invalid and "<img src=x" in _text(browser, "#sql-error")
+    _nothing_ran(browser)
+    with httpx.Client(
+        base_url=server.url, headers={"authorization": f"Bearer {server.token}"}
+    ) as http:
+        rows = http.post(
+            "/inspect/actors/probe/query",
+            params={"key": KEY},
+            json={"sql": "SELECT count(*) FROM notes"},
+        )
+    assert rows.json()["rows"] == [[NOTES]]
+
+
+def _query(driver: WebDriver, sql: str) -> None:
+    box = driver.find_element(By.ID, "sql")
+    box.clear()
+    box.send_keys(sql)
+    driver.execute_script("document.getElementById('sql-result').replaceChildren()")
+    driver.find_element(By.ID, "sql-run").click()
+
+
+def test_a_workflow_timeline_shows_the_failed_step(browser: WebDriver, server: Served) -> None:
+    _open(browser, server, "actor/stepper/order")
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#workflow-section a"), "the link")
+    browser.find_element(By.CSS_SELECTOR, "#workflow-section a").click()
+    entries = _wait(
+        browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#timeline > li"), "the timeline"
+    )
+    assert _text(browser, "#workflow-state") == "state: failed"
+    names = [e.find_element(By.CSS_SELECTOR, ".entry-name").text for e in entries]
+    statuses = [e.find_element(By.CSS_SELECTOR, ".entry-status").text for e in entries]
+    assert names == ["prepare", "charge"]
+    assert statuses[0] == "completed" and statuses[1] in ("failed", "exhausted")
+    current = browser.find_elements(By.CSS_SELECTOR, "#timeline > li.current")
+    assert [c.find_element(By.CSS_SELECTOR, ".entry-name").text for c in current] == ["charge"]
+    error = entries[1].find_element(By.CSS_SELECTOR, ".entry-error").text
+    assert error == f"RuntimeError: {PAYLOAD}"
+    assert "took" in entries[0].text and "attempts 1" in entries[0].text
+    _nothing_ran(browser)
+
+
+def test_metrics_are_charted_and_refreshed(browser: WebDriver, server: Served) -> None:
+    _open(browser, server, "metrics")
+    _wait(browser, lambda d: _text(d, "#metric-actions") != "", "a first rate")
+    with httpx.Client(
+        base_url=server.url, headers={"authorization": f"Bearer {server.token}"}
+    ) as http:
+        for _ in range(30):
+            http.post("/actors/probe/actions/touch", params={"key": "many-000"}, json={})
+    _wait(browser, lambda d: float(_text(d, "#metric-actions")) > 0, "actions/s above zero")
+    assert float(_text(browser, "#metric-awake")) >= 1
+    drawn = browser.execute_script(
+        "const c = document.getElementById('chart-actions');"
+        "return c.getContext('2d').getImageData(0, 0, c.width, c.height).data.some(v => v > 0)"
+    )
+    assert drawn is True
+    first = _text(browser, "#metrics-status")
+    _wait(browser, lambda d: _text(d, "#metrics-status") != first, "another refresh")
+
+
+def test_the_page_refuses_html_parsing_and_inline_script(
+    browser: WebDriver, server: Served
+) -> None:
+    """The policy as the browser enforces it: an innerHTML assignment throws (Trusted Types)
+    and an inline script element does not run."""
+    _open(browser, server, "actors")
+    _wait(browser, lambda d: d.find_elements(By.ID, "actors"), "the list")
+    outcome = browser.execute_script(
+        "try { document.getElementById('main').innerHTML = '<b>x</b>'; return 'parsed' }"
+        " catch (e) { return e.name }"
+    )
+    assert outcome == "TypeError"
+    inline = browser.execute_script(
+        "const s = document.createElement('script');"
+        "try { s.text = 'window.__pwned = 9' } catch (e) { return e.name }"
+        "document.body.append(s); return 'appended'"
+    )
+    assert inline == "TypeError"
+    assert browser.execute_script("return window.__pwned") is None
