@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -129,9 +130,14 @@ def server() -> Iterator[Served]:
         thread.join(timeout=30)
 
 
-def _populate(served: Served) -> None:
+def _http(served: Served) -> httpx.Client:
+    """A blocking client (the tests' code is not async: Selenium blocks)."""
     headers = {"authorization": f"Bearer {served.token}"}
-    with httpx.Client(base_url=served.url, headers=headers, timeout=30) as http:
+    return httpx.Client(base_url=served.url, headers=headers, timeout=30)
+
+
+def _populate(served: Served) -> None:
+    with _http(served) as http:
 
         def call(path: str, key: str, body: dict[str, Any]) -> None:
             response = http.post(path, params={"key": key}, json=body)
@@ -214,7 +220,11 @@ def test_sign_in_then_search_and_page_the_actors(browser: WebDriver, server: Ser
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#actors tbody tr"), "the list")
     assert browser.find_element(By.ID, "login").is_displayed() is False
     assert browser.execute_script("return sessionStorage.getItem('pagekv.token')") == server.token
-    assert server.token not in browser.current_url
+    fetched = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+    )
+    assert any("/inspect/actors?" in url for url in fetched)
+    assert not any(server.token in url for url in [*fetched, browser.current_url])
     keys = [
         e.text for e in browser.find_elements(By.CSS_SELECTOR, "#actors tbody tr td:nth-child(2)")
     ]
@@ -260,7 +270,8 @@ def test_an_actor_state_tables_and_queries(browser: WebDriver, server: Served) -
     state = _wait(browser, lambda d: _text(d, "#state") or None, "the state")
     assert f"note: {json.dumps(PAYLOAD)}" in state
     assert "list [4]" in state and "n: 2.5" in state
-    assert "KB" not in _text(browser, "#kv-usage") and " of 10.0 GiB" in _text(browser, "#kv-usage")
+    usage = _text(browser, "#kv-usage")
+    assert re.fullmatch(r"\d+\.\d KiB of 10\.0 GiB \(0\.\d{3} %\)", usage), usage
     opener = _wait(
         browser,
         lambda d: d.find_element(By.CSS_SELECTOR, "button.open-table[data-table='notes']"),
@@ -288,9 +299,7 @@ def test_an_actor_state_tables_and_queries(browser: WebDriver, server: Served) -
     invalid = _wait(browser, lambda d: "invalid_query" in _text(d, "#sql-error"), "the error")
     assert invalid and "<img src=x" in _text(browser, "#sql-error")
     _nothing_ran(browser)
-    with httpx.Client(
-        base_url=server.url, headers={"authorization": f"Bearer {server.token}"}
-    ) as http:
+    with _http(server) as http:
         rows = http.post(
             "/inspect/actors/probe/query",
             params={"key": KEY},
@@ -330,9 +339,7 @@ def test_a_workflow_timeline_shows_the_failed_step(browser: WebDriver, server: S
 def test_metrics_are_charted_and_refreshed(browser: WebDriver, server: Served) -> None:
     _open(browser, server, "metrics")
     _wait(browser, lambda d: _text(d, "#metric-actions") != "", "a first rate")
-    with httpx.Client(
-        base_url=server.url, headers={"authorization": f"Bearer {server.token}"}
-    ) as http:
+    with _http(server) as http:
         for _ in range(30):
             http.post("/actors/probe/actions/touch", params={"key": "many-000"}, json={})
     _wait(browser, lambda d: float(_text(d, "#metric-actions")) > 0, "actions/s above zero")
