@@ -146,8 +146,9 @@ def _path(*parts: str) -> str:
     return "".join("/" + quote(part, safe="") for part in parts)
 
 
-def _raise_remote(error: dict[str, Any], status: int = 0, text: str = "") -> NoReturn:
-    """The exception of a pagekv error answer: the runtime's own type where it has one."""
+def raise_error(error: dict[str, Any], status: int = 0, text: str = "") -> NoReturn:
+    """Raise the exception of a pagekv error answer: the runtime's own type where it has one,
+    else `RemoteError`."""
     code = error.get("code", "unknown")
     message = error.get("message", text)
     kind = _ACTOR_ERRORS.get(code)
@@ -216,7 +217,7 @@ class HttpClient:
             ):
                 retried += 1
                 continue
-            _raise_remote(error, response.status_code, response.text)
+            raise_error(error, response.status_code, response.text)
 
     async def _wait_to_retry(
         self, retried: int, retry_after: float | None, give_up_at: float
@@ -314,5 +315,5 @@ class ActorHandle(CallsByName):
             params,
             create=self._create,
             input=self._input,
-            raise_error=_raise_remote,
+            raise_error=raise_error,
         )

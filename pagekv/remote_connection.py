@@ -42,8 +42,12 @@ class RemoteConnection(ActorConnection):
         create: bool,
         input: Any,
         raise_error: Any,
+        sink: ActorConnection | None = None,
     ) -> None:
+        """`sink`: where events and the connection's end are delivered, if not to this one (a
+        connection of an actor's `ctx.client` relayed to the server that owns its actor)."""
         super().__init__(name, key, params)
+        self._sink: ActorConnection = sink if sink is not None else self
         query = urlencode(
             {"key": key, "mode": "get_or_create" if create else "get", "encoding": "cbor"}
         )
@@ -116,7 +120,7 @@ class RemoteConnection(ActorConnection):
             if self.closed is not None:
                 return
             if error.code not in RECONNECT and error.code != 1006:
-                self._ended(error.code, error.reason)
+                self._finish(error.code, error.reason)
                 return
             if not await self._reconnect(error):
                 return
@@ -129,20 +133,25 @@ class RemoteConnection(ActorConnection):
                 await self._open()
             except ConnectionClosed as refused:
                 if refused.code not in RECONNECT:
-                    self._ended(refused.code, refused.reason)
+                    self._finish(refused.code, refused.reason)
                     return False
                 continue
             except (OSError, InvalidHandshake, TimeoutError):
                 continue
             self.reconnects += 1
             return True
-        self._ended(error.code, f"{error.reason} (reconnecting failed {_ATTEMPTS} times)")
+        self._finish(error.code, f"{error.reason} (reconnecting failed {_ATTEMPTS} times)")
         return False
+
+    def _finish(self, code: int, reason: str) -> None:
+        self._ended(code, reason)
+        if self._sink is not self:
+            self._sink._ended(code, reason)
 
     def _dispatch(self, frame: dict[str, Any]) -> None:
         kind = frame.get("t")
         if kind == "event":
-            self._deliver(Event(frame["name"], tuple(frame.get("args", ()))))
+            self._sink._deliver(Event(frame["name"], tuple(frame.get("args", ()))))
         elif kind in ("result", "error"):
             waiter = self._pending.pop(frame.get("id"), None)
             if waiter is not None:

@@ -12,14 +12,15 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import cbor2
 
 from pagekv.actor.calls_by_name import CallsByName
 from pagekv.actor.connection import CloseCode, Connection, Frame
-from pagekv.actor.errors import ActorError, ActorNotFound, UnknownActor
+from pagekv.actor.errors import ActorError, ActorNotFound, OwnedElsewhere, UnknownActor
+from pagekv.actor.ownership import Owner
 
 if TYPE_CHECKING:
     from pagekv.actor.hub import Hub
@@ -149,16 +150,44 @@ class ActorConnection(CallsByName):
         raise NotImplementedError
 
 
+class Relay(Protocol):
+    """How a registry reaches actors another registry owns (`Registry.remote`), as far as a
+    connection needs it."""
+
+    def connection(
+        self,
+        owner: Owner,
+        name: str,
+        key: str,
+        params: Any,
+        *,
+        create: bool,
+        input: Any,
+        sink: ActorConnection,
+    ) -> ActorConnection: ...
+
+
 class LocalConnection(ActorConnection):
     """A connection of the in-process client: frames go straight to the hub; events are copied
     through CBOR (as over a socket, so they never share objects with the actor) into an inbox
     bounded like a socket's buffer."""
 
     def __init__(
-        self, hub: Hub, name: str, key: str, params: Any, *, create: bool, input: Any
+        self,
+        hub: Hub,
+        name: str,
+        key: str,
+        params: Any,
+        *,
+        create: bool,
+        input: Any,
+        relay: Relay | None = None,
     ) -> None:
         super().__init__(name, key, params)
         self._hub = hub
+        self._relay = relay
+        self._remote: ActorConnection | None = None
+        """The connection to the owner's server, when another registry owns the actor."""
         self._create = create
         self._input = input
         self._transport = _LocalTransport(self, hub.limits.max_buffered_bytes)
@@ -178,13 +207,28 @@ class LocalConnection(ActorConnection):
             )
         except (UnknownActor, ActorNotFound) as e:
             raise ConnectionClosed(CloseCode.NOT_FOUND, str(e)) from e
+        except OwnedElsewhere as e:
+            if self._relay is None:
+                raise ConnectionClosed(CloseCode.MOVED, str(e)) from e
+            remote = self._relay.connection(
+                e.owner,
+                self.name,
+                self.key,
+                self.params,
+                create=self._create,
+                input=self._input,
+                sink=self,
+            )
+            await remote.__aenter__()
+            self._remote, self.id = remote, remote.id
+            return self
         except Exception as e:
             raise ConnectionClosed(CloseCode.REFUSED, f"{type(e).__name__}: {e}") from e
         self.id = self._conn.id
         return self
 
     async def __aenter__(self) -> LocalConnection:
-        return await self.open() if self._conn is None else self
+        return await self.open() if self._conn is None and self._remote is None else self
 
     def _taken(self, event: Event) -> None:
         self._transport.taken(event)
@@ -196,14 +240,22 @@ class LocalConnection(ActorConnection):
             self._hub.spawn_disconnected(conn)
 
     async def _call(self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._remote is not None:
+            return await self._remote.call(action, *args, **kwargs)
         assert self._conn is not None, "open the connection first (async with)"
         return await self._hub.action(self._conn, action, args, kwargs)
 
     async def _subscribe(self, event: str, on: bool) -> None:
+        if self._remote is not None:
+            await (self._remote.subscribe(event) if on else self._remote.unsubscribe(event))
+            return
         assert self._conn is not None, "open the connection first (async with)"
         await self._hub.subscribe(self._conn, event, on)
 
     async def _close(self) -> None:
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            await remote.__aexit__(None, None, None)
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close_code = CloseCode.NORMAL

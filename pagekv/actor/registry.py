@@ -34,7 +34,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from pagekv.actor.calls_by_name import CallsByName
-from pagekv.actor.client_connection import LocalConnection
+from pagekv.actor.client_connection import LocalConnection, Relay
 from pagekv.actor.connection import ConnectionLimits
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import (
@@ -601,8 +601,9 @@ class Registry:
         raise ActorStopped(f"actor {actor_id(name, key)} kept stopping; message not sent")
 
 
-class RemoteCalls(Protocol):
-    """How a registry's client reaches an actor another registry owns (its server forwards)."""
+class RemoteCalls(Relay, Protocol):
+    """How a registry's client reaches an actor another registry owns (its server forwards):
+    calls, queue sends and (`Relay`) connections."""
 
     async def call(
         self,
@@ -671,7 +672,13 @@ class ActorHandle(CallsByName):
         """A connection to the actor (`async with handle.connect(params) as conn`): actions,
         subscriptions and events (`pagekv.actor.client_connection`)."""
         return LocalConnection(
-            self._registry.hub, self.name, self.key, params, create=self._create, input=self._input
+            self._registry.hub,
+            self.name,
+            self.key,
+            params,
+            create=self._create,
+            input=self._input,
+            relay=self._registry.remote,
         )
 
     @property

@@ -3,16 +3,19 @@
 A server sets its registry's `remote` to an `OwnerCalls`: a call of `ctx.client` that finds its
 actor owned by another registry of the store (`OwnedElsewhere`, raised before anything ran)
 goes to that registry's server over HTTP, with this server's token, through the same client
-users have (`HttpClient`, whose retries cover a hand-off under way). The owner serves it as any
-call, so it is routed afresh there if the actor moved meanwhile.
+users have (`HttpClient`, whose retries cover a hand-off under way), and a connection goes there
+over a WebSocket. The owner serves it as any call, so it is routed afresh there if the actor
+moved meanwhile.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pagekv.actor.client_connection import ActorConnection
 from pagekv.actor.ownership import Owner
-from pagekv.client import HttpClient
+from pagekv.client import HttpClient, raise_error
+from pagekv.remote_connection import RemoteConnection
 from pagekv.server.config import ServerConfig
 
 
@@ -48,6 +51,31 @@ class OwnerCalls:
         self, owner: Owner, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any
     ) -> int:
         return await self._handle(owner, name, key, create, input).send(queue, body)
+
+    def connection(
+        self,
+        owner: Owner,
+        name: str,
+        key: str,
+        params: Any,
+        *,
+        create: bool,
+        input: Any,
+        sink: ActorConnection,
+    ) -> ActorConnection:
+        """A WebSocket connection to the owner's server, delivering into `sink`."""
+        assert owner.address is not None, "the registry forwards only to owners with an address"
+        return RemoteConnection(
+            owner.address,
+            self._token,
+            name,
+            key,
+            params,
+            create=create,
+            input=input,
+            raise_error=raise_error,
+            sink=sink,
+        )
 
     async def aclose(self) -> None:
         for client in self._clients.values():

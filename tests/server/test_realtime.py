@@ -84,6 +84,14 @@ async def flood(ctx: ActorContext, count: int, size: int) -> None:
 
 
 @room.action
+async def listen(ctx: ActorContext, key: str) -> Any:
+    async with ctx.client.get_or_create("room", key).connect({"name": "an actor"}) as conn:
+        await conn.subscribe("message")
+        await conn.post("heard at b")
+        return (await conn.next_event("message")).payload
+
+
+@room.action
 async def later(ctx: ActorContext, seconds: float, text: str) -> None:
     await ctx.schedule.after(seconds, "post", text)
 
@@ -489,7 +497,13 @@ async def test_a_socket_opened_at_another_server_reaches_the_owner(tmp_path: Pat
                 # ctx.client at b reaches the actor a owns, through a's server
                 assert await client_b.get_or_create("room", "caller-at-b").ask("placed") == 2
                 assert (await ada.next_event()).payload == {"text": "from another actor"}
-            await _eventually(lambda: len([e for e in seen if e[0] == "disconnect"]) == 2)
+                # ... and connects to it too: over a socket to a, events and all
+                listened = await client_b.get_or_create("room", "b2").listen("placed")
+                assert listened == {"text": "heard at b"}
+                assert (await ada.next_event()).payload == {"text": "heard at b"}
+                await _eventually(lambda: registry_a.hub.count() == 2)  # closed as it ended
+            # ada, bob and the actor's connection
+            await _eventually(lambda: len([e for e in seen if e[0] == "disconnect"]) == 3)
     finally:
         store_a.close()
         store_b.close()
