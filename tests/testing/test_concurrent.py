@@ -241,12 +241,18 @@ class DictKv(KvNamespace):
             self.used = 0
 
 
+_WINDOW_S = 0.0002
+"""How long the racy backends below hold their race window open: a bare `sleep(0)` only offers
+the GIL, and on a loaded machine the other thread may not take it for a whole round, so the
+race (and its replay) would be met by chance alone."""
+
+
 class FenceByRead(DictKv):
     """Checks the fence against a generation read in a round trip of its own before the write."""
 
     def _write(self, batch: WriteBatch, fence: int | None) -> None:
         current = self.generation()
-        time.sleep(0)
+        time.sleep(_WINDOW_S)
         check_fence(fence, current)
         with self.lock:
             check_quota(self.limits, self.used, quota_delta(batch, self.values))
@@ -258,7 +264,7 @@ class TakeoverByRead(DictKv):
 
     def takeover(self) -> int:
         generation = self.generation() + 1
-        time.sleep(0)
+        time.sleep(_WINDOW_S)
         with self.lock:
             self.gen = generation
         return generation
@@ -280,11 +286,11 @@ class TornToReaders(DictKv):
             for k in batch.deletes:
                 with self.lock:
                     self.apply({}, (k,))
-                time.sleep(0)
+                time.sleep(_WINDOW_S)
             for k, v in batch.puts.items():
                 with self.lock:
                     self.apply({k: v}, ())
-                time.sleep(0)
+                time.sleep(_WINDOW_S)
 
     def _delete_range(self, start: bytes, end: bytes, fence: int | None) -> None:
         with self.writer:
