@@ -304,7 +304,12 @@ def run_fuzz(subject: Subject, *, seconds: float, seed: int) -> PartResult:
             return _failed(runs, found, run, steps, options, seed, started, seconds)
     not_checked = [f"{len(unsure)} of {n} runs: {unsure[0]}"] if unsure else []
     checked = n - len(unsure)
-    summary = f"{checked} runs of {config.steps_per_run} steps, every KV call as the model requires"
+    if checked:
+        summary = (
+            f"{checked} runs of {config.steps_per_run} steps, every KV call as the model requires"
+        )
+    else:
+        summary = f"none of {n} runs could be checked"
     status = Status.PASSED if checked else Status.NOT_CHECKED
     return PartResult("fuzz", status, summary, time.monotonic() - started, [], not_checked)
 
