@@ -174,8 +174,8 @@ async def _receive(websocket: WebSocket, limits: ConnectionLimits, media_type: s
         try:  # CBOR can share values: a cyclic frame could be stored or answered nowhere
             cbor2.dumps(frame)
         except (cbor2.CBOREncodeError, ValueError, TypeError, RecursionError) as e:
-            message = f"a frame that cannot be encoded again: {e}"
-            raise _Refused(CloseCode.MALFORMED, message) from None
+            why = f"a frame that cannot be encoded again: {e}"
+            raise _Refused(CloseCode.MALFORMED, why) from None
     return frame
 
 
