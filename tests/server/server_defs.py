@@ -133,6 +133,33 @@ async def loads(ctx: ActorContext) -> int:
 registry = Registry([ledger, napper, flow])
 
 
+member = actor("member", state={"gone": {}, "joined": 0})
+"""Connections whose ends are counted durably, per connection id (for a server killed with
+sockets open: `connected` is served as `server_defs.py:connected`)."""
+
+
+@member.on_connect
+async def _member_joined(ctx: ActorContext, conn: Any) -> None:
+    ctx.state["joined"] += 1
+    conn.state = {"name": conn.params["name"]}
+
+
+@member.on_disconnect
+async def _member_gone(ctx: ActorContext, conn: Any) -> None:
+    ctx.state["gone"][conn.id] = ctx.state["gone"].get(conn.id, 0) + 1
+
+
+@member.action
+async def report(ctx: ActorContext) -> dict[str, Any]:
+    rows = await ctx.db.locked(
+        lambda c: c.execute("SELECT count(*) FROM _pagekv_connections").fetchall(), internal=True
+    )
+    return {**ctx.state, "rows": rows[0][0], "open": len(ctx.conns)}
+
+
+connected = Registry([member])
+
+
 gauge = actor("gauge", state={"value": 0.0})
 """Writes whose answers are hard: a NaN, a result JSON cannot hold, a failure after a commit."""
 

@@ -43,12 +43,12 @@ def pagekv(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 class ServeProcess:
     """`pagekv serve` on a free port; `url` once it listens, `log` for everything it printed."""
 
-    def __init__(self, *args: str, token: str | None = TOKEN) -> None:
+    def __init__(self, *args: str, token: str | None = TOKEN, app: str = APP) -> None:
         env = {k: v for k, v in os.environ.items() if k != "PAGEKV_TOKEN"}
         if token is not None:
             env["PAGEKV_TOKEN"] = token
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pagekv.cli", "serve", APP, "--port", "0", *args],
+            [sys.executable, "-m", "pagekv.cli", "serve", app, "--port", "0", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,14 @@ import pytest
 from server_helpers import TOKEN, serving
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse
+from test_cli import APP, ServeProcess
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.actor.client_connection import ConnectionClosed
 from pagekv.actor.connection import UNLOADED, CloseCode
+from pagekv.client import HttpClient
 from pagekv.kv import MemoryStore, open_kv
 
 pytestmark = pytest.mark.anyio
@@ -734,3 +737,34 @@ async def test_an_action_changing_state_and_conn_state_commits_once() -> None:
         assert instance.ctx.db.database.commits == before + 1
         assert await ada.me() == {"name": "ada", "said": 1}  # a read: no commit
         assert instance.ctx.db.database.commits == before + 1
+
+
+async def test_a_killed_server_s_connections_are_reaped_once_at_the_next_wake(
+    tmp_path: Path,
+) -> None:
+    store, app = f"file:{tmp_path / 'store'}", f"{APP}:connected"
+    killed = ServeProcess("--kv", store, "--lease", "1", app=app)
+    url = await killed.started()
+    sockets = []
+    for name in ("ada", "bob", "cy"):
+        socket_ = await ws_connect(
+            url.replace("http://", "ws://") + "/actors/member/connect?key=k",
+            subprotocols=["pagekv", f"pagekv.token.{TOKEN}"],
+        )
+        await socket_.send(json.dumps({"t": "connect", "params": {"name": name}}))
+        assert json.loads(await socket_.recv())["t"] == "init"
+        sockets.append(socket_)
+    killed.proc.send_signal(signal.SIGKILL)
+    assert await anyio.to_thread.run_sync(killed.proc.wait) == -signal.SIGKILL
+    for socket_ in sockets:
+        socket_.transport.abort()
+    restarted = ServeProcess("--kv", store, "--lease", "1", app=app)
+    try:
+        async with HttpClient(await restarted.started(), token=TOKEN) as client:
+            report = await client.get("member", "k").report()  # retried past the dead lease
+            assert report["joined"] == 3 and report["rows"] == 0 and report["open"] == 0
+            assert sorted(report["gone"].values()) == [1, 1, 1], report
+            again = await client.get("member", "k").report()
+            assert again["gone"] == report["gone"]  # reaped once, not at every wake
+    finally:
+        assert await restarted.stop() in (0, -signal.SIGTERM)
