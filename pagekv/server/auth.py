@@ -27,19 +27,30 @@ OPEN_PREFIXES = ("/ui/",)
 CORS_PREFIXES = ("/actors/", "/inspect/")
 
 
+def header_token(scope: Scope) -> bytes | None:
+    """The bearer token the request's `Authorization` header offers: None without the header,
+    and `b""` (which matches no token) for one no token can be read from: two headers, or
+    another scheme."""
+    values = [v for k, v in scope["headers"] if k == b"authorization"]
+    if not values:
+        return None
+    scheme, _, given = values[0].partition(b" ")
+    return given.strip() if len(values) == 1 and scheme.lower() == b"bearer" else b""
+
+
+def token_matches(given: bytes, expected: bytes) -> bool:
+    """In constant time, so the time taken says nothing about the token."""
+    return hmac.compare_digest(given, expected)
+
+
 class BearerAuth:
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self._expected = token.encode()
 
     def _authorized(self, scope: Scope) -> bool:
-        values = [v for k, v in scope["headers"] if k == b"authorization"]
-        if len(values) != 1:
-            return False
-        scheme, _, given = values[0].partition(b" ")
-        # Compare even on a wrong scheme so the time taken says nothing about the token.
-        matches = hmac.compare_digest(given.strip(), self._expected)
-        return matches and scheme.lower() == b"bearer"
+        given = header_token(scope)
+        return given is not None and token_matches(given, self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

@@ -130,7 +130,7 @@ def error_answer(request: Request, error: HttpError) -> Response:
 
 def query_params(request: Request, allowed: Mapping[str, bool]) -> dict[str, str]:
     """The query parameters, each at most once and all known; `allowed` maps name -> required."""
-    items = _query_items(request)
+    items = query_items(request)
     counts = Counter(name for name, _ in items)
     known = ", ".join(allowed) or "none"
     unknown = sorted(name for name in counts if name not in allowed)
@@ -153,7 +153,7 @@ def query_params(request: Request, allowed: Mapping[str, bool]) -> dict[str, str
     return dict(items)
 
 
-def _query_items(request: Request) -> list[tuple[str, str]]:
+def query_items(request: Request) -> list[tuple[str, str]]:
     """The query string's pairs, decoded as UTF-8 strictly: Starlette's parse makes invalid
     UTF-8 (`key=%FF`) into U+FFFD, which would address another actor than the one asked."""
     raw: bytes = request.scope.get("query_string", b"")

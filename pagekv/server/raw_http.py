@@ -13,7 +13,7 @@ returned, outside the actor: it must not touch `ctx` (state, database) while it 
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, unquote_plus
+from urllib.parse import unquote_plus
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -22,7 +22,7 @@ from starlette.routing import Route
 from starlette.types import Message
 
 from pagekv.actor.ownership import Forwarded
-from pagekv.server.codec import read_raw_body
+from pagekv.server.codec import query_items, read_raw_body
 from pagekv.server.errors import HttpError
 from pagekv.server.gateway import MODES, failures
 from pagekv.server.protocol import ErrorCode
@@ -34,15 +34,7 @@ _ROUTING = ("key", "mode")
 
 def _routing(request: Request) -> tuple[str, bool, bytes]:
     """The key, whether to create, and the query string the handler sees (the rest)."""
-    try:
-        items = parse_qsl(
-            request.scope.get("query_string", b"").decode("ascii"),
-            keep_blank_values=True,
-            errors="strict",
-        )
-    except UnicodeDecodeError as e:
-        message = f"the query string is not UTF-8: {e}"
-        raise HttpError(400, ErrorCode.INVALID_PARAMETER, message) from None
+    items = query_items(request)
     routing = [(k, v) for k, v in items if k in _ROUTING]
     names = [k for k, _ in routing]
     if names.count("key") != 1 or names.count("mode") > 1:

@@ -15,7 +15,6 @@ to the client wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` 
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections import deque
 from typing import Any
@@ -39,6 +38,7 @@ from pagekv.actor.connection import (
     encoded_size,
 )
 from pagekv.actor.ownership import Owner
+from pagekv.server.auth import header_token, token_matches
 from pagekv.server.codec import query_params
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, forwarded
@@ -134,22 +134,15 @@ class _Sender:
             await self._websocket.close(code, reason)
 
 
-def _token_offered(websocket: WebSocket) -> str | None:
-    """The token of the `Authorization` header or of a `pagekv.token.` subprotocol."""
-    header = websocket.headers.get("authorization")
-    if header is not None:
-        scheme, _, given = header.partition(" ")
-        return given.strip() if scheme.lower() == "bearer" else ""
+def _token_offered(websocket: WebSocket) -> bytes | None:
+    """The token of the `Authorization` header, else of a `pagekv.token.` subprotocol."""
+    given = header_token(websocket.scope)
+    if given is not None:
+        return given
     for protocol in websocket.scope.get("subprotocols", ()):
         if protocol.startswith(TOKEN_PREFIX):
-            return protocol[len(TOKEN_PREFIX) :]
+            return protocol[len(TOKEN_PREFIX) :].encode()
     return None
-
-
-def _matches(given: Any, expected: str) -> bool:
-    if not isinstance(given, str):
-        return False
-    return hmac.compare_digest(given.encode(), expected.encode())
 
 
 async def _receive(websocket: WebSocket, limits: ConnectionLimits, media_type: str) -> Any:
@@ -213,8 +206,8 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
     media_type = CBOR if encoding == "cbor" else JSON
     limits = rt.registry.hub.limits
     offered = _token_offered(websocket)
-    expected = rt.config.token
-    if expected is not None and offered is not None and not _matches(offered, expected):
+    expected = rt.config.token.encode() if rt.config.token is not None else None
+    if expected is not None and offered is not None and not token_matches(offered, expected):
         raise _Refused(CloseCode.UNAUTHORIZED, "wrong token")
     with anyio.move_on_after(rt.config.header_timeout_s) as waited:
         hello = await _receive(websocket, limits, media_type)
@@ -224,7 +217,9 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
         raise _Refused(
             CloseCode.MALFORMED, 'the first frame must be {"t": "connect", "params": ...}'
         )
-    if expected is not None and offered is None and not _matches(hello.get("token"), expected):
+    in_frame = hello.get("token")
+    in_frame = in_frame.encode() if isinstance(in_frame, str) else b""
+    if expected is not None and offered is None and not token_matches(in_frame, expected):
         raise _Refused(
             CloseCode.UNAUTHORIZED,
             "missing or wrong token: send it as Authorization: Bearer, as a "
