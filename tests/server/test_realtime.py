@@ -281,6 +281,11 @@ async def test_auth_is_required_and_never_taken_from_the_url() -> None:
             assert code == CloseCode.UNAUTHORIZED, (attempt, code, reason)
         in_url = await _raw(s.url, "auth", token=None, query={"token": TOKEN})
         assert (await _closed_with(in_url))[0] == CloseCode.REFUSED
+        two = await ws_connect(  # the right token, and a second header: refused, as over HTTP
+            _ws_url(s.url, "auth"),
+            additional_headers=[("authorization", f"Bearer {TOKEN}"), ("authorization", "x")],
+        )
+        assert (await _closed_with(two))[0] == CloseCode.UNAUTHORIZED
         header = await ws_connect(
             _ws_url(s.url, "auth"), additional_headers={"authorization": f"Bearer {TOKEN}"}
         )
