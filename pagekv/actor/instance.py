@@ -97,6 +97,7 @@ class ActorInstance:
         """Set when the generation check under way ends; None while none is."""
         self._taken_over = False
         """A generation check found another instance's takeover."""
+        self._takeover_counted = False
         self.next_due: float | None = None
         self._published: Lease | None = None
         """What the lease entry holds, once this instance wrote it."""
@@ -344,7 +345,7 @@ class ActorInstance:
                             await self.registry.hub.save(self.ctx)  # the state too
                 except ActorTakenOver as e:
                     if self._wrote_nothing(writes, commits):  # the fence refused it all
-                        self.registry.counters["takeovers"] += 1
+                        self._count_takeover()
                         raise NotServing(f"actor {self.actor_id}: {e}") from e
                     raise
                 except (ActorStopped, *STORAGE_ERRORS):
@@ -381,7 +382,7 @@ class ActorInstance:
         except (ActorTakenOver, ActorStopped) as e:
             self._requested = "crash"
             if isinstance(e, ActorTakenOver):
-                self.registry.counters["takeovers"] += 1
+                self._count_takeover()
             raise
         finally:
             calling_connection.reset(outer)
@@ -453,10 +454,17 @@ class ActorInstance:
                 checking.set()
             if generation != self.ctx.db.database.generation:
                 self._taken_over, self._requested = True, "crash"
-                self.registry.counters["takeovers"] += 1
+                self._count_takeover()
                 return False
             self._checked_at = max(self._checked_at, started)
         return True
+
+    def _count_takeover(self) -> None:
+        """Count this instance as taken over (`takeovers`): once, however many of its calls
+        meet the takeover."""
+        if not self._takeover_counted:
+            self._takeover_counted = True
+            self.registry.counters["takeovers"] += 1
 
     def serving(self) -> bool:
         """Running, not torn down by a failure, and its database alive (it may have died in a

@@ -121,7 +121,7 @@ _REGISTRY_COUNTERS = {
     "sleeps": "Actors put to sleep.",
     "destroys": "Actors destroyed.",
     "crashes": "Instances torn down after a failure.",
-    "takeovers": "Calls that found their instance taken over by another process.",
+    "takeovers": "Instances that found themselves taken over by another process.",
     "actions": "Actions run (gateway calls and schedules).",
     "owned_elsewhere": "Calls for actors another server owned (each then forwarded to it).",
     "forwarded": "Calls forwarded to the server owning their actor, and answered by it.",

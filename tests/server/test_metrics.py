@@ -43,7 +43,7 @@ CATALOG = {
     "pagekv_crashes_total": ("counter", "Instances torn down after a failure."),
     "pagekv_takeovers_total": (
         "counter",
-        "Calls that found their instance taken over by another process.",
+        "Instances that found themselves taken over by another process.",
     ),
     "pagekv_actions_total": ("counter", "Actions run (gateway calls and schedules)."),
     "pagekv_owned_elsewhere_total": (
