@@ -30,7 +30,7 @@ from pagekv.actor.workflow import StepContext, WorkflowContext
 
 try:
     from selenium import webdriver
-    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -184,7 +184,12 @@ def browser() -> Iterator[WebDriver]:
 
 
 def _wait(driver: WebDriver, check: Callable[[WebDriver], Any], what: str) -> Any:
-    return WebDriverWait(driver, 10, poll_frequency=0.05).until(check, f"waiting for {what}")
+    """`check` until it holds; elements it read that a re-render replaced meanwhile
+    (`StaleElementReferenceException`) mean "not yet", as a missing one does."""
+    wait = WebDriverWait(
+        driver, 10, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,)
+    )
+    return wait.until(check, f"waiting for {what}")
 
 
 def _text(driver: WebDriver, css: str) -> str:
