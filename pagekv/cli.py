@@ -25,6 +25,11 @@ _COMMANDS = {
         "add_inspect_command",
         "print actors' state, tables and workflow history from the store (read-only)",
     ),
+    "ui": (
+        "pagekv.server.ui_command",
+        "add_ui_command",
+        "the inspector's web page over the store, without a server (read-only)",
+    ),
     "bench": (
         "pagekv.bench.command",
         "add_bench_command",
