@@ -161,18 +161,7 @@ class Ownership:
             self._index.delete_range(prefix, lease_key)
 
     def owner(self, aid: str, now: float) -> Owner | None:
-        """The registry whose lease on `aid` is live at `now`, from the newest generation's
-        entry; None if the actor sleeps, its owner's lease ran out, or it has no entry."""
-        entries = self._index.list(prefix=_lease_prefix(aid))
-        if not entries:
-            return None
-        lease_key, value = entries[-1]
-        entry = cbor2.loads(value)
-        until = entry.get("until")
-        if entry.get("owner") is None or until is None or until <= now:
-            return None
-        generation = int(lease_key[len(_lease_prefix(aid)) :])
-        return Owner(entry["owner"], entry.get("address"), until, generation)
+        return lease_owner(self._index, aid, now)
 
     def due_sleepers(self, now: float, awake: set[str]) -> list[Sleeper]:
         """Actors not in `awake` whose newest lease entry is due at `now`.
@@ -292,6 +281,22 @@ class Ownership:
         if expired:
             self._index.delete(expired)
         return live
+
+
+def lease_owner(index: ActorKv, aid: str, now: float) -> Owner | None:
+    """The registry whose lease on `aid` is live at `now`, from the newest generation's entry
+    of the registry namespace `index`; None if the actor sleeps, its owner's lease ran out, or
+    it has no entry. Only reads: the inspector asks it beside live registries."""
+    entries = index.list(prefix=_lease_prefix(aid))
+    if not entries:
+        return None
+    lease_key, value = entries[-1]
+    entry = cbor2.loads(value)
+    until = entry.get("until")
+    if entry.get("owner") is None or until is None or until <= now:
+        return None
+    generation = int(lease_key[len(_lease_prefix(aid)) :])
+    return Owner(entry["owner"], entry.get("address"), until, generation)
 
 
 def _lease_prefix(aid: str) -> bytes:

@@ -16,7 +16,9 @@ _EXPORTS = {
     "ConfigError": "config",
     "ServerConfig": "config",
     "create_app": "app",
+    "create_store_app": "app",
     "serve": "run",
+    "store_server": "run",
     "uvicorn_server": "run",
 }
 

@@ -8,8 +8,8 @@ the last request, so there is no lazy initialisation for concurrent first reques
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -19,12 +19,12 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.kv import FlushCounts, KvStore, open_kv
+from pagekv.kv import FlushCounts, KvStore, open_kv, redact_url
 from pagekv.server import gateway, inspector, raw_http, realtime, ui
 from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.codec import answer, error_answer
@@ -34,7 +34,7 @@ from pagekv.server.forward import FORWARDED_HEADER, Forwarder
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.owner_calls import OwnerCalls
 from pagekv.server.protocol import ErrorCode
-from pagekv.server.runtime import Runtime, runtime
+from pagekv.server.runtime import Runtime, StoreView, runtime
 
 log = logging.getLogger("pagekv.server")
 _DRAIN_MARGIN_S = 0.25
@@ -144,8 +144,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        store = await anyio.to_thread.run_sync(open_kv, kv) if isinstance(kv, str) else kv
-        try:
+        async with _opened(kv) as store:
             meter = KvMeter()
             registry = Registry(
                 definitions,
@@ -160,26 +159,24 @@ def create_app(
             try:
                 async with registry.run():
                     index = await anyio.to_thread.run_sync(store.namespace, REGISTRY_NAMESPACE)
-                    inspector = anyio.CapacityLimiter(config.inspect_concurrency)
                     yield {
                         "runtime": Runtime(
-                            config, registry, store, index, meter, inspector, forwarder
+                            config,
+                            store,
+                            anyio.CapacityLimiter(config.inspect_concurrency),
+                            _label(kv),
+                            index,
+                            registry=registry,
+                            meter=meter,
+                            forwarder=forwarder,
                         )
                     }
             finally:
                 await forwarder.aclose()
                 await owner_calls.aclose()
-        finally:
-            if isinstance(kv, str):
-                store.close()
 
-    middleware = [Middleware(_CloseWhileDraining)]
-    if config.cors_origins:
-        middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
-    if config.token is not None:
-        middleware.append(Middleware(BearerAuth, token=config.token))
-    app = Starlette(
-        routes=[
+    app = _app(
+        [
             Route("/health", health, methods=["GET"]),
             Route("/cluster/member", member, methods=["GET"]),
             # an Exposition per app: apps in one process share no metric
@@ -190,6 +187,68 @@ def create_app(
             *inspector.ROUTES,
             *ui.ROUTES,
         ],
+        config,
+        lifespan,
+    )
+    app.state.drain = partial(drain, app, config)
+    return app
+
+
+def create_store_app(
+    *, kv: str | KvStore, config: ServerConfig, label: str | None = None
+) -> Starlette:
+    """`pagekv ui`: the inspector's page and API over the store `kv`, with no registry: it
+    reads the registry's index and snapshots only, so it never takes an actor over nor writes
+    (`StoreView`), and runs beside any number of servers of the store. `label` names the store
+    on the page (default: `kv`'s URL, redacted)."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        async with _opened(kv) as store:
+            limiter = anyio.CapacityLimiter(config.inspect_concurrency)
+            yield {"runtime": StoreView(config, store, limiter, label or _label(kv))}
+
+    return _app(
+        [Route("/health", _store_health, methods=["GET"]), *inspector.ROUTES, *ui.ROUTES],
+        config,
+        lifespan,
+    )
+
+
+async def _store_health(request: Request) -> Response:
+    return answer(request, {"status": "ok"})
+
+
+@asynccontextmanager
+async def _opened(kv: str | KvStore) -> AsyncIterator[KvStore]:
+    """`kv` itself, or the store its URL opens, closed at the end."""
+    if not isinstance(kv, str):
+        yield kv
+        return
+    store = await anyio.to_thread.run_sync(open_kv, kv)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _label(kv: str | KvStore) -> str | None:
+    return redact_url(kv) if isinstance(kv, str) else None
+
+
+def _app(
+    routes: list[BaseRoute],
+    config: ServerConfig,
+    lifespan: Callable[[Starlette], AbstractAsyncContextManager[dict[str, Any]]],
+) -> Starlette:
+    """A Starlette app with pagekv's middleware (auth, CORS, draining) and error answers."""
+    middleware = [Middleware(_CloseWhileDraining)]
+    if config.cors_origins:
+        middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
+    if config.token is not None:
+        middleware.append(Middleware(BearerAuth, token=config.token))
+    app = Starlette(
+        routes=routes,
         middleware=middleware,
         exception_handlers={
             HttpError: _http_error,
@@ -200,5 +259,4 @@ def create_app(
         lifespan=lifespan,
     )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host
-    app.state.drain = partial(drain, app, config)
     return app

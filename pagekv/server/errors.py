@@ -30,6 +30,7 @@ from pagekv.actor.errors import STORAGE_ERRORS
 from pagekv.actor.inspect import AnswerTooLarge, InspectError, QueryRefused, TableNotFound
 from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
 from pagekv.actor.schedule import TooManySchedules
+from pagekv.actor.workflow import WorkflowChangeRefused
 from pagekv.actor.writes import Writes
 from pagekv.kv import LimitError
 from pagekv.server.protocol import ErrorCode
@@ -78,6 +79,7 @@ _KNOWN: tuple[tuple[type[BaseException], int, ErrorCode, str | None], ...] = (
     (AnswerTooLarge, 413, ErrorCode.ANSWER_TOO_LARGE, AnswerTooLarge.limit),
     (TableNotFound, 404, ErrorCode.TABLE_NOT_FOUND, None),
     (QueryRefused, 403, ErrorCode.QUERY_REFUSED, None),
+    (WorkflowChangeRefused, 409, ErrorCode.WORKFLOW_CHANGE_REFUSED, None),
     (InspectError, 400, ErrorCode.INVALID_QUERY, None),
 )
 

@@ -1,7 +1,10 @@
 """The inspector API: which actors exist, and what each one holds.
 
-    GET  /inspect/actors[?name=N&after=ACTOR_ID&limit=L&usage=1]   usage=1: KV bytes of each
-    GET  /inspect/actors/{name}?key=K                      record, live status, storage, KV usage
+    GET  /inspect                                          what answers: serve or a store view
+    GET  /inspect/actors[?name=N&after=ACTOR_ID&limit=L&usage=1&owners=1]
+                                                           usage: KV bytes; owners: lease holder
+    GET  /inspect/actors/{name}?key=K                      record, live status, owner, storage,
+                                                           KV usage
     GET  /inspect/actors/{name}/state?key=K
     GET  /inspect/actors/{name}/tables?key=K
     GET  /inspect/actors/{name}/tables/{table}?key=K[&limit=L&offset=O]
@@ -10,17 +13,22 @@
     GET  /inspect/actors/{name}/schedules?key=K
     GET  /inspect/actors/{name}/workflow?key=K
     GET  /inspect/actors/{name}/metrics?key=K
+    POST /inspect/actors/{name}/workflow/cancel?key=K      {} (serve only, at the owner)
+    POST /inspect/actors/{name}/workflow/replay?key=K      {"from": LOCATION or null}
 
 Data is read from a read-only snapshot of the actor's database (see `pagekv.actor.inspect`):
 committed data only, never a takeover, never a write, whether the actor is awake here, awake in
 another process or asleep. A snapshot is opened per request on a worker thread, so a slow read
 never blocks the event loop or the actor. Runtime facts (awake, in-flight calls, wake timings)
 come from the live instance: the per-actor reads of an actor another server owns are forwarded
-to that server (`forward.py`).
+to that server (`forward.py`). Under `pagekv ui` (a `StoreView`, no registry) every read is
+answered from the store, the owner comes from the lease entries, and the two workflow changes,
+the only writes here, are refused: they run on the actor's owner, through its instance.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
@@ -30,26 +38,73 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pagekv.actor import inspect
-from pagekv.actor.ownership import Forwarded
-from pagekv.server.codec import answer, int_param, query_params, read_body, read_fields
+from pagekv.actor import ActorNotFound, inspect
+from pagekv.actor.ownership import Forwarded, lease_owner
+from pagekv.kv import ActorKv
+from pagekv.server.codec import (
+    answer,
+    decode_body,
+    int_param,
+    query_params,
+    read_body,
+    read_fields,
+    read_raw_body,
+)
 from pagekv.server.errors import HttpError, classify
+from pagekv.server.gateway import failures
 from pagekv.server.protocol import ErrorCode
-from pagekv.server.runtime import Runtime, runtime
+from pagekv.server.runtime import StoreView, runtime, store_view
 from pagekv.vfs import Database
 
 T = TypeVar("T")
 MAX_PAGE = 1000
 _QUERY_FIELDS = frozenset({"sql", "params", "max_rows"})
+_REPLAY_FIELDS = frozenset({"from"})
 
 
-def _address(request: Request, **extra: bool) -> tuple[Runtime, str, str, dict[str, str]]:
-    """(runtime, name, key, query parameters): `?key=` plus `extra` (name -> required)."""
+def _address(request: Request, **extra: bool) -> tuple[StoreView, str, str, dict[str, str]]:
+    """(store view, name, key, query parameters): `?key=` plus `extra` (name -> required)."""
     params = query_params(request, {"key": True, **extra})
-    return runtime(request), request.path_params["name"], params["key"], params
+    return store_view(request), request.path_params["name"], params["key"], params
 
 
-async def _in_inspector(rt: Runtime, fn: Callable[[], T]) -> T:
+def _index(rt: StoreView) -> ActorKv:
+    """The registry's index; a store no registry ever ran on has no actors to find."""
+    index = rt.index()
+    if index is None:
+        raise ActorNotFound("no registry ever ran on this store: it has no actors")
+    return index
+
+
+def _owner(rt: StoreView, index: ActorKv, actor_id: str) -> dict[str, Any] | None:
+    """Who holds the actor's lease now (None: asleep, or its owner's lease ran out)."""
+    owner = lease_owner(index, actor_id, time.time())
+    if owner is None:
+        return None
+    return {
+        "registry": owner.registry,
+        "address": owner.address,
+        "until": owner.until,
+        "here": owner.registry == rt.registry_id,
+    }
+
+
+async def about(request: Request) -> Response:
+    """What the page is talking to: a server (which can steer workflows and has `/metrics`)
+    or `pagekv ui`'s read-only view of a store."""
+    rt = store_view(request)
+    return answer(
+        request,
+        {
+            "mode": "store" if rt.read_only else "serve",
+            "read_only": rt.read_only,
+            "registry": rt.registry_id,
+            "store": rt.store_label,
+        },
+    )
+
+
+async def _in_inspector(rt: StoreView, fn: Callable[[], T]) -> T:
     """`fn()` on a worker thread, in one of the inspector's `inspect_concurrency` turns: the
     inspector never holds more threads than that, so actors' work never queues behind it. A
     request that gets no turn within `query_timeout_s` is a retryable 503."""
@@ -69,12 +124,12 @@ async def _in_inspector(rt: Runtime, fn: Callable[[], T]) -> T:
 
 
 async def _snapshot_read(
-    rt: Runtime, name: str, key: str, fn: Callable[[Database], T]
+    rt: StoreView, name: str, key: str, fn: Callable[[Database], T]
 ) -> tuple[inspect.ActorRecord, T]:
     """Find the actor in the registry's index and run `fn` on a snapshot of its database."""
     limit = rt.config.inspect_max_bytes
     try:
-        record = await _in_inspector(rt, lambda: inspect.find_actor(rt.index, name, key))
+        record = await _in_inspector(rt, lambda: inspect.find_actor(_index(rt), name, key))
         value = await _in_inspector(
             rt, lambda: inspect.read_snapshot(rt.store, record, fn, max_bytes=limit)
         )
@@ -86,33 +141,40 @@ async def _snapshot_read(
 
 
 async def list_actors(request: Request) -> Response:
-    rt = runtime(request)
-    params = query_params(request, {"name": False, "after": False, "limit": False, "usage": False})
+    rt = store_view(request)
+    params = query_params(
+        request, {"name": False, "after": False, "limit": False, "usage": False, "owners": False}
+    )
     limit = int_param(params, "limit", default=100, low=1, high=MAX_PAGE)
     usage = int_param(params, "usage", default=0, low=0, high=1) == 1
+    owners = int_param(params, "owners", default=0, low=0, high=1) == 1
 
-    def read() -> tuple[list[inspect.ActorRecord], list[int]]:
+    def read() -> tuple[list[inspect.ActorRecord], list[dict[str, Any]]]:
+        index = rt.index()
+        if index is None:
+            return [], []
         records = inspect.list_actors(
-            rt.index, limit=limit + 1, name=params.get("name"), after=params.get("after")
+            index, limit=limit + 1, name=params.get("name"), after=params.get("after")
         )
-        used = (
-            [rt.store.namespace(r.actor_id).used_bytes() for r in records[:limit]] if usage else []
-        )
-        return records, used
+        extra: list[dict[str, Any]] = [{} for _ in records[:limit]]
+        for fields, record in zip(extra, records, strict=False):
+            if usage:
+                fields["used_bytes"] = rt.store.namespace(record.actor_id).used_bytes()
+            if owners:
+                fields["owner"] = _owner(rt, index, record.actor_id)
+        return records, extra
 
-    records, used = await _in_inspector(rt, read)
-    live = {i.actor_id for i in rt.registry.live()}
+    records, extra = await _in_inspector(rt, read)
+    live = rt.live_ids()
     actors = [
-        {**asdict(r), "actor_id": r.actor_id, "live": r.actor_id in live} for r in records[:limit]
+        {**asdict(r), "actor_id": r.actor_id, "live": r.actor_id in live, **fields}
+        for r, fields in zip(records, extra, strict=False)
     ]
-    if usage:
-        for actor, used_bytes in zip(actors, used, strict=True):
-            actor["used_bytes"] = used_bytes
     after = actors[-1]["actor_id"] if len(records) > limit else None
     return answer(request, {"actors": actors, "next_after": after})
 
 
-def _kv_usage(rt: Runtime, actor_id: str) -> dict[str, int]:
+def _kv_usage(rt: StoreView, actor_id: str) -> dict[str, int]:
     """The bytes the actor's namespace holds against its storage quota."""
     namespace = rt.store.namespace(actor_id)
     return {"used_bytes": namespace.used_bytes(), "quota_bytes": namespace.limits.max_storage_bytes}
@@ -121,12 +183,16 @@ def _kv_usage(rt: Runtime, actor_id: str) -> dict[str, int]:
 async def actor_summary(request: Request) -> Response:
     rt, name, key, _ = _address(request)
     record, storage = await _snapshot_read(rt, name, key, lambda db: db.metrics())
-    kv_usage = await _in_inspector(rt, lambda: _kv_usage(rt, record.actor_id))
+    kv_usage, owner = await _in_inspector(
+        rt,
+        lambda: (_kv_usage(rt, record.actor_id), _owner(rt, _index(rt), record.actor_id)),
+    )
     live = rt.live(record.actor_id)
     summary: dict[str, Any] = {
         **asdict(record),
         "actor_id": record.actor_id,
         "live": live is not None,
+        "owner": owner,
         "storage": storage,
         "kv_usage": kv_usage,
     }
@@ -250,22 +316,67 @@ def _at_owner(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[..
 
     async def routed(request: Request) -> Response:
         rt, name, key = (
-            runtime(request),
+            store_view(request),
             request.path_params["name"],
             request.query_params.get("key"),
         )
 
         async def serve(via: Forwarded | None) -> Response:
             if via is None and key is not None:
-                await rt.registry.locate(name, key)
+                await rt.locate(name, key)
             return await endpoint(request)
 
-        return await rt.forwarder.route(request, b"", serve)
+        return await rt.route(request, b"", serve)
 
     return routed
 
 
+async def _change_workflow(request: Request, change: str, fields: frozenset[str]) -> Response:
+    """Cancel or replay the actor's workflow, at its owner, through its instance (woken for
+    it if it sleeps): the run handler is held off while the history changes, so the change and
+    a step never interleave. Refused, with nothing changed, by `pagekv ui`, by an actor without
+    a workflow, and while the workflow rolls back."""
+    if store_view(request).read_only:
+        raise HttpError(
+            403,
+            ErrorCode.READ_ONLY,
+            "this inspector only reads the store (pagekv ui); cancel or replay a workflow "
+            "through the server that runs the actor (pagekv serve)",
+        )
+    _, name, key, _ = _address(request)
+    rt = runtime(request)
+    raw = await read_raw_body(request, rt.config)
+    body = read_fields(decode_body(request, raw), fields)
+    location = body.get("from")
+    if location is not None and not isinstance(location, str):
+        raise HttpError(400, ErrorCode.INVALID_BODY, "from must be an entry's location or null")
+
+    async def serve(via: Forwarded | None) -> Response:
+        with failures("workflow", change, name, key) as writes:
+            if rt.registry.definition(name).workflow_fn is None:
+                raise HttpError(404, ErrorCode.NO_WORKFLOW, f"actor {name!r} has no workflow")
+            instance = await rt.registry.instance(name, key, create=False, via=via)
+            assert instance.workflow is not None, "a workflow actor's instance has its runner"
+            if change == "cancel":
+                await instance.workflow.cancel()
+            else:
+                await instance.workflow.replay(location)
+            status = await instance.workflow.status()
+        return answer(request, {"state": status.state.value}, writes=writes)
+
+    return await rt.route(request, raw, serve)
+
+
+async def cancel_workflow(request: Request) -> Response:
+    return await _change_workflow(request, "cancel", frozenset())
+
+
+async def replay_workflow(request: Request) -> Response:
+    return await _change_workflow(request, "replay", _REPLAY_FIELDS)
+
+
 ROUTES = [
+    Route("/inspect", about, methods=["GET"]),
     Route("/inspect/actors", list_actors, methods=["GET"]),
     Route("/inspect/actors/{name}", _at_owner(actor_summary), methods=["GET"]),
     Route("/inspect/actors/{name}/state", _at_owner(actor_state), methods=["GET"]),
@@ -275,5 +386,7 @@ ROUTES = [
     Route("/inspect/actors/{name}/queue", _at_owner(actor_queue), methods=["GET"]),
     Route("/inspect/actors/{name}/schedules", _at_owner(actor_schedules), methods=["GET"]),
     Route("/inspect/actors/{name}/workflow", _at_owner(actor_workflow), methods=["GET"]),
+    Route("/inspect/actors/{name}/workflow/cancel", cancel_workflow, methods=["POST"]),
+    Route("/inspect/actors/{name}/workflow/replay", replay_workflow, methods=["POST"]),
     Route("/inspect/actors/{name}/metrics", _at_owner(actor_metrics), methods=["GET"]),
 ]

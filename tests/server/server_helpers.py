@@ -15,7 +15,7 @@ from server_defs import registry
 from pagekv.actor import ActorDefinition
 from pagekv.client import HttpClient
 from pagekv.kv import KvStore, MemoryStore
-from pagekv.server import ServerConfig, uvicorn_server
+from pagekv.server import ServerConfig, store_server, uvicorn_server
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 UNSET: Any = object()
@@ -51,10 +51,7 @@ async def serving(
     """A server on a loopback port of its own; `advertise`: it tells the other servers of its
     store its address, so they forward it the calls for the actors it owns."""
     store = kv if kv is not None else MemoryStore()
-    sock = socket.socket()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock, url = _loopback()
     if advertise:
         config["advertise_url"] = url
     settings = ServerConfig(token=token, unauthenticated=token is None, **config)
@@ -66,12 +63,37 @@ async def serving(
         port=0,
         log_level="warning",
     )
+    async with _running(server, sock, Served(url, token, store, server.config.app)) as served:
+        yield served
+
+
+@asynccontextmanager
+async def serving_store(
+    kv: KvStore, *, token: str | None = TOKEN, **config: Any
+) -> AsyncIterator[Served]:
+    """`pagekv ui`'s app over `kv` on a loopback port of its own: no registry, read-only."""
+    sock, url = _loopback()
+    settings = ServerConfig(token=token, unauthenticated=token is None, **config)
+    server = store_server(kv=kv, config=settings, host="127.0.0.1", port=0, log_level="warning")
+    async with _running(server, sock, Served(url, token, kv, server.config.app)) as served:
+        yield served
+
+
+def _loopback() -> tuple[socket.socket, str]:
+    sock = socket.socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@asynccontextmanager
+async def _running(server: Any, sock: socket.socket, served: Served) -> AsyncIterator[Served]:
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: server.serve(sockets=[sock]))
         with anyio.fail_after(10):
             while not server.started:
                 await anyio.sleep(0.01)
         try:
-            yield Served(url, token, store, server.config.app)
+            yield served
         finally:
             server.should_exit = True

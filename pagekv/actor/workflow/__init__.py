@@ -23,6 +23,7 @@ from pagekv.actor.workflow.errors import (
     StepError,
     StepExhausted,
     StepTimeout,
+    WorkflowChangeRefused,
     WorkflowError,
     WorkflowFormatError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "StepFailure",
     "StepResult",
     "StepTimeout",
+    "WorkflowChangeRefused",
     "WorkflowContext",
     "WorkflowError",
     "WorkflowFormatError",

@@ -18,6 +18,11 @@ class WorkflowFormatError(WorkflowError):
     """The history was written in a newer format than this pagekv reads."""
 
 
+class WorkflowChangeRefused(WorkflowError):
+    """A cancel or replay that cannot be done now (the workflow is rolling back) or names no
+    entry of the history; nothing was changed."""
+
+
 class HistoryDiverged(WorkflowError):
     """The workflow code does not match its recorded history (a different kind or name at a
     location, a name used twice in one scope, or recorded entries the code no longer reaches).

@@ -24,7 +24,6 @@ import apsw
 import cbor2
 
 from pagekv.actor.database import ActorDb
-from pagekv.actor.errors import ActorError
 from pagekv.actor.queue import Message
 from pagekv.actor.schedule import WORKFLOW_WAKE
 from pagekv.actor.workflow.context import (
@@ -39,6 +38,7 @@ from pagekv.actor.workflow.errors import (
     EntryInProgress,
     HistoryDiverged,
     RollbackCheckpointError,
+    WorkflowChangeRefused,
     WorkflowFormatError,
 )
 from pagekv.actor.workflow.history import (
@@ -464,7 +464,7 @@ class Runner:
                 yield
                 return
         self.instance.start_run()
-        raise ActorError(
+        raise WorkflowChangeRefused(
             f"the workflow is rolling back; {what} it once it has failed "
             "(handle.workflow.status() says when)"
         )
@@ -501,7 +501,7 @@ class Runner:
         names = {idx: name for name, idx in self.history.names.items()}
         by_path = {readable(loc, names): e for loc, e in self.history.entries.items()}
         if path not in by_path:
-            raise ActorError(f"the workflow history has no entry {path!r}")
+            raise WorkflowChangeRefused(f"the workflow history has no entry {path!r}")
         segments = path.split("/")
         loops = [i for i, s in enumerate(segments) if s.startswith("~")]
         if loops:

@@ -23,7 +23,11 @@
   const tokenInput = document.getElementById("token");
   const loginError = document.getElementById("login-error");
   const logout = document.getElementById("logout");
+  const navMetrics = document.getElementById("nav-metrics");
+  const banner = document.getElementById("banner");
   let leaveView = () => {};
+  /** What answers (a promise of GET /inspect): a server, or `pagekv ui`'s read-only view. */
+  let about = null;
 
   // -- DOM ------------------------------------------------------------------------------------
 
@@ -132,6 +136,14 @@
     return `${(seconds / 60).toFixed(1)} min`;
   }
 
+  /** Who holds an actor's lease: the owning server's address ("this server" for the one
+   * answering), or "-" while nobody does (asleep, or its owner's lease ran out). */
+  function ownerText(owner) {
+    if (!owner) return "-";
+    const where = owner.address || `registry ${owner.registry} (no address)`;
+    return owner.here ? `${where} (this server)` : where;
+  }
+
   /** Rows as a table; `types` (column -> declared type) adds a line under each header. */
   function grid(columns, rows, types) {
     return el("table", {},
@@ -193,6 +205,26 @@
     return `/inspect/actors/${encodeURIComponent(name)}${suffix || ""}`;
   }
 
+  /** GET /inspect once per sign-in (the promise is kept, so concurrent views share one
+   * request, and dropped on failure, so the next view asks again): a read-only store view
+   * shows a banner and no metrics. */
+  function learnAbout() {
+    if (about === null) {
+      about = api("/inspect").then((server) => {
+        navMetrics.hidden = server.read_only;
+        banner.hidden = !server.read_only;
+        banner.textContent = server.read_only
+          ? `Read-only view of ${server.store || "the store"} (pagekv ui): nothing here changes it, and no actor runs here.`
+          : "";
+        return server;
+      }, (error) => {
+        about = null;
+        throw error;
+      });
+    }
+    return about;
+  }
+
   // -- the token ------------------------------------------------------------------------------
 
   function askToken(message) {
@@ -215,12 +247,14 @@
       if (error.status !== 401) askToken(errorText(error));
       return;
     }
+    about = null;
     login.hidden = true;
     logout.hidden = false;
     route();
   });
 
   logout.addEventListener("click", () => {
+    about = null;
     sessionStorage.removeItem(TOKEN_KEY);
     askToken("");
   });
@@ -239,14 +273,15 @@
       const after = cursors[cursors.length - 1];
       try {
         const page = await api("/inspect/actors", {
-          params: { name: filter.value.trim(), after, limit: ACTORS_PAGE, usage: 1 },
+          params: { name: filter.value.trim(), after, limit: ACTORS_PAGE, usage: 1, owners: 1 },
         });
         list.replaceChildren(page.actors.length ? el("table", { id: "actors" },
-          el("thead", {}, el("tr", {}, ["name", "key", "status", "created", "size"].map((c) => el("th", { text: c })))),
+          el("thead", {}, el("tr", {}, ["name", "key", "status", "owner", "created", "size"].map((c) => el("th", { text: c })))),
           el("tbody", {}, page.actors.map((a) => el("tr", {},
             el("td", {}, a.name),
             el("td", {}, link(a.key, "actor", a.name, a.key)),
-            el("td", { class: a.live ? "awake" : "asleep", text: a.live ? "awake" : "asleep" }),
+            el("td", { class: a.live || a.owner ? "awake" : "asleep", text: a.live || a.owner ? "awake" : "asleep" }),
+            el("td", { class: "owner", text: ownerText(a.owner) }),
             el("td", { text: when(a.created) }),
             el("td", { text: bytes(a.used_bytes) })))))
           : el("p", { class: "muted", text: "no actors" }));
@@ -279,7 +314,8 @@
       const s = await api(actorPath(name), { params: { key } });
       const facts = [
         ["actor id", s.actor_id],
-        ["status", s.live ? `awake (${s.instance.phase}, ${s.instance.active_calls} calls in flight)` : "asleep"],
+        ["status", s.live ? `awake (${s.instance.phase}, ${s.instance.active_calls} calls in flight)` : s.owner ? "awake" : "asleep"],
+        ["owner", ownerText(s.owner)],
         ["created", when(s.created)],
         ["generation", String(s.generation)],
         ["database size", bytes(s.storage.size_bytes)],
@@ -434,7 +470,7 @@
     return FINAL.has(workflow.state) ? -1 : workflow.entries.length - 1;
   }
 
-  function entryView(entry, current) {
+  function entryView(entry, current, replay) {
     const end = entry.completed ?? entry.last_attempt;
     const took = end === null || end === undefined ? null : end - entry.created;
     return el("li", { class: `entry status-${entry.status}${current ? " current" : ""}`, "aria-current": current ? "step" : undefined },
@@ -444,30 +480,78 @@
         el("span", { class: "entry-status", text: entry.status }),
         el("span", { class: "muted", text: `attempts ${entry.attempts}` }),
         el("span", { class: "muted", text: took === null ? "" : `${entry.completed ? "took" : "so far"} ${duration(took)}` }),
-        el("span", { class: "muted", text: when(entry.created) })),
+        el("span", { class: "muted", text: when(entry.created) }),
+        replay ? el("button", { type: "button", class: "replay", "data-location": entry.location, text: "Replay from here", onclick: () => replay(entry.location) }) : null),
       el("div", { class: "muted", text: entry.location }),
       entry.error ? el("pre", { class: "error entry-error", text: entry.error }) : null,
       entry.rollback_error ? el("pre", { class: "error", text: `rollback: ${entry.rollback_error}` }) : null,
       entry.data && Object.keys(entry.data).length ? tree(entry.data, "data", 1) : null);
   }
 
+  /** A question with two buttons in place of `box`'s content; `yes()` runs only on "yes". */
+  function confirmIn(box, question, yesText, yes) {
+    const answerYes = el("button", { type: "button", id: "confirm-yes", class: "danger", text: yesText });
+    const answerNo = el("button", { type: "button", id: "confirm-no", text: "Keep it as it is" });
+    answerNo.addEventListener("click", () => box.replaceChildren());
+    answerYes.addEventListener("click", async () => {
+      answerYes.disabled = answerNo.disabled = true;
+      try {
+        await yes();
+      } catch (error) {
+        box.replaceChildren(errorLine(error, { id: "workflow-change-error" }));
+      }
+    });
+    box.replaceChildren(el("div", { class: "confirm", role: "alertdialog", id: "confirm" },
+      el("p", { text: question }), el("div", { class: "toolbar" }, answerYes, answerNo)));
+  }
+
   function workflowView(name, key) {
-    return el("div", { id: "workflow-view" },
-      el("p", {}, link("← actor", "actor", name, key)),
-      section(`Workflow of ${name} / ${key}`, "workflow", loading(async () => {
-        const { workflow } = await api(actorPath(name, "/workflow"), { params: { key } });
+    const body = el("div", {});
+    const ask = el("div", { id: "workflow-ask" });
+
+    async function change(what, payload, question, yesText) {
+      confirmIn(ask, question, yesText, async () => {
+        const done = await api(actorPath(name, `/workflow/${what}`), { params: { key }, body: payload });
+        show(`${what === "cancel" ? "cancelled" : "replaying"}: the workflow is ${done.state} now`);
+      });
+    }
+
+    function show(notice) {
+      ask.replaceChildren(notice ? el("p", { id: "workflow-notice", role: "status", text: notice }) : "");
+      body.replaceChildren(loading(async () => {
+        const [{ workflow }, server] = await Promise.all([
+          api(actorPath(name, "/workflow"), { params: { key } }), learnAbout()]);
         const current = currentIndex(workflow);
+        const steerable = !server.read_only;
+        const replay = steerable ? (location) => change("replay", { from: location },
+          `Forget ${location} and every entry after it, then run the workflow again from there?`,
+          "Yes, replay from here") : null;
+        const controls = steerable
+          ? el("div", { class: "toolbar" },
+            FINAL.has(workflow.state) ? null : el("button", { type: "button", id: "workflow-cancel", class: "danger", text: "Cancel workflow",
+              onclick: () => change("cancel", {}, `Cancel the workflow of ${name} / ${key}? No step runs after this, and later wakes do not run it.`, "Yes, cancel it") }),
+            el("button", { type: "button", id: "workflow-replay-all", text: "Replay from the start",
+              onclick: () => change("replay", { from: null }, `Forget the whole history of ${name} / ${key} and run the workflow again from the start?`, "Yes, replay all") }))
+          : el("p", { class: "muted", id: "workflow-read-only", text: "read-only view (pagekv ui): cancel and replay through the server that runs the actor" });
         return el("div", {},
           el("p", { id: "workflow-state", text: `state: ${workflow.state}` }),
+          controls,
           workflow.error ? el("pre", { class: "error", id: "workflow-error", text: valueText(workflow.error) }) : null,
           workflow.output !== null && workflow.output !== undefined ? tree(workflow.output, "output", 0) : null,
-          el("ol", { class: "timeline", id: "timeline" }, workflow.entries.map((e, i) => entryView(e, i === current))));
-      })));
+          el("ol", { class: "timeline", id: "timeline" }, workflow.entries.map((e, i) => entryView(e, i === current, replay))));
+      }));
+    }
+
+    show("");
+    return el("div", { id: "workflow-view" },
+      el("p", {}, link("← actor", "actor", name, key)),
+      section(`Workflow of ${name} / ${key}`, "workflow", ask, body));
   }
 
   // -- metrics --------------------------------------------------------------------------------
 
-  /** Prometheus text exposition -> {metric name: summed value} (labels summed over). */
+  /** Prometheus text exposition -> {metric name: summed value}, labels summed over; a
+   * histogram's buckets as "NAME_bucket@LE" (summed over the other labels), for quantiles. */
   function parseMetrics(text) {
     const totals = {};
     for (const line of text.split("\n")) {
@@ -475,16 +559,33 @@
       const cut = line.lastIndexOf(" ");
       const series = line.slice(0, cut);
       const value = Number(line.slice(cut + 1));
-      if (series.includes('le="')) continue;
       const name = series.split("{")[0];
-      totals[name] = (totals[name] || 0) + value;
+      const le = /[{,]le="([^"]*)"/.exec(series);
+      const id = le ? `${name}@${le[1]}` : name;
+      totals[id] = (totals[id] || 0) + value;
     }
     return totals;
+  }
+
+  /** The `q` quantile of a histogram over the interval from `before` to `now`: the upper bound
+   * of the first bucket holding it (null while nothing was observed; past the last finite
+   * bucket, that bucket's bound: the quantile is at least that). */
+  function quantile(name, q, now, before) {
+    const prefix = `${name}_bucket@`;
+    const bounds = Object.keys(now).filter((k) => k.startsWith(prefix))
+      .map((k) => [k.slice(prefix.length), (now[k] ?? 0) - (before[k] ?? 0)])
+      .map(([le, n]) => [le === "+Inf" ? Infinity : Number(le), n])
+      .sort((a, b) => a[0] - b[0]);
+    const total = bounds.length ? bounds[bounds.length - 1][1] : 0;
+    if (total <= 0) return null;
+    const found = bounds.find(([, n]) => n >= q * total)[0];
+    return Number.isFinite(found) ? found : Math.max(...bounds.map(([le]) => le).filter(Number.isFinite));
   }
 
   const CHARTS = [
     { id: "actions", title: "actions/s", rate: "pagekv_actions_total" },
     { id: "latency", title: "mean action latency (ms)", ratio: ["pagekv_action_duration_seconds_sum", "pagekv_action_duration_seconds_count"], scale: 1000 },
+    { id: "latency-p95", title: "p95 action latency (ms, bucket bound)", quantile: ["pagekv_action_duration_seconds", 0.95], scale: 1000 },
     { id: "wakes", title: "wakes/s", rate: "pagekv_wakes_total" },
     { id: "round-trips", title: "KV round trips/s", rate: "pagekv_kv_round_trips_total" },
     { id: "commit-bytes", title: "mean commit size (bytes)", ratio: ["pagekv_commit_bytes_sum", "pagekv_commit_bytes_count"] },
@@ -497,6 +598,10 @@
     if (chart.gauge) return (now[chart.gauge] ?? 0) * scale;
     if (!before) return null;
     if (chart.rate) return ((now[chart.rate] ?? 0) - (before[chart.rate] ?? 0)) / seconds;
+    if (chart.quantile) {
+      const bound = quantile(...chart.quantile, now, before);
+      return bound === null ? 0 : bound * scale;
+    }
     const [sum, count] = chart.ratio;
     const n = (now[count] ?? 0) - (before[count] ?? 0);
     return n > 0 ? (((now[sum] ?? 0) - (before[sum] ?? 0)) / n) * scale : 0;
@@ -562,7 +667,13 @@
       if (!stopped) timer = setTimeout(refresh, METRICS_EVERY_MS);
     }
 
-    refresh();
+    learnAbout().then((server) => {
+      if (server.read_only) {
+        status.textContent = "no metrics here: pagekv ui runs no actor; open the page of a server (pagekv serve)";
+        return;
+      }
+      refresh();
+    }, (error) => status.replaceChildren(errorLine(error)));
     leaveView = () => { stopped = true; clearTimeout(timer); };
     return section("Metrics", "metrics-view", status, el("div", { class: "charts" }, tiles.map((t) => t.node)));
   }
@@ -578,6 +689,10 @@
     }
     login.hidden = true;
     logout.hidden = false;
+    learnAbout().catch((error) => {
+      banner.hidden = false;
+      banner.textContent = `cannot tell what serves this page: ${errorText(error)}`;
+    });
     let parts;
     try {
       parts = window.location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);

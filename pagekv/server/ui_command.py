@@ -1,0 +1,123 @@
+"""`pagekv ui --kv URL`: the inspector's web page over a store, without a server of actors.
+
+It reads what `pagekv inspect` reads (the registry's index and read-only snapshots), so it is
+safe beside live servers of the same store and changes nothing in it: the workflow buttons,
+which only an actor's owner can act on, answer `read_only`, and there is no `/metrics` (no
+actor runs here). The same token rule as `pagekv serve` holds: a token unless
+`--unauthenticated`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import anyio
+
+from pagekv.cli_args import add_store_argument, port, positive_int
+from pagekv.kv import redact_url
+from pagekv.server.advertise import http_url
+from pagekv.server.config import (
+    DEFAULT_INSPECT_CONCURRENCY,
+    DEFAULT_INSPECT_MAX_BYTES,
+    ConfigError,
+    ServerConfig,
+)
+from pagekv.server.process import StartupError, configure_logging, listen, open_store
+from pagekv.server.protocol import DEFAULT_PORT, TOKEN_ENV
+from pagekv.server.run import store_server
+
+DEFAULT_UI_PORT = DEFAULT_PORT + 1
+"""Next to `pagekv serve`'s, so both run on one machine with their defaults."""
+
+
+def _ui(args: argparse.Namespace) -> int:
+    try:
+        config = ServerConfig(
+            token=args.token if args.token is not None else os.environ.get(TOKEN_ENV),
+            unauthenticated=args.unauthenticated,
+            inspect_max_bytes=args.inspect_max_bytes,
+            inspect_concurrency=args.inspect_concurrency,
+        )
+    except ConfigError as e:
+        print(f"pagekv ui: {e}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level)
+    try:
+        store = open_store(args.kv)
+        try:
+            public = listen(args.host, args.port)
+        except StartupError:
+            store.close()
+            raise
+    except StartupError as e:
+        print(f"pagekv ui: {e}", file=sys.stderr)
+        return 1
+    auth = "unauthenticated" if config.unauthenticated else "token required"
+    address = http_url(args.host, public.getsockname()[1])
+    label = redact_url(args.kv)
+    print(
+        f"pagekv ui: read-only inspector of {label} at {address}/ ({auth})",
+        file=sys.stderr,
+        flush=True,
+    )
+    server = store_server(
+        kv=store,
+        config=config,
+        label=label,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+    )
+    try:
+        anyio.run(lambda: server.serve(sockets=[public]))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        store.close()
+    return 0
+
+
+def add_ui_command(commands: Any, summary: str) -> None:
+    ui = commands.add_parser(
+        "ui",
+        help=summary,
+        description=(
+            "Serve the inspector's web page over the store, read-only: no actor runs and "
+            "nothing is written, so it is safe beside running servers. A token is required "
+            f"(--token or ${TOKEN_ENV}) unless --unauthenticated is given."
+        ),
+    )
+    add_store_argument(ui)
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    ui.add_argument(
+        "--port", type=port, default=str(DEFAULT_UI_PORT), help=f"default {DEFAULT_UI_PORT}"
+    )
+    auth = ui.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--token", help=f"bearer token the page must send (prefer ${TOKEN_ENV}: argv is visible)"
+    )
+    auth.add_argument(
+        "--unauthenticated", action="store_true", help="serve without any authentication"
+    )
+    ui.add_argument(
+        "--inspect-max-bytes",
+        type=positive_int,
+        default=DEFAULT_INSPECT_MAX_BYTES,
+        help=f"most bytes of values in one answer (default {DEFAULT_INSPECT_MAX_BYTES})",
+    )
+    ui.add_argument(
+        "--inspect-concurrency",
+        type=positive_int,
+        default=DEFAULT_INSPECT_CONCURRENCY,
+        help=f"reads run at once on threads (default {DEFAULT_INSPECT_CONCURRENCY})",
+    )
+    ui.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="least level logged (default info)",
+    )
+    ui.set_defaults(run=_ui)
