@@ -27,7 +27,9 @@ from pagekv.server.process import listen
 pytestmark = pytest.mark.anyio
 
 APP = str(Path(__file__).with_name("server_defs.py"))
-RUNNING = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
+RUNNING = re.compile(
+    r"(?:Uvicorn running on|read-only inspector of \S+ at) (http://127\.0\.0\.1:\d+)"
+)
 
 
 def pagekv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -41,14 +43,22 @@ def pagekv(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 
 class ServeProcess:
-    """`pagekv serve` on a free port; `url` once it listens, `log` for everything it printed."""
+    """`pagekv serve APP` (or `command`, e.g. `ui`) on a free port; `url` once it listens,
+    `log` for everything it printed."""
 
-    def __init__(self, *args: str, token: str | None = TOKEN, app: str = APP) -> None:
+    def __init__(
+        self,
+        *args: str,
+        token: str | None = TOKEN,
+        app: str = APP,
+        command: tuple[str, ...] | None = None,
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if k != "PAGEKV_TOKEN"}
         if token is not None:
             env["PAGEKV_TOKEN"] = token
+        run = ("serve", app) if command is None else command
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pagekv.cli", "serve", app, "--port", "0", *args],
+            [sys.executable, "-m", "pagekv.cli", *run, "--port", "0", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -322,3 +332,59 @@ def test_serve_listens_with_tcp_nodelay() -> None:
         client.close()
     finally:
         sock.close()
+
+
+async def test_ui_reads_the_store_beside_a_serving_process(tmp_path: Path) -> None:
+    """`pagekv ui` as a process of its own on the store a `pagekv serve` runs: it shows the
+    server's actors, with the server as their owner, and the server never loses one of them
+    (no takeover, no second wake); a change is refused; SIGTERM stops it cleanly."""
+    store = f"file:{tmp_path}/store"
+    async with served_process("--kv", store) as server:
+        url = await server.started()
+        async with HttpClient(url, token=TOKEN) as client:
+            handle = client.get_or_create("ledger", "room/1")
+            await handle.add(1)
+        view = ServeProcess("--kv", store, command=("ui",))
+        try:
+            ui_url = await view.started()
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=ui_url, headers=headers) as http:
+                about = (await http.get("/inspect")).json()
+                listed = (await http.get("/inspect/actors", params={"owners": "1"})).json()
+                state = await http.get("/inspect/actors/ledger/state", params={"key": "room/1"})
+                page = await http.get("/", headers={"authorization": ""})
+                refused = await http.post(
+                    "/inspect/actors/ledger/workflow/cancel", params={"key": "room/1"}
+                )
+                unauthorized = await http.get("/inspect/actors", headers={"authorization": ""})
+            code = await view.stop()
+        finally:
+            if view.proc.poll() is None:
+                view.proc.kill()
+        async with HttpClient(url, token=TOKEN) as client:
+            assert (await client.get("ledger", "room/1").add(2))["rows"] == [1, 2]
+        async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+            metrics = (await http.get("/metrics")).text
+    assert code in (0, -signal.SIGTERM), "".join(view.log)
+    assert about == {"mode": "store", "read_only": True, "registry": None, "store": store}
+    [actor] = listed["actors"]
+    assert actor["key"] == "room/1" and actor["owner"]["address"] == url
+    assert state.json()["state"]["count"] == 1
+    assert page.status_code == 200 and "pagekv inspector" in page.text
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "read_only")
+    assert unauthorized.status_code == 401
+    assert "pagekv_wakes_total 1.0\n" in metrics and "pagekv_takeovers_total 0.0\n" in metrics
+
+
+def test_ui_fails_closed_like_serve(tmp_path: Path) -> None:
+    none = subprocess.run(
+        [sys.executable, "-m", "pagekv.cli", "ui", "--kv", f"file:{tmp_path}/s", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "PAGEKV_TOKEN"},
+    )
+    assert none.returncode == 2 and "--unauthenticated" in none.stderr
+    bad = pagekv("ui", "--kv", "postgresql://u:hunter2@127.0.0.1:1/db", "--unauthenticated")
+    assert bad.returncode == 1 and "cannot open the store" in bad.stderr
+    assert "hunter2" not in bad.stderr

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from server_helpers import Served, serving
+from server_helpers import Served, serving, serving_store
 
 from pagekv.actor import ActorContext, actor
 from pagekv.actor.workflow import StepContext, WorkflowContext
@@ -48,6 +48,7 @@ MANY = 53  # more than one page of the actors list (50)
 
 probe = actor("probe", state={"note": None})
 stepper = actor("stepper", state={})
+approver = actor("approver", state={"loads": 0})
 
 
 @probe.create_state
@@ -91,6 +92,24 @@ async def poke(ctx: ActorContext) -> None:
     pass
 
 
+async def _load(step: StepContext) -> int:
+    step.state["loads"] += 1
+    return int(step.state["loads"])
+
+
+@approver.workflow
+async def _approve(wf: WorkflowContext) -> Any:
+    """A step, then a wait for an approval: something to cancel, and to replay."""
+    await wf.step("load", _load)
+    message = await wf.queue.next("approval", names=["approve"], timeout=600)
+    return None if message is None else message.body
+
+
+@approver.action
+async def loads(ctx: ActorContext) -> int:
+    return int(ctx.state["loads"])
+
+
 def _missing() -> str | None:
     if webdriver is None:
         return "selenium is not installed (pip install -e '.[dev]')"
@@ -101,16 +120,19 @@ def _missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Served]:
-    """A server on a thread of its own (its own event loop), so that the blocking Selenium
-    calls of the tests never stall it."""
-    ready: queue.Queue[Served | BaseException] = queue.Queue()
+def servers() -> Iterator[tuple[Served, Served]]:
+    """A server, and `pagekv ui`'s read-only view of its store beside it, on a thread of their
+    own (their own event loop), so that the blocking Selenium calls never stall them."""
+    ready: queue.Queue[tuple[Served, Served] | BaseException] = queue.Queue()
     stop = threading.Event()
 
     async def main() -> None:
         try:
-            async with serving([probe, stepper]) as served:
-                ready.put(served)
+            async with (
+                serving([probe, stepper, approver], advertise=True) as served,
+                serving_store(served.store) as view,
+            ):
+                ready.put((served, view))
                 while not stop.is_set():
                     await anyio.sleep(0.05)
         except BaseException as e:
@@ -123,11 +145,21 @@ def server() -> Iterator[Served]:
     if isinstance(started, BaseException):
         raise started
     try:
-        _populate(started)
+        _populate(started[0])
         yield started
     finally:
         stop.set()
         thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(servers: tuple[Served, Served]) -> Served:
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def store_view(servers: tuple[Served, Served]) -> Served:
+    return servers[1]
 
 
 def _http(served: Served) -> httpx.Client:
@@ -377,3 +409,98 @@ def test_the_page_refuses_html_parsing_and_inline_script(
     )
     assert inline == "TypeError"
     assert browser.execute_script("return window.__pwned") is None
+
+
+def _approval_wait(served: Served, key: str) -> None:
+    """The approver `key` created, its workflow past its step and waiting for approval."""
+    with _http(served) as http:
+        assert http.post("/actors/approver/actions/loads", params={"key": key}, json={}).is_success
+        for _ in range(200):
+            if _shape(_flow(http, key)) == [("load", "completed"), ("approval", "pending")]:
+                return
+            threading.Event().wait(0.05)
+    raise AssertionError(f"the workflow of {key} does not wait for its approval")
+
+
+def _flow(http: httpx.Client, key: str) -> dict[str, Any]:
+    return http.get("/inspect/actors/approver/workflow", params={"key": key}).json()["workflow"]
+
+
+def _shape(workflow: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(e["name"], e["status"]) for e in workflow["entries"]]
+
+
+def test_cancel_asks_first_and_keeping_it_changes_nothing(
+    browser: WebDriver, server: Served
+) -> None:
+    _approval_wait(server, "c1")
+    _open(browser, server, "workflow/approver/c1")
+    _wait(browser, lambda d: d.find_elements(By.ID, "workflow-cancel"), "the cancel button")
+    browser.find_element(By.ID, "workflow-cancel").click()
+    question = _wait(browser, lambda d: _text(d, "#confirm") or None, "the question")
+    assert "Cancel the workflow of approver / c1?" in question
+    browser.find_element(By.ID, "confirm-no").click()
+    _wait(browser, lambda d: not d.find_elements(By.ID, "confirm"), "the question to go")
+    with _http(server) as http:
+        assert _flow(http, "c1")["state"] != "cancelled"
+    browser.find_element(By.ID, "workflow-cancel").click()
+    _wait(browser, lambda d: d.find_elements(By.ID, "confirm-yes"), "the question again")
+    browser.find_element(By.ID, "confirm-yes").click()
+    notice = _wait(browser, lambda d: _text(d, "#workflow-notice") or None, "the notice")
+    assert notice == "cancelled: the workflow is cancelled now"
+    _wait(browser, lambda d: _text(d, "#workflow-state") == "state: cancelled", "the new state")
+    assert browser.find_elements(By.ID, "workflow-cancel") == []  # nothing left to cancel
+    with _http(server) as http:
+        assert _flow(http, "c1")["state"] == "cancelled"
+
+
+def test_replay_from_a_step_runs_it_again(browser: WebDriver, server: Served) -> None:
+    _approval_wait(server, "r1")
+    _open(browser, server, "workflow/approver/r1")
+    replay = _wait(
+        browser,
+        lambda d: d.find_element(By.CSS_SELECTOR, "button.replay[data-location='load']"),
+        "the replay button of the step",
+    )
+    replay.click()
+    question = _wait(browser, lambda d: _text(d, "#confirm") or None, "the question")
+    assert question.startswith("Forget load and every entry after it")
+    browser.find_element(By.ID, "confirm-yes").click()
+    notice = _wait(browser, lambda d: _text(d, "#workflow-notice") or None, "the notice")
+    assert notice.startswith("replaying: the workflow is ")
+    with _http(server) as http:
+        for _ in range(200):
+            done = http.post("/actors/approver/actions/loads", params={"key": "r1"}, json={})
+            if done.json()["result"] == 2:
+                break
+            threading.Event().wait(0.05)
+        assert done.json()["result"] == 2  # the step ran again, once
+        http.post("/actors/approver/queues/approve", params={"key": "r1"}, json={"body": "ada"})
+        for _ in range(200):
+            if _flow(http, "r1")["state"] == "completed":
+                break
+            threading.Event().wait(0.05)
+        assert _flow(http, "r1")["output"] == "ada"
+
+
+def test_the_read_only_store_view(browser: WebDriver, server: Served, store_view: Served) -> None:
+    with _http(server) as http:  # awake on its server, under its lease, as the view opens
+        assert http.post("/actors/stepper/actions/poke", params={"key": "order"}).is_success
+    _open(browser, store_view, "actors")
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#actors tbody tr"), "the list")
+    banner = _wait(browser, lambda d: _text(d, "#banner") or None, "the banner")
+    assert banner.startswith("Read-only view of the store (pagekv ui)")
+    assert browser.find_element(By.ID, "nav-metrics").is_displayed() is False
+    browser.find_element(By.ID, "actor-filter").send_keys("stepper")
+    browser.find_element(By.CSS_SELECTOR, "#actor-search button").click()
+    _wait(browser, lambda d: len(_rows(d)) == 1, "the stepper alone")
+    assert _text(browser, "#actors tbody td.owner") == server.url  # from its lease entry
+    assert _text(browser, "#actors tbody td:nth-child(3)") == "awake"
+    browser.get(f"{store_view.url}/#/workflow/stepper/order")
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#timeline > li"), "the timeline")
+    assert "cancel and replay through the server" in _text(browser, "#workflow-read-only")
+    assert browser.find_elements(By.CSS_SELECTOR, "#workflow-cancel, button.replay") == []
+    browser.get(f"{store_view.url}/#/metrics")
+    status = _wait(browser, lambda d: _text(d, "#metrics-status") or None, "the metrics note")
+    assert status.startswith("no metrics here")
+    _nothing_ran(browser)
