@@ -110,13 +110,7 @@ def add_serve_command(commands: Any, summary: str) -> None:
         default=os.environ.get("PAGEKV_PORT", str(DEFAULT_PORT)),
         help=f"port (default $PAGEKV_PORT, else {DEFAULT_PORT})",
     )
-    auth = serve_cmd.add_mutually_exclusive_group()
-    auth.add_argument(
-        "--token", help=f"bearer token clients must send (prefer ${TOKEN_ENV}: argv is visible)"
-    )
-    auth.add_argument(
-        "--unauthenticated", action="store_true", help="serve without any authentication"
-    )
+    add_auth_arguments(serve_cmd)
     serve_cmd.add_argument(
         "--advertise-url",
         default=os.environ.get(ADVERTISE_ENV),
@@ -197,20 +191,7 @@ def add_serve_command(commands: Any, summary: str) -> None:
         help="bytes waiting for a slow client before its connection is closed with 4008 "
         "(default 4194304)",
     )
-    serve_cmd.add_argument(
-        "--inspect-max-bytes",
-        type=positive_int,
-        default=DEFAULT_INSPECT_MAX_BYTES,
-        help="most bytes of values in one inspector answer, and in any value a query reads "
-        f"or makes (default {DEFAULT_INSPECT_MAX_BYTES}; 413 past it)",
-    )
-    serve_cmd.add_argument(
-        "--inspect-concurrency",
-        type=positive_int,
-        default=DEFAULT_INSPECT_CONCURRENCY,
-        help="inspector reads run at once on threads of their own; actors never wait behind "
-        f"them (default {DEFAULT_INSPECT_CONCURRENCY})",
-    )
+    add_inspector_arguments(serve_cmd)
     serve_cmd.add_argument(
         "--cors-origin",
         action="append",
@@ -218,13 +199,46 @@ def add_serve_command(commands: Any, summary: str) -> None:
         metavar="ORIGIN",
         help="an exact origin browsers may call from (repeatable; default: no CORS)",
     )
+    add_log_level_argument(serve_cmd)
     serve_cmd.add_argument(
+        "--access-log", action="store_true", help="log one line per HTTP request"
+    )
+    serve_cmd.set_defaults(run=_serve)
+
+
+def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--token` or `--unauthenticated` (never both): with neither, `$PAGEKV_TOKEN` must be set,
+    as `ServerConfig` enforces."""
+    auth = parser.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--token", help=f"bearer token clients must send (prefer ${TOKEN_ENV}: argv is visible)"
+    )
+    auth.add_argument(
+        "--unauthenticated", action="store_true", help="serve without any authentication"
+    )
+
+
+def add_inspector_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--inspect-max-bytes",
+        type=positive_int,
+        default=DEFAULT_INSPECT_MAX_BYTES,
+        help="most bytes of values in one inspector answer, and in any value a query reads "
+        f"or makes (default {DEFAULT_INSPECT_MAX_BYTES}; 413 past it)",
+    )
+    parser.add_argument(
+        "--inspect-concurrency",
+        type=positive_int,
+        default=DEFAULT_INSPECT_CONCURRENCY,
+        help="inspector reads run at once on threads of their own; actors never wait behind "
+        f"them (default {DEFAULT_INSPECT_CONCURRENCY})",
+    )
+
+
+def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="least level logged, pagekv's and the HTTP server's (default info)",
     )
-    serve_cmd.add_argument(
-        "--access-log", action="store_true", help="log one line per HTTP request"
-    )
-    serve_cmd.set_defaults(run=_serve)

@@ -16,15 +16,15 @@ from typing import Any
 
 import anyio
 
-from pagekv.cli_args import add_store_argument, port, positive_int
+from pagekv.cli_args import add_store_argument, port
 from pagekv.kv import redact_url
 from pagekv.server.advertise import http_url
-from pagekv.server.config import (
-    DEFAULT_INSPECT_CONCURRENCY,
-    DEFAULT_INSPECT_MAX_BYTES,
-    ConfigError,
-    ServerConfig,
+from pagekv.server.command import (
+    add_auth_arguments,
+    add_inspector_arguments,
+    add_log_level_argument,
 )
+from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.process import StartupError, configure_logging, listen, open_store
 from pagekv.server.protocol import DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.run import store_server
@@ -95,29 +95,7 @@ def add_ui_command(commands: Any, summary: str) -> None:
     ui.add_argument(
         "--port", type=port, default=str(DEFAULT_UI_PORT), help=f"default {DEFAULT_UI_PORT}"
     )
-    auth = ui.add_mutually_exclusive_group()
-    auth.add_argument(
-        "--token", help=f"bearer token the page must send (prefer ${TOKEN_ENV}: argv is visible)"
-    )
-    auth.add_argument(
-        "--unauthenticated", action="store_true", help="serve without any authentication"
-    )
-    ui.add_argument(
-        "--inspect-max-bytes",
-        type=positive_int,
-        default=DEFAULT_INSPECT_MAX_BYTES,
-        help=f"most bytes of values in one answer (default {DEFAULT_INSPECT_MAX_BYTES})",
-    )
-    ui.add_argument(
-        "--inspect-concurrency",
-        type=positive_int,
-        default=DEFAULT_INSPECT_CONCURRENCY,
-        help=f"reads run at once on threads (default {DEFAULT_INSPECT_CONCURRENCY})",
-    )
-    ui.add_argument(
-        "--log-level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="least level logged (default info)",
-    )
+    add_auth_arguments(ui)
+    add_inspector_arguments(ui)
+    add_log_level_argument(ui)
     ui.set_defaults(run=_ui)
