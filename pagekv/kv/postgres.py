@@ -24,12 +24,22 @@ Why it is built this way:
   `KvUnavailable` as well. A *write* whose connection broke after it was sent is `KvIndeterminate`:
   the server may have committed it before the connection died, and the caller must not resend it.
   Reads never change anything, so a read that fails in any way is `KvUnavailable`.
-- **Pooled, bounded connections.** A `psycopg_pool.ConnectionPool` per store; connect, statement,
-  TCP and pool-wait timeouts all default to finite values so that a dead server surfaces as an
-  error instead of a hang. Before a pooled connection is used, its socket is polled (no round
-  trip): an idle connection with bytes to read has been closed or told to terminate by the server
-  (a restart sends exactly that), so it is discarded instead of turning the next write into an
-  indeterminate one.
+- **A commit the server did not replicate is not acknowledged.** With synchronous replication the
+  server commits locally, then waits for the standby; if that wait is cancelled (an administrator's
+  `pg_cancel_backend`), the server still answers "success", with a warning that the commit may not
+  have reached the standby — a success a failover could take back. A write answered with that
+  warning (recognised by its source, `syncrep.c`, whatever the server's language) raises
+  `KvIndeterminate` instead. A wait ended by a terminated connection or a dying server sends no
+  success at all: the connection breaks, which is indeterminate already.
+- **Pooled, bounded connections, any number of hosts.** A pool per store (`pg_pool`) makes
+  connections on demand, retrying with a bounded backoff until `pool_timeout`; connect, TCP and
+  pool-wait timeouts all default to finite values so that a dead server surfaces as an error
+  instead of a hang. Before a pooled connection is used, its socket is polled (no round trip): an
+  idle connection with bytes to read has been closed or told to terminate by the server (a
+  restart or failover sends exactly that), so it is discarded instead of turning the next write
+  into an indeterminate one. A URL may name several hosts (libpq's `h1:p1,h2:p2`);
+  `target_session_attrs=read-write` (the default here) makes each connection skip a standby, so
+  after a failover the same store reconnects to the promoted one without a restart.
 
 The schema (tables and functions) lives in one PostgreSQL schema, `pagekv` unless the URL names
 another (`?schema=`), is created on first use and carries a version number; older versions are
@@ -39,20 +49,20 @@ upgraded in place under an advisory lock, and a newer one is refused.
 from __future__ import annotations
 
 import re
-import select
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
+from pagekv.kv.pg_pool import ConnectionPool, HostOrder, NoConnection, PoolClosed
 from pagekv.kv.redact import redact_url
 
 SCHEMA_VERSION = 1
@@ -197,8 +207,11 @@ _MIGRATIONS: list[str] = [
 
 # Connection parameters pagekv sets unless the URL does: a dead or unreachable server must end in
 # an error, not a hang. keepalives detect a peer that vanished while we wait for an answer;
-# tcp_user_timeout bounds how long sent data may stay unacknowledged.
+# tcp_user_timeout bounds how long sent data may stay unacknowledged; connect_timeout bounds each
+# host's attempt (libpq's minimum is 2 s). A store writes, so it connects only to a host that
+# takes writes: with several hosts, to whichever is the primary now.
 _LIBPQ_DEFAULTS = {
+    "target_session_attrs": "read-write",
     "connect_timeout": "5",
     "keepalives": "1",
     "keepalives_idle": "10",
@@ -213,10 +226,12 @@ _LIBPQ_DEFAULTS = {
 class PostgresOptions:
     """The pagekv-side options of a `postgresql://` URL (removed before libpq sees the URL).
 
-    `schema`: the PostgreSQL schema holding pagekv's tables. `pool_min`/`pool_max`: connections
-    per store. `pool_timeout`: seconds a request waits for a connection before `KvUnavailable`.
-    `statement_timeout_ms`: server-side limit per statement (a timed-out statement is rolled back,
-    so it is `KvUnavailable`, never applied).
+    `schema`: the PostgreSQL schema holding pagekv's tables. `pool_min`: connections made when
+    the store opens (so that opening fails on an unreachable server); `pool_max`: the most at
+    once. `pool_timeout`: seconds a request waits for a connection — retrying every host while a
+    failover is under way — before `KvUnavailable`. `statement_timeout_ms`: server-side limit per
+    statement (a timed-out statement is rolled back, so it is `KvUnavailable`, never applied; a
+    commit waiting for a synchronous standby is not a statement any more, and waits on).
     """
 
     schema: str = "pagekv"
@@ -245,6 +260,13 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
                     known[name] = int(value)
                 case "pool_timeout":
                     known[name] = float(value)
+                case "target_session_attrs":
+                    if value not in _WRITABLE_SESSIONS:
+                        raise ValueError(
+                            "pagekv writes to its store, so only a host that takes writes will "
+                            f"do: use one of {', '.join(_WRITABLE_SESSIONS)}"
+                        )
+                    libpq[name] = value
                 case _:
                     libpq[name] = value
         except ValueError as e:
@@ -260,12 +282,15 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
     return base, options
 
 
+_WRITABLE_SESSIONS = ("read-write", "primary")
+
+
 def _where(url: str) -> str:
-    """The server and database of a libpq URL, without credentials, for error messages."""
+    """The servers and database of a libpq URL, without credentials, for error messages:
+    `postgresql://h1:5432,h2:5433/db` (one host or several)."""
     parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    return f"postgresql://{host}{port}{parts.path or '/'}"
+    hosts = parts.netloc.rpartition("@")[2] or "localhost"
+    return f"postgresql://{hosts}{parts.path or '/'}"
 
 
 class PostgresStore:
@@ -291,6 +316,10 @@ class PostgresStore:
         self.where = _where(libpq_url)
         self._closed = False
         opts = self.options
+        try:
+            self._hosts = HostOrder(libpq_url)
+        except (psycopg.ProgrammingError, ValueError) as e:
+            raise ValueError(f"bad PostgreSQL URL {redact_url(url)!r}: {e}") from None
         kwargs: dict[str, Any] = {
             key: value for key, value in _LIBPQ_DEFAULTS.items() if key not in opts.libpq
         }
@@ -299,26 +328,19 @@ class PostgresStore:
             kwargs["options"] = f"{opts.libpq.get('options', '')} {timeouts}".strip()
         # autocommit: each request is one statement, committed by the server at its Sync.
         kwargs["autocommit"] = True
-        self._last_connect_error: BaseException | None = None
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            libpq_url,
-            connection_class=_recording_connection_class(self),
-            kwargs=kwargs,
+        self._connect_kwargs = kwargs
+        self._pool: ConnectionPool[_Connection] = ConnectionPool(
+            self._connect,
             min_size=opts.pool_min,
             max_size=opts.pool_max,
             timeout=opts.pool_timeout,
-            # Give up background reconnection attempts soon, so that once the server is back the
-            # next request starts a fresh attempt instead of waiting out a long backoff.
-            reconnect_timeout=max(opts.pool_timeout, 5.0),
-            name=f"pagekv {self.where}",
-            open=False,
         )
+        self._sql = _Statements(sql.Identifier(opts.schema))
         try:
             try:
-                self._pool.open(wait=opts.pool_min > 0, timeout=opts.pool_timeout)
-            except PoolTimeout as e:
-                raise self._unreachable() from e
-            self._sql = _Statements(sql.Identifier(opts.schema))
+                self._pool.open()
+            except NoConnection as e:
+                raise self._unreachable(e) from e
             self._ensure_schema()
         except BaseException:
             self._pool.close()
@@ -326,31 +348,35 @@ class PostgresStore:
 
     # --- connections ---------------------------------------------------------------------
 
-    def _acquire(self) -> psycopg.Connection[Any]:
-        """A pooled connection that was idle and healthy, or `KvUnavailable` (nothing sent)."""
+    def _connect(self) -> _Connection:
+        """One new connection, to the host that answered last if it still takes writes, else to
+        the next one that does; it records the commits the server warns were not replicated."""
+        conn = _Connection.connect(self._hosts.conninfo(), **self._connect_kwargs)
+        self._hosts.answered(conn)
+        conn.pagekv_host = f"{conn.info.host}:{conn.info.port}"
+        conn.pagekv_unreplicated = []
+        conn.add_notice_handler(partial(_note_unreplicated, conn.pagekv_unreplicated))
+        return conn
+
+    def _acquire(self) -> _Connection:
+        """A pooled connection that was idle and healthy, or a new one; else `KvUnavailable`
+        (nothing sent)."""
         if self._closed:
             raise KvUnavailable(f"the store for {self.where} is closed")
-        for _ in range(self.options.pool_max + 1):
-            try:
-                conn = self._pool.getconn()
-            except PoolTimeout as e:
-                raise self._unreachable() from e
-            except psycopg.Error as e:
-                raise KvUnavailable(f"PostgreSQL at {self.where} is unreachable: {e}") from e
-            if _looks_alive(conn):
-                return conn
-            conn.close()  # the pool discards a closed connection and opens a replacement
-            self._pool.putconn(conn)
-        raise KvUnavailable(
-            f"PostgreSQL at {self.where}: every pooled connection was dead; nothing was sent"
-        )
+        try:
+            return self._pool.getconn()
+        except NoConnection as e:
+            raise self._unreachable(e) from e
+        except PoolClosed:
+            raise KvUnavailable(f"the store for {self.where} is closed") from None
+        except psycopg.Error as e:
+            raise KvUnavailable(f"PostgreSQL at {self.where} is unreachable: {e}") from e
 
-    def _unreachable(self) -> KvUnavailable:
-        last = self._last_connect_error
+    def _unreachable(self, error: NoConnection) -> KvUnavailable:
+        last = error.last_error or "every connection busy"
         return KvUnavailable(
             f"PostgreSQL at {self.where} is unreachable: no connection within "
-            f"{self.options.pool_timeout:g} s ({last or 'no connection attempt finished'}); "
-            "nothing was sent"
+            f"{error.waited:g} s ({last}); nothing was sent"
         )
 
     def _run(self, op: str, query: str, params: Sequence[object], *, write: bool) -> list[Any]:
@@ -362,18 +388,30 @@ class PostgresStore:
         conn = self._acquire()
         try:
             try:
-                return _cursor(conn).execute(query, params).fetchall()
+                rows = _cursor(conn).execute(query, params).fetchall()
             except psycopg.Error as e:
                 broken = conn.broken or conn.closed
                 if write and broken:
                     raise KvIndeterminate(
-                        f"{op} was sent to PostgreSQL at {self.where} but the connection was "
-                        f"lost before the answer ({e}); it may or may not have been applied"
+                        f"{op} was sent to PostgreSQL at {conn.pagekv_host} ({self.where}) but "
+                        f"the connection was lost before the answer ({e}); it may or may not "
+                        "have been applied"
                     ) from e
                 state = "connection lost" if broken else f"SQLSTATE {e.sqlstate}"
                 raise KvUnavailable(
-                    f"{op} failed on PostgreSQL at {self.where} ({state}: {e}); nothing was applied"
+                    f"{op} failed on PostgreSQL at {conn.pagekv_host} ({self.where}) ({state}: "
+                    f"{e}); nothing was applied"
                 ) from e
+            if conn.pagekv_unreplicated:
+                warning = "; ".join(conn.pagekv_unreplicated)
+                conn.pagekv_unreplicated.clear()
+                if write:
+                    raise KvIndeterminate(
+                        f"{op} was committed by PostgreSQL at {conn.pagekv_host} ({self.where}), "
+                        f"which warned that it may not have reached its synchronous standby "
+                        f"({warning}): a failover may undo it"
+                    )
+            return rows
         finally:
             self._pool.putconn(conn)
 
@@ -474,54 +512,35 @@ class PostgresStore:
         self.close()
 
 
-def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+class _Connection(psycopg.Connection[Any]):
+    """A pooled connection: its one cursor, the host it reached, and the warnings of not
+    replicated commits its server sent since the last request (`_note_unreplicated`)."""
+
+    pagekv_cursor: psycopg.Cursor[Any] | None = None
+    pagekv_host: str = ""
+    pagekv_unreplicated: list[str]
+
+
+def _cursor(conn: _Connection) -> psycopg.Cursor[Any]:
     """The connection's one binary cursor, made once: a new cursor per request costs more CPU
     than the rest of the client side of a small write. (A connection serves one thread at a
     time — the pool hands it out exclusively — so one cursor per connection is safe.)"""
-    cur: psycopg.Cursor[Any] | None = getattr(conn, "pagekv_cursor", None)
+    cur = conn.pagekv_cursor
     if cur is None or cur.closed:
         cur = conn.cursor(binary=True)
-        conn.pagekv_cursor = cur  # type: ignore[attr-defined]
+        conn.pagekv_cursor = cur
     return cur
 
 
-def _recording_connection_class(store: PostgresStore) -> type[psycopg.Connection[Any]]:
-    """A connection class that remembers the store's last failed connection attempt.
+def _note_unreplicated(warnings: list[str], notice: psycopg.errors.Diagnostic) -> None:
+    """Keep a server warning that a commit's wait for its synchronous standby was cancelled.
 
-    The pool connects in the background and only says "no connection within N s"; the error a
-    user needs (refused, unknown host, bad password) is the one recorded here.
+    Recognised by the server source file that raises it, which no translation changes; both of
+    its messages say "The transaction has already committed locally, but might not have been
+    replicated to the standby."
     """
-
-    class RecordingConnection(psycopg.Connection[Any]):
-        pagekv_cursor: psycopg.Cursor[Any] | None = None
-
-        @classmethod
-        def connect(cls, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-            try:
-                conn = super().connect(*args, **kwargs)
-            except psycopg.Error as e:
-                store._last_connect_error = e
-                raise
-            store._last_connect_error = None
-            return conn
-
-    return RecordingConnection
-
-
-def _looks_alive(conn: psycopg.Connection[Any]) -> bool:
-    """Whether an idle pooled connection can take a request, checked without a round trip.
-
-    An idle connection has nothing to read unless the server closed it or sent a termination
-    notice (e.g. at shutdown or restart); either way it is unusable, and finding out *before*
-    sending is what keeps that case `KvUnavailable` instead of indeterminate.
-    """
-    if conn.closed or conn.broken:
-        return False
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError, psycopg.Error):
-        return False
-    return not readable
+    if notice.source_file == "syncrep.c":
+        warnings.append(f"{notice.severity_nonlocalized}: {notice.message_primary}")
 
 
 class _Statements:

@@ -1,0 +1,398 @@
+"""PostgreSQL high availability, on real servers: a primary and a synchronous standby on loopback
+(`pagekv.kv.pg_cluster.ReplicatedPair`), the store given both hosts in one URL.
+
+What must hold, and where it is shown:
+
+- one URL names both hosts and the store writes only to the one that takes writes, whatever its
+  place in the URL (`test_the_store_writes_to_the_primary_whichever_host_it_is`);
+- the primary is lost mid-load (stopped with `-m immediate`, or its postmaster SIGKILLed), the
+  standby promoted, the old primary rewound as the new standby — three times in a row. The same
+  store objects reconnect by themselves; a write in flight is `KvIndeterminate` (its database dies
+  and is reopened), never a silent success; every acknowledged commit is there afterwards,
+  nothing appears that was refused, every database is intact; nothing is acknowledged while the
+  new primary has no standby; and a takeover made before the failover still fences the instance
+  it superseded after it (`test_failovers_under_load_lose_no_acknowledged_commit`);
+- a commit the server acknowledges with a warning that it may not have been replicated (its
+  synchronous wait was cancelled) is reported indeterminate
+  (`test_a_commit_whose_replication_wait_was_cancelled_is_indeterminate`);
+- a host that accepts connections but never answers (a dead machine) costs `connect_timeout`
+  once, not at every reconnection (`test_a_hanging_host_is_tried_once_then_passed_over`).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import apsw
+import psycopg
+import pytest
+
+from pagekv.kv import FenceMismatch, KvError, KvIndeterminate, KvUnavailable, open_kv
+from pagekv.kv.pg_cluster import ReplicatedPair, TempCluster, find_pg_bin
+from pagekv.kv.postgres import PostgresStore, parse_postgres_url
+from pagekv.vfs import Database, open_database
+
+if TYPE_CHECKING:
+    from conftest import PostgresServer
+
+
+@pytest.fixture(scope="module")
+def pair(postgres_server: PostgresServer) -> Iterator[ReplicatedPair]:
+    """A primary and a synchronous standby of this module's own (its tests kill servers); each
+    test leaves it with a primary and a streaming standby."""
+    if find_pg_bin() is None:
+        pytest.skip("needs PostgreSQL binaries to start servers of its own")
+    with ReplicatedPair() as started:
+        yield started
+
+
+@pytest.fixture
+def open_store(pair: ReplicatedPair) -> Iterator[Callable[..., PostgresStore]]:
+    """`open_store(schema, url=None, **options)`: a store on the pair, closed after the test."""
+    stores: list[PostgresStore] = []
+
+    def opener(schema: str, url: str | None = None, **options: object) -> PostgresStore:
+        store = open_kv(url or pair.url(schema=schema, **options))
+        assert isinstance(store, PostgresStore)
+        stores.append(store)
+        return store
+
+    yield opener
+    for store in stores:
+        store.close()
+
+
+def admin(node: TempCluster) -> psycopg.Connection[Any]:
+    return psycopg.connect(node.url, autocommit=True)
+
+
+# --- URLs ----------------------------------------------------------------------------------
+
+
+def test_multi_host_urls_are_parsed_and_shown_without_the_password() -> None:
+    url = "postgresql://u:s3cret@db1:5432,db2:5433/app?target_session_attrs=primary&pool_max=4"
+    base, options = parse_postgres_url(url)
+    assert base == "postgresql://u:s3cret@db1:5432,db2:5433/app?target_session_attrs=primary"
+    assert options.pool_max == 4
+    for refused in ("any", "read-only", "standby", "prefer-standby"):
+        with pytest.raises(ValueError, match="only a host that takes writes") as info:
+            open_kv(f"postgresql://u:s3cret@db1,db2/app?target_session_attrs={refused}")
+        assert "s3cret" not in str(info.value)
+    with pytest.raises(ValueError, match="names 2 hosts but 3 ports") as info:
+        open_kv("postgresql://u:s3cret@db1,db2/app?port=1,2,3")
+    assert "s3cret" not in str(info.value)
+
+
+def test_no_reachable_host_is_unavailable_naming_every_host() -> None:
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])  # nothing listens there once closed
+    url = f"postgresql://postgres:s3cret@127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/postgres"
+    with pytest.raises(KvUnavailable, match="refused") as info:
+        open_kv(url + "?pool_timeout=0.3")
+    message = str(info.value)
+    assert f"postgresql://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/postgres" in message
+    assert all(f"port: '{port}'" in message for port in ports), message
+    assert "s3cret" not in message
+
+
+# --- which host ----------------------------------------------------------------------------
+
+
+def test_the_store_writes_to_the_primary_whichever_host_it_is(
+    pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
+) -> None:
+    """The standby first in the URL, then second: either way every connection is the primary's
+    (libpq rejects the standby as read-only before anything is sent)."""
+    assert pair.standby is not None
+    for first, second in ((pair.standby, pair.primary), (pair.primary, pair.standby)):
+        url = (
+            f"postgresql://postgres@127.0.0.1:{first.port},127.0.0.1:{second.port}/postgres"
+            "?schema=which_host&pool_min=2"
+        )
+        store = open_store("which_host", url=url)
+        ns = store.namespace("a")
+        ns.put({b"k": b"v"}, fence=ns.takeover())
+        assert ns.get([b"k"]) == [b"v"]
+        conns = [store._pool.getconn() for _ in range(2)]
+        for conn in conns:
+            store._pool.putconn(conn)
+        assert {c.pagekv_host for c in conns} == {f"127.0.0.1:{pair.primary.port}"}
+
+
+# --- synchronous replication ---------------------------------------------------------------
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_a_commit_whose_replication_wait_was_cancelled_is_indeterminate(
+    pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
+) -> None:
+    """With the standby stopped, a write waits for it after committing locally; cancelling the
+    wait (`pg_cancel_backend`) makes the server answer "success" with a warning. The store must
+    not report that as applied — a failover then would undo it — but as indeterminate."""
+    assert pair.standby is not None
+    store = open_store("cancelled", application_name="pagekv-ha-cancel", pool_max=1)
+    ns = store.namespace("a")
+    gen = ns.takeover()
+    ns.put({b"k": b"before"}, fence=gen)
+    errors: list[BaseException] = []
+    pair.standby.stop("fast")
+    try:
+
+        def write() -> None:
+            try:
+                ns.put({b"k": b"unreplicated"}, fence=gen)
+            except BaseException as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        with admin(pair.primary) as conn:
+            activity = (
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'pagekv-ha-cancel' "
+                "AND wait_event = 'SyncRep'"
+            )
+            wait_for(lambda: bool(conn.execute(activity).fetchall()), "the commit's SyncRep wait")
+            ((cancelled,),) = conn.execute(
+                f"SELECT pg_cancel_backend(pid) FROM ({activity}) w"
+            ).fetchall()
+        assert cancelled is True
+        thread.join(30)
+    finally:
+        pair.standby.start()
+        pair.wait_for_standby()
+    assert len(errors) == 1 and type(errors[0]) is KvIndeterminate, errors
+    assert "may not have reached its synchronous standby" in str(errors[0])
+    assert f"127.0.0.1:{pair.primary.port}" in str(errors[0])
+    assert ns.get([b"k"]) == [b"unreplicated"]  # committed locally: indeterminate, not refused
+    ns.put({b"k": b"after"}, fence=gen)  # the connection is as good as before
+    assert ns.get([b"k"]) == [b"after"]
+
+
+# --- a host that hangs ----------------------------------------------------------------------
+
+
+def test_a_hanging_host_is_tried_once_then_passed_over(
+    pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
+) -> None:
+    """First in the URL, a host that accepts TCP connections and never answers (as a machine
+    that died with its port still routed would, behind a load balancer): the first connection
+    waits `connect_timeout` there and goes on to the primary; the ones made after the server
+    ended every connection go to the primary directly."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as hung:  # never accepts
+        url = (
+            f"postgresql://postgres@127.0.0.1:{hung.getsockname()[1]},"
+            f"127.0.0.1:{pair.primary.port}/postgres?schema=hanging&connect_timeout=2"
+            "&application_name=pagekv-ha-hang&pool_min=1&pool_max=2"
+        )
+        store = open_store("hanging", url=url)
+        ns = store.namespace("a")
+        gen = ns.takeover()
+        for round_ in range(3):
+            with admin(pair.primary) as conn:
+                killed = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'pagekv-ha-hang'"
+                ).fetchall()
+            assert killed, "the store had no connection to end"
+            time.sleep(0.1)  # the termination notices arrive
+            ns.put({b"round": b"%d" % round_}, fence=gen)
+        hung.setblocking(False)
+        attempts = 0
+        while True:
+            try:
+                client, _ = hung.accept()
+            except BlockingIOError:
+                break
+            client.close()
+            attempts += 1
+    assert ns.get([b"round"]) == [b"2"]
+    assert store._pool.counts.connected >= 4  # the first, and one after each termination
+    assert attempts == 1, f"the hanging host was tried {attempts} times"
+
+
+# --- failovers under load ------------------------------------------------------------------
+
+
+@dataclass
+class Writer:
+    """One actor's database, committing one-row INSERTs with ids never reused.
+
+    `acked`: ids whose commit returned; `unknown`: ids whose commit raised a fatal error (its
+    outcome unknown: the database died and was reopened); `refused`: ids whose commit raised
+    `KvUnavailable` (nothing was applied, the database lived on); `ack_times`: when each
+    acknowledgement arrived; `errors`: the KV errors met, by type name.
+    """
+
+    index: int
+    store: PostgresStore
+    acked: list[int] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+    unknown: set[int] = field(default_factory=set)
+    refused: set[int] = field(default_factory=set)
+    errors: dict[str, int] = field(default_factory=dict)
+    failed: BaseException | None = None
+
+    @property
+    def actor(self) -> str:
+        return f"writer-{self.index}"
+
+    def _open(self) -> Database:
+        """Open (take over) the database, waiting out an outage of up to 60 s."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return open_database(self.store.namespace(self.actor))
+            except (apsw.Error, KvError) as e:
+                self._count(e)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def _count(self, error: BaseException | None) -> None:
+        name = type(error).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            db = self._open()
+            db.execute("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v BLOB)")
+            next_id = 0
+            while not stop.is_set():
+                next_id += 1
+                try:
+                    db.execute("INSERT INTO t(id, v) VALUES (?, randomblob(100))", (next_id,))
+                except apsw.Error:
+                    error = db.take_last_kv_error()
+                    self._count(error)
+                    if db.is_dead:
+                        self.unknown.add(next_id)
+                        db.close()
+                        db = self._open()
+                    else:
+                        assert type(error) is KvUnavailable, error
+                        self.refused.add(next_id)
+                    continue
+                self.acked.append(next_id)
+                self.ack_times.append(time.monotonic())
+            db.close()
+        except BaseException as e:
+            self.failed = e
+
+    def stored(self) -> set[int]:
+        """The ids in the database now, read from a snapshot, which also checks its integrity."""
+        with open_database(self.store.namespace(self.actor), read_only=True) as snap:
+            assert snap.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            return {row[0] for row in snap.execute("SELECT id FROM t")}
+
+    def first_ack_after(self, moment: float) -> float | None:
+        return next((t for t in self.ack_times if t > moment), None)
+
+
+def all_acked(writers: list[Writer], goals: list[int]) -> bool:
+    return all(len(w.acked) >= n for w, n in zip(writers, goals, strict=True))
+
+
+def all_acked_after(writers: list[Writer], moment: float) -> bool:
+    return all(w.first_ack_after(moment) for w in writers)
+
+
+def test_failovers_under_load_lose_no_acknowledged_commit(
+    pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
+) -> None:
+    store = open_store("failover", pool_max=8, pool_timeout=30)
+    stale_store = open_store("failover", pool_max=1, pool_timeout=30)  # another host, as it were
+    writers = [Writer(i, store) for i in range(4)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=w.run, args=(stop,)) for w in writers]
+    for t in threads:
+        t.start()
+    report: list[str] = []
+    fences: list[FenceMismatch] = []
+    try:
+        for round_, how in enumerate(("immediate", "kill", "immediate")):
+            goals = [len(w.acked) + 20 for w in writers]
+            wait_for(partial(all_acked, writers, goals), "every writer to commit under load")
+            # An instance on another store, then superseded by a takeover through this one.
+            stale = open_database(stale_store.namespace("fenced"))
+            stale.execute("CREATE TABLE IF NOT EXISTS t(v TEXT)")
+            stale.execute("INSERT INTO t VALUES (?)", (f"stale-{round_}",))
+            with open_database(store.namespace("fenced")) as current:
+                current.execute("INSERT INTO t VALUES (?)", (f"current-{round_}",))
+                generation = current.generation
+            connected = store._pool.counts.connected
+
+            killed_at = time.monotonic()
+            acked_before = {w.index: set(w.acked) for w in writers}
+            pair.fail_over(how)
+            promoted_at = time.monotonic()
+            # Nothing is acknowledged while the new primary has no standby: its commits wait.
+            time.sleep(0.3)
+            assert all(w.first_ack_after(promoted_at) is None for w in writers)
+            pair.rebuild_standby()
+            rebuilt_at = time.monotonic()
+            wait_for(
+                partial(all_acked_after, writers, rebuilt_at),
+                "every writer to commit on the new primary",
+            )
+            for w in writers:
+                missing = acked_before[w.index] - w.stored()
+                assert not missing, f"{w.actor} lost acknowledged commits {sorted(missing)[:5]}"
+
+            # The stale instance reaches the new primary through its own store and is fenced
+            # by the generation taken over before the failover.
+            with pytest.raises(apsw.Error):
+                stale.execute("INSERT INTO t VALUES (?)", (f"stale-after-{round_}",))
+            fence = stale.take_last_kv_error()
+            assert isinstance(fence, FenceMismatch), fence
+            assert (fence.fence, fence.current) == (generation - 1, generation)
+            fences.append(fence)
+            stale.close()
+            assert store._pool.counts.connected > connected, "the store never reconnected"
+
+            resumed = [(w.first_ack_after(promoted_at) or 0) - killed_at for w in writers]
+            report.append(
+                f"round {round_ + 1} ({how}): promoted {promoted_at - killed_at:.2f} s, standby "
+                f"rebuilt {rebuilt_at - killed_at:.2f} s, first commit {min(resumed):.2f} s, "
+                f"every writer {max(resumed):.2f} s after the kill"
+            )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    for w in writers:
+        assert w.failed is None, f"{w.actor}: {w.failed!r}"
+        assert set(w.errors) <= {"KvIndeterminate", "KvUnavailable"}, w.errors
+    acked = sum(len(w.acked) for w in writers)
+    lost = 0
+    for w in writers:
+        stored = w.stored()
+        lost += len(set(w.acked) - stored)
+        assert not stored - set(w.acked) - w.unknown, "a refused commit was applied"
+        assert not stored & w.refused
+    assert lost == 0
+    assert sum(w.errors.get("KvIndeterminate", 0) for w in writers) >= 1, "no write was in flight"
+    with open_database(store.namespace("fenced"), read_only=True) as snap:
+        values = [row[0] for row in snap.execute("SELECT v FROM t")]
+    assert not [v for v in values if v.startswith("stale-after")]
+    assert [f.current for f in fences] == sorted({f.current for f in fences})
+    unknown = sum(len(w.unknown) for w in writers)
+    print(
+        f"\n{len(writers)} writers, 3 failovers: {acked} commits acknowledged, {lost} lost, "
+        f"{unknown} of unknown outcome (reopened); " + "; ".join(report)
+    )
