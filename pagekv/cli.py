@@ -25,6 +25,21 @@ _COMMANDS = {
         "add_inspect_command",
         "print actors' state, tables and workflow history from the store (read-only)",
     ),
+    "export": (
+        "pagekv.transfer_command",
+        "add_export_command",
+        "write actors' databases as plain SQLite files (read-only snapshots)",
+    ),
+    "import": (
+        "pagekv.transfer_command",
+        "add_import_command",
+        "create an actor from a SQLite file",
+    ),
+    "copy": (
+        "pagekv.transfer_command",
+        "add_copy_command",
+        "copy every actor and the registry's index into another store (e.g. file: to PostgreSQL)",
+    ),
     "ui": (
         "pagekv.server.ui_command",
         "add_ui_command",

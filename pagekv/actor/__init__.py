@@ -16,7 +16,16 @@ from pagekv.actor.errors import (
     UnknownActor,
     UserError,
 )
+from pagekv.actor.exporter import Exported, export_actor, export_all
+from pagekv.actor.importer import Imported, ImportRefused, SchemaTooNew, import_actor
 from pagekv.actor.registry import ActorHandle, Client, Registry, actor_id
+from pagekv.actor.store_copy import (
+    CopyMismatch,
+    CopyProgress,
+    CopyRefused,
+    CopyResult,
+    copy_store,
+)
 
 __all__ = [
     "ActionNotFound",
@@ -29,13 +38,25 @@ __all__ = [
     "ActorStopped",
     "ActorTakenOver",
     "Client",
+    "CopyMismatch",
+    "CopyProgress",
+    "CopyRefused",
+    "CopyResult",
+    "Exported",
+    "ImportRefused",
+    "Imported",
     "InvalidArguments",
     "NotOwner",
     "OwnedElsewhere",
     "Registry",
     "ReservedName",
+    "SchemaTooNew",
     "UnknownActor",
     "UserError",
     "actor",
     "actor_id",
+    "copy_store",
+    "export_actor",
+    "export_all",
+    "import_actor",
 ]

@@ -60,8 +60,11 @@ def record_key(aid: str, generation: int) -> bytes:
     return _base(aid) + b"\x00%0*d" % (_GENERATION_DIGITS, generation)
 
 
-def encode_record(name: str, key: str, generation: int) -> bytes:
-    return cbor2.dumps({"name": name, "key": key, "created": time.time(), "generation": generation})
+def encode_record(name: str, key: str, generation: int, created: float | None = None) -> bytes:
+    """The record of a creation at `generation`, made now unless `created` says when (a copy or
+    an import keeps the actor's own creation time)."""
+    when = time.time() if created is None else created
+    return cbor2.dumps({"name": name, "key": key, "created": when, "generation": generation})
 
 
 def _decode(value: bytes) -> ActorRecord:

@@ -119,7 +119,13 @@ def snapshot(
     """A read-only, consistent snapshot of an existing actor's database. With `max_bytes`,
     SQLite makes no string or blob longer than that (`SQLITE_LIMIT_LENGTH`): a query cannot
     build a value bigger than the answer may hold (`zeroblob(300000000)`), nor read one."""
-    database = open_database(store.namespace(record.actor_id), read_only=True)
+    with _snapshot(store.namespace(record.actor_id), max_bytes) as database:
+        yield database
+
+
+@contextmanager
+def _snapshot(kv: ActorKv, max_bytes: int | None) -> Iterator[Database]:
+    database = open_database(kv, read_only=True)
     try:
         if max_bytes is not None:
             database.connection.limit(apsw.SQLITE_LIMIT_LENGTH, max_bytes)
@@ -144,20 +150,23 @@ def read_snapshot(
     """`fn(database)` on a fresh snapshot, reopened while the writer rewrites (in place) or
     compacts away a page the snapshot had not read yet: `SNAPSHOT_ATTEMPTS` opens in all.
     `max_bytes` caps any one value (see `snapshot`): one over it is `AnswerTooLarge`."""
+    return read_namespace(store.namespace(record.actor_id), fn, max_bytes=max_bytes)
+
+
+def read_namespace(kv: ActorKv, fn: Callable[[Database], T], *, max_bytes: int | None = None) -> T:
+    """`read_snapshot` of the database in namespace `kv` (an actor's, or any other)."""
     for _ in range(SNAPSHOT_ATTEMPTS - 1):
         try:
-            return _read_once(store, record, fn, max_bytes)
+            return _read_once(kv, fn, max_bytes)
         except SnapshotExpired:
             continue
-    return _read_once(store, record, fn, max_bytes)
+    return _read_once(kv, fn, max_bytes)
 
 
-def _read_once(
-    store: KvStore, record: ActorRecord, fn: Callable[[Database], T], max_bytes: int | None
-) -> T:
+def _read_once(kv: ActorKv, fn: Callable[[Database], T], max_bytes: int | None) -> T:
     """SQLite reports a page the snapshot cannot have as an I/O error; the `SnapshotExpired`
     behind it, which the database keeps, tells it from any other failure."""
-    with snapshot(store, record, max_bytes) as database:
+    with _snapshot(kv, max_bytes) as database:
         try:
             return fn(database)
         except apsw.TooBigError as e:

@@ -258,9 +258,16 @@ class Ownership:
     def leave(self) -> None:
         self._index.delete([_MEMBER + self.registry_id.encode()])
 
-    def members(self, now: float) -> list[Member]:
+    def due(self, aid: str) -> float | None:
+        """When the newest generation's lease entry of `aid` says it must run next (None: no
+        entry, or nothing due); read only, for tools that copy the entry elsewhere."""
+        entries = self._index.list(prefix=_lease_prefix(aid))
+        return cbor2.loads(entries[-1][1])["due"] if entries else None
+
+    def members(self, now: float, *, prune: bool = True) -> list[Member]:
         """The registries whose member lease is live at `now`; expired entries are deleted
-        (a member that was only paused writes its entry again at its next renewal)."""
+        (a member that was only paused writes its entry again at its next renewal) unless
+        `prune` is false (a tool that must not write to the store it reads)."""
         live, expired = [], []
         for key, value in self._index.list(prefix=_MEMBER):
             entry = cbor2.loads(value)
@@ -278,7 +285,7 @@ class Ownership:
                     entry.get("draining", False),
                 )
             )
-        if expired:
+        if expired and prune:
             self._index.delete(expired)
         return live
 

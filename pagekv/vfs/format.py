@@ -310,6 +310,20 @@ def decode_base(pgno: int, raw: bytes) -> tuple[int, int, bytes]:
     return generation, txid, data
 
 
+def restamp(key: bytes, value: bytes, generation: int) -> bytes:
+    """`value` (stored at `key`) as a writer of `generation` would have written it: the
+    generation of a delta chunk or of a base page of format 3 replaced, any other value as it
+    is. For a copy of a namespace into another store, whose writer has a generation of its
+    own: a reader refuses a value of a generation later than its own. No CRC covers it."""
+    if key.startswith(_DELTA):
+        stamped = len(value) >= CHUNK_HEADER_BYTES and value[:1] == _VALUE_VERSION
+    else:
+        stamped = key.startswith(_BASE) and len(value) == _BASE_BYTES and value[0] == _BASE_VERSION
+    if not stamped:
+        return value
+    return value[:1] + _GENERATION.pack(generation) + value[CHUNK_HEADER_BYTES:]
+
+
 def encode_index(entries: list[tuple[int, int]]) -> bytes:
     return _VALUE_VERSION + b"".join([_INDEX_ENTRY.pack(p, c) for p, c in entries])
 

@@ -1,0 +1,178 @@
+"""`export_actor`: an actor's database as a plain SQLite file, read from a snapshot.
+
+The file is the database as committed in the store when a read-only snapshot of it opened, page
+for page (SQLite's backup API): a standard SQLite database (4 KiB pages, rollback journal) that
+any SQLite tool opens, holding every table, the runtime's own `_pagekv_` ones (state,
+schedules, queue, workflow history, connections) included. The actor's `ctx.kv` entries, which
+live beside the database in its namespace, are added as the table `_pagekv_kv(key, value)`
+(only when it has some), which `import_actor` moves back; they are read after the snapshot,
+not in it (no transaction spans them and the database).
+
+A snapshot never takes the actor over and never writes, so an export is safe beside a live
+instance in this process or another. A database of up to 4 MiB is read whole as the snapshot
+opens; a bigger one is read as the backup asks, and a writer that rewrites a page in place
+before the snapshot read it overtakes it: the export then starts again on a fresh snapshot
+(`SNAPSHOT_ATTEMPTS` in all, then `SnapshotExpired`). Either way the file holds one committed
+state, never a mix.
+
+The file appears whole or not at all: it is written under a temporary name in its directory,
+synced, and renamed over `path`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Final
+from urllib.parse import quote
+
+import apsw
+
+from pagekv.actor.errors import ActorNotFound
+from pagekv.actor.index import ActorRecord, find_actor, list_actors
+from pagekv.actor.inspect import open_index, read_namespace
+from pagekv.actor.kv_batches import scan
+from pagekv.actor.user_kv import USER_PREFIX
+from pagekv.kv import ActorKv, KvStore, prefix_end
+from pagekv.vfs import Database
+
+USER_KV_TABLE: Final = "_pagekv_kv"
+"""The table of an exported file that holds the actor's `ctx.kv` entries (keys without the
+namespace's prefix); not a table of the actor's database."""
+MANIFEST: Final = "actors.json"
+"""The list of the files an `export_all` wrote, with each one's name and key."""
+_LIST_PAGE: Final = 1000
+_MAX_FILE_PART: Final = 200
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One exported actor: its file, its size and what it holds."""
+
+    actor: ActorRecord
+    path: Path
+    bytes: int
+    pages: int
+    """Pages of the actor's database (the file's, less the `_pagekv_kv` table's)."""
+    kv_entries: int
+    """`ctx.kv` entries, in the table `_pagekv_kv`."""
+
+
+def export_actor(store: KvStore, name: str, key: str, path: str | os.PathLike[str]) -> Exported:
+    """Write the actor's database to `path` (replaced if it exists) as a plain SQLite file;
+    `ActorNotFound` if the store has no such actor. Read-only on the store."""
+    index = open_index(store)
+    record = None if index is None else find_actor(index, name, key)
+    if record is None:
+        raise ActorNotFound(f"no actor {name!r} with key {key!r}")
+    return export_record(store, record, Path(path))
+
+
+def export_all(store: KvStore, directory: str | os.PathLike[str]) -> list[Exported]:
+    """Export every actor of the store into `directory` (made if needed), one file each at
+    `NAME/KEY.sqlite` (both percent-encoded), and list them in `actors.json` there."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    index = open_index(store)
+    exported = []
+    after = None
+    while index is not None:
+        records = list_actors(index, limit=_LIST_PAGE, after=after)
+        for record in records:
+            target = root / file_part(record.name) / f"{file_part(record.key)}.sqlite"
+            target.parent.mkdir(exist_ok=True)
+            exported.append(export_record(store, record, target))
+        if len(records) < _LIST_PAGE:
+            break
+        after = records[-1].actor_id
+    manifest = [
+        {"name": e.actor.name, "key": e.actor.key, "file": str(e.path.relative_to(root))}
+        for e in exported
+    ]
+    _write_atomically(root / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
+    return exported
+
+
+def file_part(text: str) -> str:
+    """`text` as one safe file name part: percent-encoded (no `/`, no NUL), a leading dot
+    encoded too (no `.` or `..`, no hidden file), and a long one cut, with a digest of it."""
+    part = quote(text, safe="")
+    if part.startswith("."):
+        part = "%2E" + part[1:]
+    if len(part) > _MAX_FILE_PART or not part:
+        part = part[: _MAX_FILE_PART - 17] + "~" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return part
+
+
+def export_record(store: KvStore, record: ActorRecord, path: Path) -> Exported:
+    """`export_actor` of an actor whose record is known."""
+    kv = store.namespace(record.actor_id)
+    counts: list[int] = []
+
+    def write(tmp: Path) -> None:
+        counts.append(read_namespace(kv, partial(_backup, tmp)))
+        counts.append(_add_user_kv(tmp, kv))
+
+    _write_atomically(path, write)
+    return Exported(record, path, path.stat().st_size, counts[0], counts[1])
+
+
+def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """Run `write(tmp)` on a temporary file beside `path`, sync it, and rename it over `path`;
+    on any failure remove it (and a journal SQLite left beside it) and raise."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}-journal").unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _backup(tmp: Path, database: Database) -> int:
+    """Copy the snapshot's pages into the file `tmp` (emptied first: a snapshot that expired
+    may have left part of a copy); returns its page count."""
+    tmp.write_bytes(b"")
+    target = apsw.Connection(str(tmp))
+    try:
+        with target.backup("main", database.connection, "main") as backup:
+            backup.step(-1)
+        return int(target.execute("PRAGMA page_count").fetchall()[0][0])
+    finally:
+        target.close()
+
+
+def _add_user_kv(tmp: Path, kv: ActorKv) -> int:
+    """Add the actor's `ctx.kv` entries to the file as the table `_pagekv_kv`, if it has
+    any; returns their number."""
+    stored = scan(kv, USER_PREFIX, prefix_end(USER_PREFIX))
+    rows = [(k[len(USER_PREFIX) :], v) for k, v in stored]
+    if not rows:
+        return 0
+    target = apsw.Connection(str(tmp))
+    try:
+        with target:
+            target.execute(
+                f"CREATE TABLE {USER_KV_TABLE}(key BLOB PRIMARY KEY, value BLOB NOT NULL) "
+                "WITHOUT ROWID"
+            )
+            target.executemany(f"INSERT INTO {USER_KV_TABLE} VALUES (?, ?)", rows)
+    finally:
+        target.close()
+    return len(rows)

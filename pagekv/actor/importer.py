@@ -1,0 +1,353 @@
+"""`import_actor`: an actor made from a plain SQLite file (an export, or any SQLite database).
+
+What the file must be, checked on a private working copy before the store is touched (the
+user's file is only read): a SQLite database (`ImportRefused` otherwise) that passes `PRAGMA
+integrity_check`, with an internal schema no newer than this pagekv's (`SchemaTooNew`). What is
+converted, and reported in `Imported.converted`: a WAL database is checkpointed and switched to
+a rollback journal; a page size other than 4 KiB is rebuilt at 4 KiB (`VACUUM`, which may
+renumber the rowids of tables without an INTEGER PRIMARY KEY); an older internal schema is
+upgraded by the runtime's own migrations; a database with no internal tables gets them, and
+becomes an actor created now with the state `state`. The actor's name and key in its metadata
+become the ones it is imported as, and a `_pagekv_kv` table (an export's `ctx.kv` entries) is
+moved back into the namespace.
+
+Writing it: the database goes into the actor's namespace through the VFS in one SQLite
+transaction (the backup API), taking the namespace over first, so the KV limits and the quota
+apply as to any commit, and the move of the head is the one point where the new database
+becomes visible: readers see the old database or the new one, never a mix. Memory stays
+bounded (the VFS stages a big transaction to the store as it goes). The record of the actor in
+the registry's index (`index_entries.enroll`) comes last: until it is written no registry
+lists or finds the actor, so an import that fails, or is killed, leaves no actor behind. A
+failed import of a new actor also drops what it wrote; a killed one leaves at most the
+unreferenced chunks of an interrupted commit, which the next open of the namespace (a new
+import, or a wake) deletes.
+
+`replace=True` imports over an existing actor: the takeover fences off any live instance (its
+next write fails and it is torn down; its registry wakes the actor again on the next call, on
+the new database). The database's swap is the one visible step; the actor's `ctx.kv` entries
+are swapped right after it, under the same generation, before any instance can wake on it.
+The quota must hold both databases until the commit (and compaction) frees the old one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import apsw
+
+from pagekv.actor.errors import ActorError, ActorExists
+from pagekv.actor.exporter import USER_KV_TABLE
+from pagekv.actor.index import ActorRecord, actor_id, delete_records_up_to, records_of
+from pagekv.actor.index_entries import TOOL_REGISTRY, enroll
+from pagekv.actor.inspect import ListableStore
+from pagekv.actor.internal import (
+    SCHEMA_VERSION,
+    encode_state,
+    is_initialized,
+    mark_initialized,
+    migrate,
+)
+from pagekv.actor.kv_batches import batches
+from pagekv.actor.ownership import Ownership
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.user_kv import USER_PREFIX
+from pagekv.actor.workflow.history import FINAL_STATES, describe
+from pagekv.kv import (
+    ActorKv,
+    KeyTooLarge,
+    KvLimits,
+    KvStore,
+    StorageQuotaExceeded,
+    ValueTooLarge,
+    check_name,
+    prefix_end,
+)
+from pagekv.vfs import PAGE_SIZE, Database, open_database
+from pagekv.vfs.format import FRAME_BYTES
+
+_MAGIC: Final = b"SQLite format 3\x00"
+_INTEGRITY_LINES: Final = 5
+"""Lines of a failed `integrity_check` quoted in the refusal."""
+
+
+class ImportRefused(ActorError, ValueError):
+    """The file cannot become an actor (the message says why); nothing was written."""
+
+
+class SchemaTooNew(ImportRefused):
+    """The file's internal schema is newer than this pagekv's: upgrade pagekv to import it."""
+
+
+@dataclass(frozen=True)
+class Imported:
+    """One imported actor."""
+
+    actor: ActorRecord
+    generation: int
+    """The namespace generation the import wrote as."""
+    pages: int
+    kv_entries: int
+    replaced: bool
+    """An existing actor's database was replaced."""
+    converted: tuple[str, ...]
+    """What was changed on the way in (journal mode, page size, internal schema), in words."""
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A working copy ready to be written: checked, converted, named as the actor."""
+
+    path: Path
+    pages: int
+    kv_entries: list[tuple[bytes, bytes]]
+    created: float | None
+    due: float | None
+    converted: tuple[str, ...]
+
+
+def import_actor(
+    store: KvStore,
+    name: str,
+    key: str,
+    path: str | os.PathLike[str],
+    *,
+    replace: bool = False,
+    state: Any = None,
+) -> Imported:
+    """Create actor `(name, key)` on `store` from the SQLite file at `path` (see the module's
+    docstring). `ActorExists` if it exists, unless `replace`; `state` is the state of an actor
+    made from a file with no internal tables (an export has its own)."""
+    aid = actor_id(name, key)
+    limits: KvLimits = getattr(store, "limits", None) or KvLimits()
+    check_name(limits, aid)
+    with tempfile.TemporaryDirectory(prefix="pagekv-import-") as work:
+        prepared = _prepare(Path(path), Path(work), name, key, state, limits)
+        index = store.namespace(REGISTRY_NAMESPACE)
+        Ownership(index, TOOL_REGISTRY, None).check_fits(aid)
+        existed = bool(records_of(index, aid))
+        if existed and not replace:
+            raise ActorExists(f"actor {name!r} with key {key!r} already exists (use replace)")
+        _check_quota(store, aid, prepared, limits)
+        kv = store.namespace(aid)
+        database = open_database(kv)
+        try:
+            generation = database.generation
+            try:
+                if not replace and records_of(index, aid):  # created since the first look
+                    raise ActorExists(f"actor {name!r} with key {key!r} was created meanwhile")
+                _swap(database, prepared)
+                _swap_user_kv(kv, generation, prepared.kv_entries)
+                enroll(
+                    index,
+                    aid,
+                    name,
+                    key,
+                    generation,
+                    created=prepared.created,
+                    due=prepared.due,
+                    fresh=False,
+                )
+            except BaseException as e:
+                if not existed:
+                    _drop_new(kv, index, aid, generation, e)
+                raise
+        finally:
+            database.close()
+    record = ActorRecord(name, key, prepared.created or time.time(), generation)
+    return Imported(
+        record,
+        generation,
+        prepared.pages,
+        len(prepared.kv_entries),
+        existed,
+        prepared.converted,
+    )
+
+
+def _prepare(
+    source: Path, work: Path, name: str, key: str, state: Any, limits: KvLimits
+) -> _Prepared:
+    """Copy `source` (with any WAL or journal beside it) into `work`, check and convert it."""
+    if not source.is_file():
+        raise ImportRefused(f"{source}: no such file")
+    with open(source, "rb") as f:
+        magic = f.read(len(_MAGIC))
+    if magic != _MAGIC:
+        raise ImportRefused(f"{source} is not a SQLite database (no 'SQLite format 3' header)")
+    copy = work / "actor.sqlite"
+    shutil.copyfile(source, copy)
+    for suffix in ("-wal", "-journal"):
+        beside = Path(f"{source}{suffix}")
+        if beside.is_file():
+            shutil.copyfile(beside, Path(f"{copy}{suffix}"))
+    try:
+        connection = apsw.Connection(str(copy))
+    except apsw.Error as e:
+        raise ImportRefused(f"{source} cannot be opened as a SQLite database: {e}") from e
+    try:
+        return _convert(connection, source, copy, name, key, state, limits)
+    except (apsw.CorruptError, apsw.NotADBError) as e:
+        raise ImportRefused(f"{source} is corrupt: {e}") from e
+    finally:
+        connection.close()
+
+
+def _convert(
+    connection: apsw.Connection,
+    source: Path,
+    copy: Path,
+    name: str,
+    key: str,
+    state: Any,
+    limits: KvLimits,
+) -> _Prepared:
+    converted = []
+    mode = connection.execute("PRAGMA journal_mode").fetchall()[0][0]
+    if mode.lower() == "wal":
+        connection.execute("PRAGMA journal_mode = DELETE")
+        converted.append("journal mode WAL -> DELETE (its WAL checkpointed into the file)")
+    problems = [row[0] for row in connection.execute("PRAGMA integrity_check")]
+    if problems != ["ok"]:
+        shown = "; ".join(problems[:_INTEGRITY_LINES])
+        raise ImportRefused(f"{source} is corrupt (integrity_check: {shown})")
+    page_size = connection.execute("PRAGMA page_size").fetchall()[0][0]
+    if page_size != PAGE_SIZE:
+        connection.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        connection.execute("VACUUM")
+        converted.append(f"page size {page_size} -> {PAGE_SIZE} (VACUUM)")
+    converted.extend(_internal_tables(connection, source, name, key, state))
+    kv_entries = _take_user_kv(connection, source, limits)
+    meta = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
+    pages = connection.execute("PRAGMA page_count").fetchall()[0][0]
+    return _Prepared(
+        copy, pages, kv_entries, meta.get("created_at"), _due(connection), tuple(converted)
+    )
+
+
+def _internal_tables(
+    connection: apsw.Connection, source: Path, name: str, key: str, state: Any
+) -> list[str]:
+    """Bring the runtime's tables to this pagekv's schema (or create them, with the record of
+    a creation, for a plain database) and name the actor in them; what changed, in words."""
+    has_meta = connection.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = '_pagekv_meta'"
+    ).fetchall()
+    if not has_meta:
+        mark_initialized(connection, name, key, encode_state(state), fresh=True)
+        return ["plain SQLite database: the runtime's tables created, with the given state"]
+    rows = connection.execute(
+        "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
+    ).fetchall()
+    version = rows[0][0] if rows else 0
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"{source} has internal schema version {version!r}; this pagekv knows up to "
+            f"{SCHEMA_VERSION}. Upgrade pagekv to import it."
+        )
+    if not is_initialized(connection):
+        raise ImportRefused(f"{source} holds the tables of an actor that was never created")
+    before = migrate(connection)
+    with connection:
+        connection.executemany(
+            "INSERT OR REPLACE INTO _pagekv_meta VALUES (?, ?)", [("name", name), ("key", key)]
+        )
+    return [] if before == SCHEMA_VERSION else [f"internal schema {before} -> {SCHEMA_VERSION}"]
+
+
+def _take_user_kv(
+    connection: apsw.Connection, source: Path, limits: KvLimits
+) -> list[tuple[bytes, bytes]]:
+    """The `ctx.kv` entries of an export's `_pagekv_kv` table, each checked against the
+    store's limits, and the table dropped from the working copy."""
+    exists = connection.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (USER_KV_TABLE,)
+    ).fetchall()
+    if not exists:
+        return []
+    entries = []
+    for user_key, value in connection.execute(f"SELECT key, value FROM {USER_KV_TABLE}"):
+        if not isinstance(user_key, bytes) or not isinstance(value, bytes) or not user_key:
+            raise ImportRefused(
+                f"{source}: {USER_KV_TABLE} holds a key or value that is not a non-empty blob"
+            )
+        stored = USER_PREFIX + user_key
+        if len(stored) > limits.max_key_bytes:
+            raise KeyTooLarge(
+                f"ctx.kv key of {len(stored)} bytes", len(stored), limits.max_key_bytes
+            )
+        if len(value) > limits.max_value_bytes:
+            raise ValueTooLarge(
+                f"ctx.kv value of {len(value)} bytes", len(value), limits.max_value_bytes
+            )
+        entries.append((stored, value))
+    with connection:
+        connection.execute(f"DROP TABLE {USER_KV_TABLE}")
+    return entries
+
+
+def _due(connection: apsw.Connection) -> float | None:
+    """When the actor must run next: its first schedule, or now if its workflow is not over
+    (it resumes as soon as a registry's poll sees it)."""
+    due = connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0]
+    workflow = describe(connection)
+    if workflow is not None and workflow["state"] not in FINAL_STATES:
+        now = time.time()
+        due = now if due is None else min(due, now)
+    return due
+
+
+def _check_quota(store: KvStore, aid: str, prepared: _Prepared, limits: KvLimits) -> None:
+    """Refuse, before anything is written, a database that cannot fit the actor's quota: its
+    pages as the deltas of one commit, its `ctx.kv` entries, and what the namespace holds
+    already (an old database stays until the commit). The store enforces the exact sum."""
+    used = 0
+    if not isinstance(store, ListableStore) or aid in store.actor_ids():
+        used = store.namespace(aid).used_bytes()
+    needed = prepared.pages * FRAME_BYTES + sum(len(k) + len(v) for k, v in prepared.kv_entries)
+    if used + needed > limits.max_storage_bytes:
+        raise StorageQuotaExceeded(
+            f"import of {prepared.pages} pages ({needed} bytes) beside {used} bytes stored",
+            used + needed,
+            limits.max_storage_bytes,
+        )
+
+
+def _swap(database: Database, prepared: _Prepared) -> None:
+    """The working copy's pages into the namespace, in one transaction (one visible step). A
+    storage failure is raised as the store's own typed error."""
+    source = apsw.Connection(str(prepared.path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        with database.connection.backup("main", source, "main") as backup:
+            backup.step(-1)
+    except apsw.Error as e:
+        cause = database.take_last_kv_error()
+        if cause is not None:
+            raise cause from e
+        raise
+    finally:
+        source.close()
+
+
+def _swap_user_kv(kv: ActorKv, generation: int, entries: list[tuple[bytes, bytes]]) -> None:
+    """Replace the namespace's `ctx.kv` entries with `entries`, fenced by the import's
+    generation."""
+    kv.delete_range(USER_PREFIX, prefix_end(USER_PREFIX), fence=generation)
+    for batch in batches(entries, kv.limits):
+        kv.write(put=batch, fence=generation)
+
+
+def _drop_new(kv: ActorKv, index: ActorKv, aid: str, generation: int, error: BaseException) -> None:
+    """Remove what a failed import of a new actor wrote: its namespace's data and any index
+    entry of its generation. A failure of that is noted on the import's own error."""
+    try:
+        kv.drop(fence=generation)
+        Ownership(index, TOOL_REGISTRY, None).erase(aid, generation)
+        delete_records_up_to(index, aid, generation)
+    except Exception as cleanup:
+        error.add_note(f"cleaning up after the failed import failed too: {cleanup!r}")

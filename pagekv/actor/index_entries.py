@@ -1,0 +1,48 @@
+"""An actor's entries in the registry namespace, written by a tool rather than by a registry:
+an import or a copy that has just written the actor's data as generation `generation` of its
+namespace (`enroll`).
+
+The same entries a registry writes (`index.py`, `ownership.py`): the record of the actor, and
+its lease entry with no owner and the time it must run next (with its due entry), so that the
+wake poll of any registry of the store wakes it on time for a schedule or an unfinished
+workflow. The lease entry goes first and the record last: the record is what makes the actor
+exist (it is listed, `get` finds it), so a tool killed in between leaves an actor that does not
+exist yet, whose lease entry only makes a poll find no actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pagekv.actor.index import delete_records_up_to, encode_record, record_key
+from pagekv.actor.ownership import Lease, Ownership
+from pagekv.kv import ActorKv
+
+TOOL_REGISTRY: str = "pagekv-tool"
+"""The registry id the tools' `Ownership` writes as (never as an owner: their leases have
+none)."""
+
+
+def enroll(
+    index: ActorKv,
+    aid: str,
+    name: str,
+    key: str,
+    generation: int,
+    *,
+    created: float | None,
+    due: float | None,
+    fresh: bool,
+    extra: Mapping[bytes, bytes] | None = None,
+) -> None:
+    """Record the actor `aid` as created at `created` (now if None) by `generation`, due at
+    `due`, with `extra` entries written in the same batch as the record. `fresh`: the index
+    holds no entry of the actor (a copy into an empty store), so nothing older is read or
+    deleted; otherwise older generations' records and lease entries are replaced."""
+    ownership = Ownership(index, TOOL_REGISTRY, None)
+    lease = Lease(due, None)
+    ownership.publish(aid, generation, name, key, lease, Lease(None, None) if fresh else None)
+    record = {record_key(aid, generation): encode_record(name, key, generation, created)}
+    index.write(put={**record, **(extra or {})})
+    if not fresh and generation > 0:
+        delete_records_up_to(index, aid, generation - 1)

@@ -1,0 +1,375 @@
+"""`copy_store`: every namespace of one store (each actor's data) and the registry's index
+into another store, e.g. from the embedded `file:` store to PostgreSQL.
+
+**What is copied.** Each namespace entry by entry (its database's pages, deltas, head and
+hints, and its `ctx.kv` entries), read `kv_batches.READ_ROWS` entries a `list` and written in
+batches the destination's limits accept, fenced by a takeover of the destination namespace.
+Chunks and base pages carry the generation of the writer that wrote them, and a reader refuses
+one later than its own, so they are stamped with the destination's generation on the way
+(`restamp`: no CRC covers it). The registry's index is not copied entry by entry either: its
+keys name the generations of the source. Each actor gets, at the destination, its record (with
+its creation time) and a lease entry with no owner that keeps the source's wake time
+(`index_entries.enroll`), under the generation its data was written with; the member entries of
+the source's registries are not copied.
+
+**Consistency.** A namespace's entries are read in several `list`s, so a namespace is copied
+whole only if it did not change meanwhile: its generation and head record are read before and
+after (a commit or a compaction always writes a new head, a wake a new generation), and the copy
+is taken again when they differ. So the source must not be served: `copy_store` refuses a store
+with a live registry (a member entry, `ownership.py`), and with `allow_live` copies each
+actor three times at most that way, then from a read-only snapshot through SQLite (one
+committed state, whatever the writer does), and reports the actors that changed after their
+copy (`CopyResult.changed`). `ctx.kv` entries are read beside the database, not with it.
+
+**Resuming.** The destination's registry namespace holds a marker of the copy and, per copied
+namespace, a progress entry written in the same batch as the actor's record: the source's
+fingerprint (generation and head) and the checksum of the content copied. Run again after an
+interruption (even SIGKILL), a copy skips every namespace whose source fingerprint is
+unchanged and copies the others again from scratch (the destination namespace is taken over
+and dropped first). A destination that holds anything else is refused: a copy goes into an
+empty store.
+
+**Verifying.** At the end the checksum of the logical content of every destination namespace
+(`checksum.py`: schema, rows, `ctx.kv` entries) is compared with the source's, taken when it
+was copied; a mismatch is `CopyMismatch` (its progress entry is removed, so the next run copies
+it again). A copy that verified and saw nothing change removes its marker and progress entries.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import cbor2
+
+from pagekv.actor.checksum import combine, database_digest, namespace_checksum, other_entries
+from pagekv.actor.errors import ActorError
+from pagekv.actor.index import ActorRecord, list_actors, records_of
+from pagekv.actor.index_entries import TOOL_REGISTRY, enroll
+from pagekv.actor.inspect import ListableStore, read_namespace
+from pagekv.actor.kv_batches import batches, scan
+from pagekv.actor.ownership import Ownership
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.kv import ActorKv, KvStore, prefix_end
+from pagekv.vfs import Database, open_database
+from pagekv.vfs.format import HEAD_KEY, restamp
+
+COPY_MARKER: Final = b"copy-run"
+"""Destination registry entry: a copy into this store is under way (or was interrupted)."""
+COPY_PREFIX: Final = b"copy/"
+"""Destination registry entries `copy/<namespace>`: that namespace is copied (see above)."""
+RAW_ATTEMPTS: Final = 3
+"""Copies of a changing namespace entry by entry before it is copied from a snapshot."""
+THREADS: Final = 4
+"""Namespaces copied at once: a remote store's round trips overlap."""
+
+
+class CopyRefused(ActorError, ValueError):
+    """The copy cannot start as asked (the message says why); nothing was written."""
+
+
+class CopyMismatch(ActorError):
+    """Destination namespaces whose content differs from what was copied (`namespaces`)."""
+
+    def __init__(self, namespaces: list[str]) -> None:
+        self.namespaces = namespaces
+        shown = ", ".join(namespaces[:10]) + (" ..." if len(namespaces) > 10 else "")
+        super().__init__(
+            f"{len(namespaces)} namespace(s) differ from the source after the copy: {shown}; "
+            "copy again to copy them anew"
+        )
+
+
+@dataclass(frozen=True)
+class CopyProgress:
+    """Where a copy stands: `phase` "copy" or "verify", `done` of `total` namespaces."""
+
+    phase: str
+    done: int
+    total: int
+    skipped: int
+    bytes: int
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    copied: int
+    """Namespaces copied by this run."""
+    skipped: int
+    """Namespaces an earlier, interrupted run had copied and that had not changed since."""
+    bytes: int
+    """Bytes of keys and values written to the destination by this run."""
+    verified: int
+    changed: list[str]
+    """Namespaces whose source changed after they were copied (a live source): the copy holds
+    a committed state from before the change. Empty unless `allow_live`, or a registry started
+    on the source during the copy."""
+    snapshots: list[str]
+    """Namespaces that kept changing and were copied from a read-only snapshot instead."""
+    seconds: float
+
+
+Fingerprint = tuple[int, bytes | None]
+
+
+@dataclass
+class _Run:
+    """One run's shared state: the stores, the progress entries found, counts for progress."""
+
+    source: KvStore
+    destination: KvStore
+    src_index: ActorKv | None
+    dst_index: ActorKv
+    resumed: dict[str, dict[str, Any]]
+    existing: set[str]
+    progress: Callable[[CopyProgress], None] | None
+    total: int
+    started: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: int = 0
+    skipped: int = 0
+    bytes: int = 0
+    snapshots: list[str] = field(default_factory=list)
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def report(self, phase: str, *, copied: int = 0, skipped: bool = False) -> None:
+        with self.lock:
+            self.done += 1
+            self.bytes += copied
+            self.skipped += skipped
+            if self.progress is not None:
+                elapsed = time.monotonic() - self.started
+                self.progress(
+                    CopyProgress(phase, self.done, self.total, self.skipped, self.bytes, elapsed)
+                )
+
+
+def copy_store(
+    source: KvStore,
+    destination: KvStore,
+    *,
+    allow_live: bool = False,
+    threads: int = THREADS,
+    progress: Callable[[CopyProgress], None] | None = None,
+) -> CopyResult:
+    """Copy every namespace of `source` and its registry's index into `destination` (see the
+    module's docstring); `CopyRefused` before anything is written if it cannot start."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    for store, what in ((source, "source"), (destination, "destination")):
+        if not isinstance(store, ListableStore):
+            raise CopyRefused(f"the {what} store cannot list its namespaces (no actor_ids())")
+    started = time.monotonic()
+    names = source.actor_ids()  # type: ignore[attr-defined]
+    src_index = source.namespace(REGISTRY_NAMESPACE) if REGISTRY_NAMESPACE in names else None
+    if src_index is not None and not allow_live:
+        _refuse_served(src_index, "source", "stop them first, or allow a live copy")
+    dst_index, resumed = _open_destination(destination)
+    run = _Run(
+        source,
+        destination,
+        src_index,
+        dst_index,
+        resumed,
+        set(destination.actor_ids()),  # type: ignore[attr-defined]
+        progress,
+        total=0,
+    )
+    todo = [n for n in names if n != REGISTRY_NAMESPACE]
+    run.total = len(todo)
+    _each(threads, todo, lambda name: _copy_one(run, name))
+    copied, skipped, written = run.done - run.skipped, run.skipped, run.bytes
+    run.done = run.skipped = run.bytes = 0
+    changed: list[str] = []
+    mismatched: list[str] = []
+    _each(threads, sorted(run.entries), lambda name: _verify_one(run, name, changed, mismatched))
+    if mismatched:
+        dst_index.delete([COPY_PREFIX + n.encode() for n in mismatched])
+        raise CopyMismatch(sorted(mismatched))
+    if not changed:
+        dst_index.delete_range(COPY_PREFIX, prefix_end(COPY_PREFIX))
+        dst_index.delete([COPY_MARKER])
+    return CopyResult(
+        copied,
+        skipped,
+        written,
+        len(run.entries),
+        sorted(changed),
+        sorted(run.snapshots),
+        time.monotonic() - started,
+    )
+
+
+def _refuse_served(index: ActorKv, what: str, advice: str) -> None:
+    """`CopyRefused` if a registry runs on the store of `index` (a live member entry)."""
+    members = Ownership(index, TOOL_REGISTRY, None).members(time.time(), prune=False)
+    if members:
+        where = ", ".join(f"{m.address or 'in-process'} (pid {m.pid} on {m.host})" for m in members)
+        raise CopyRefused(
+            f"the {what} store is being served by {len(members)} registry(ies): {where}; {advice}"
+        )
+
+
+def _open_destination(destination: KvStore) -> tuple[ActorKv, dict[str, dict[str, Any]]]:
+    """The destination's registry namespace, marked as the target of a copy, and the progress
+    entries of an interrupted copy into it; refused if it is served or holds anything else."""
+    names = destination.actor_ids()  # type: ignore[attr-defined]
+    index = destination.namespace(REGISTRY_NAMESPACE)
+    _refuse_served(index, "destination", "copy into a store nothing serves")
+    if index.get([COPY_MARKER])[0] is not None:
+        entries = {
+            key[len(COPY_PREFIX) :].decode(): cbor2.loads(value)
+            for key, value in scan(index, COPY_PREFIX, prefix_end(COPY_PREFIX))
+        }
+        return index, entries
+    others = [n for n in names if n != REGISTRY_NAMESPACE]
+    if others or list_actors(index, limit=1):
+        raise CopyRefused(
+            f"the destination store is not empty ({len(others)} namespace(s)"
+            f"{', e.g. ' + others[0] if others else ''}); copy into an empty store"
+        )
+    index.put([(COPY_MARKER, cbor2.dumps({"started": time.time()}))])
+    return index, {}
+
+
+def _each(threads: int, items: list[str], fn: Callable[[str], None]) -> None:
+    """`fn(item)` for every item on `threads` threads; the first failure stops the items not
+    yet begun and is raised, naming its item."""
+    failed = threading.Event()
+
+    def guarded(item: str) -> None:
+        if failed.is_set():
+            return
+        try:
+            fn(item)
+        except BaseException as e:
+            failed.set()
+            e.add_note(f"while copying namespace {item!r}")
+            raise
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pagekv-copy") as pool:
+        for future in [pool.submit(guarded, item) for item in items]:
+            future.result()
+
+
+def _fingerprint(kv: ActorKv) -> Fingerprint:
+    """What changes whenever the namespace's database does: its generation (a takeover) and
+    its head record (a commit, a compaction)."""
+    return kv.generation(), kv.get([HEAD_KEY])[0]
+
+
+def _copy_one(run: _Run, name: str) -> None:
+    source = run.source.namespace(name)
+    before = _fingerprint(source)
+    done = run.resumed.get(name)
+    if done is not None and tuple(done["fingerprint"]) == before:
+        with run.lock:
+            run.entries[name] = done
+        run.report("copy", skipped=True)
+        return
+    destination = run.destination.namespace(name)
+    fresh = name not in run.existing
+    for _ in range(RAW_ATTEMPTS):
+        generation, written = _raw_copy(source, destination, clear=not fresh)
+        fresh = False
+        checksum = namespace_checksum(source)
+        after = _fingerprint(source)
+        if after == before:
+            break
+        before = after
+    else:
+        generation, written, checksum = _snapshot_copy(source, destination)
+        with run.lock:
+            run.snapshots.append(name)
+    entry = {"fingerprint": list(before), "checksum": checksum}
+    _enroll(run, name, generation, entry, empty=written == 0, fresh=name not in run.existing)
+    with run.lock:
+        run.entries[name] = entry
+    run.report("copy", copied=written)
+
+
+def _raw_copy(source: ActorKv, destination: ActorKv, *, clear: bool) -> tuple[int, int]:
+    """Take `destination` over, empty it if `clear`, and write every entry of `source` into it,
+    restamped with its generation; returns the generation and the bytes written."""
+    generation = destination.takeover()
+    if clear:
+        destination.drop(fence=generation)
+    written = 0
+    entries = ((key, restamp(key, value, generation)) for key, value in scan(source))
+    for batch in batches(entries, destination.limits):
+        destination.write(put=batch, fence=generation)
+        written += sum(len(k) + len(v) for k, v in batch.items())
+    return generation, written
+
+
+def _snapshot_copy(source: ActorKv, destination: ActorKv) -> tuple[int, int, str]:
+    """Copy the database of a namespace that keeps changing from a read-only snapshot (SQLite's
+    backup into the destination, one transaction), then its other entries; returns the
+    generation, the bytes the destination holds and the checksum of what was copied."""
+
+    def copy(snapshot: Database) -> tuple[int, bytes]:
+        fence = destination.takeover()
+        destination.drop(fence=fence)
+        target = open_database(destination)
+        try:
+            with target.connection.backup("main", snapshot.connection, "main") as backup:
+                backup.step(-1)
+            return target.generation, database_digest(snapshot.connection)
+        finally:
+            target.close()
+
+    generation, digest = read_namespace(source, copy)
+    others = list(other_entries(source))
+    for batch in batches(others, destination.limits):
+        destination.write(put=batch, fence=generation)
+    return generation, destination.used_bytes(), combine(digest, others)
+
+
+def _enroll(
+    run: _Run, name: str, generation: int, entry: dict[str, Any], *, empty: bool, fresh: bool
+) -> None:
+    """The actor's record and lease entry at the destination (from the source's newest
+    record and wake time), with its progress entry in the record's batch. A namespace with
+    no record (no actor: written without the registry), or an `empty` one (a destroyed actor
+    whose destroyer died before its record went: the data decides), gets only its progress
+    entry."""
+    progress = {COPY_PREFIX + name.encode(): cbor2.dumps(entry)}
+    record = None if empty else _record(run.src_index, name)
+    if record is None:
+        run.dst_index.put(list(progress.items()))
+        return
+    assert run.src_index is not None
+    due = Ownership(run.src_index, TOOL_REGISTRY, None).due(name)
+    enroll(
+        run.dst_index,
+        name,
+        record.name,
+        record.key,
+        generation,
+        created=record.created,
+        due=due,
+        fresh=fresh,
+        extra=progress,
+    )
+
+
+def _record(index: ActorKv | None, name: str) -> ActorRecord | None:
+    records = [] if index is None else records_of(index, name)
+    return records[-1] if records else None
+
+
+def _verify_one(run: _Run, name: str, changed: list[str], mismatched: list[str]) -> None:
+    entry = run.entries[name]
+    checksum = namespace_checksum(run.destination.namespace(name))
+    now = _fingerprint(run.source.namespace(name))
+    with run.lock:
+        if checksum != entry["checksum"]:
+            mismatched.append(name)
+        if now != tuple(entry["fingerprint"]):
+            changed.append(name)
+    run.report("verify")
