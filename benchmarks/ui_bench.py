@@ -8,8 +8,9 @@ zero); `pagekv serve` (a subprocess, `http_bench.start_server`) then serves it, 
 more actors are created and kept awake through the gateway.
 
 1. The actors page: every page of 50 that the page's Next button fetches
-   (`/inspect/actors?limit=50&usage=1&after=...`), in order, timed at the client on loopback
-   (an upper bound of the server's time), with the page and its script for comparison.
+   (`/inspect/actors?limit=50&usage=1&owners=1&after=...`), in order, timed at the client on
+   loopback (an upper bound of the server's time), with the page and its script for comparison;
+   then the same from `pagekv ui` (a second subprocess, read-only) over the same store.
 2. The metrics page's refresh: the server's CPU (utime + stime from /proc) over `--seconds`
    with one `GET /metrics` a second, minus its CPU over as long idle; and its CPU per request
    over 500 requests back to back (finer than the clock ticks the first figure counts in).
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,13 +68,11 @@ def _ms(values: list[float]) -> str:
     )
 
 
-def actors_pages(http: httpx.Client, usage: bool) -> tuple[list[float], int]:
+def actors_pages(http: httpx.Client, extra: dict[str, int]) -> tuple[list[float], int]:
     """Every page in order, as the Next button walks them: (seconds per page, actors seen)."""
     times, seen, after = [], 0, None
     while True:
-        params: dict[str, str | int] = {"limit": PAGE}
-        if usage:
-            params["usage"] = 1
+        params: dict[str, str | int] = {"limit": PAGE, **extra}
         if after is not None:
             params["after"] = after
         started = time.perf_counter()
@@ -105,14 +107,8 @@ def main(args: argparse.Namespace) -> None:
                         http.get(path).raise_for_status()
                         times.append(time.perf_counter() - t)
                     print(f"GET {path}: {_ms(times)}")
-                for usage in (False, True):
-                    actors_pages(http, usage)  # warm: the index pages are in the cache
-                    times, seen = actors_pages(http, usage)
-                    print(
-                        f"actors page (limit={PAGE}{', usage=1' if usage else ''}), all "
-                        f"{len(times)} pages of {seen} actors: {_ms(times)}, "
-                        f"{sum(times):.2f} s in all"
-                    )
+                for extra in ({}, {"usage": 1}, PAGE_ASKS):
+                    walk("pagekv serve", http, extra)
                 pid = server.proc.pid
                 before = cpu_seconds(pid)
                 time.sleep(args.seconds)
@@ -137,6 +133,35 @@ def main(args: argparse.Namespace) -> None:
                 )
         finally:
             server.stop()
+        view = subprocess.Popen(
+            [sys.executable, "-m", "pagekv.cli", "ui", "--kv", kv, "--port", "0"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PAGEKV_TOKEN": TOKEN},
+        )
+        try:
+            assert view.stderr is not None
+            url = re.search(r" at (http://\S+)/ ", view.stderr.readline())
+            assert url is not None, "pagekv ui did not say where it listens"
+            with httpx.Client(base_url=url.group(1), headers=headers, timeout=60) as http:
+                walk("pagekv ui", http, PAGE_ASKS)
+        finally:
+            view.terminate()
+            view.wait()
+
+
+PAGE_ASKS = {"usage": 1, "owners": 1}
+"""What the actors page asks: the KV bytes and the owner of each actor."""
+
+
+def walk(who: str, http: httpx.Client, extra: dict[str, int]) -> None:
+    actors_pages(http, extra)  # warm: the index pages are in the cache
+    times, seen = actors_pages(http, extra)
+    asked = "".join(f", {k}={v}" for k, v in extra.items())
+    print(
+        f"{who}: actors page (limit={PAGE}{asked}), all {len(times)} pages of {seen} actors: "
+        f"{_ms(times)}, {sum(times):.2f} s in all"
+    )
 
 
 if __name__ == "__main__":
