@@ -305,6 +305,8 @@ class ReplicatedPair:
             # otherwise recycle that segment.
             "wal_log_hints": "on",
             "wal_keep_size": "'256MB'",
+            # a standby whose primary went away retries every 5 s by default
+            "wal_retrieve_retry_interval": "'100ms'",
             "synchronous_standby_names": "'*'" if synchronous else "''",
             "synchronous_commit": "on",
         }

@@ -86,7 +86,7 @@ class HostOrder:
         hosts = str(self._params.get("host") or "").split(",")
         ports = str(self._params.get("port") or "").split(",")
         addrs = str(self._params.get("hostaddr") or "").split(",")
-        count = max(len(hosts), len(addrs))
+        count = len(hosts) if self._params.get("host") else len(addrs)
         for what, values in (("hosts", hosts), ("ports", ports), ("hostaddrs", addrs)):
             if len(values) == 1:
                 values *= count
@@ -95,6 +95,9 @@ class HostOrder:
                     f"the URL names {count} hosts but {len(values)} {what}; give one for each "
                     "host, or one for all"
                 )
+        for port in ports:
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"port {port!r} is not a TCP port number (1 to 65535)")
         self._hosts = [_Host(h, p, a) for h, p, a in zip(hosts, ports, addrs, strict=True)]
         self._lock = threading.Lock()
 
@@ -155,9 +158,13 @@ class ConnectionPool(Generic[_Conn]):
 
     def open(self) -> None:
         """Make `min_size` connections now (`NoConnection` if that takes longer than `timeout`)."""
-        made = [self.getconn() for _ in range(self._min_size)]
-        for conn in made:
-            self.putconn(conn)
+        made: list[_Conn] = []
+        try:
+            for _ in range(self._min_size):
+                made.append(self.getconn())
+        finally:
+            for conn in made:
+                self.putconn(conn)
 
     def getconn(self, timeout: float | None = None) -> _Conn:
         """An idle healthy connection, or a new one; `NoConnection` or `PoolClosed` if none."""

@@ -243,7 +243,10 @@ class PostgresOptions:
 
 
 def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
-    """Split a `postgresql://` or `postgres://` URL into the libpq URL and pagekv's options."""
+    """Split a `postgresql://` or `postgres://` URL into the libpq URL and pagekv's options.
+
+    Errors name the option and the servers (`_where`), never the whole URL: its query may hold
+    libpq's `password=`."""
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise ValueError(f"not a PostgreSQL URL: {redact_url(url)!r}")
@@ -270,13 +273,13 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
                 case _:
                     libpq[name] = value
         except ValueError as e:
-            raise ValueError(f"bad option {name}={value!r} in {redact_url(url)!r}: {e}") from None
+            raise ValueError(f"bad option {name}={value!r} for {_where(url)}: {e}") from None
     options = PostgresOptions(**known, libpq=libpq)
     if not 0 <= options.pool_min <= options.pool_max or options.pool_max < 1:
-        raise ValueError(f"need 0 <= pool_min <= pool_max and pool_max >= 1 in {redact_url(url)!r}")
+        raise ValueError(f"need 0 <= pool_min <= pool_max and pool_max >= 1 for {_where(url)}")
     if options.pool_timeout <= 0 or options.statement_timeout_ms < 0:
         raise ValueError(
-            f"pool_timeout must be > 0 and statement_timeout_ms >= 0 in {redact_url(url)!r}"
+            f"pool_timeout must be > 0 and statement_timeout_ms >= 0 for {_where(url)}"
         )
     base = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq), ""))
     return base, options
@@ -319,7 +322,7 @@ class PostgresStore:
         try:
             self._hosts = HostOrder(libpq_url)
         except (psycopg.ProgrammingError, ValueError) as e:
-            raise ValueError(f"bad PostgreSQL URL {redact_url(url)!r}: {e}") from None
+            raise ValueError(f"bad PostgreSQL URL for {self.where}: {e}") from None
         kwargs: dict[str, Any] = {
             key: value for key, value in _LIBPQ_DEFAULTS.items() if key not in opts.libpq
         }

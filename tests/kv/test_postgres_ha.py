@@ -84,9 +84,18 @@ def test_multi_host_urls_are_parsed_and_shown_without_the_password() -> None:
         with pytest.raises(ValueError, match="only a host that takes writes") as info:
             open_kv(f"postgresql://u:s3cret@db1,db2/app?target_session_attrs={refused}")
         assert "s3cret" not in str(info.value)
-    with pytest.raises(ValueError, match="names 2 hosts but 3 ports") as info:
-        open_kv("postgresql://u:s3cret@db1,db2/app?port=1,2,3")
-    assert "s3cret" not in str(info.value)
+    for bad, why in (
+        ("db1,db2/app?port=1,2,3", "names 2 hosts but 3 ports"),
+        ("db1,db2/app?hostaddr=10.0.0.1,10.0.0.2,10.0.0.3", "names 2 hosts but 3 hostaddrs"),
+        ("db1:5432,db2:http/app", "port 'http' is not a TCP port number"),
+        ("db1:5432,db2:65536/app", "port '65536' is not a TCP port number"),
+        ("db1,db2/app?bogus=1", 'invalid URI query parameter: "bogus"'),
+        ("db1,db2/app?password=s3cret&pool_max=x", "bad option pool_max='x'"),
+    ):
+        with pytest.raises(ValueError, match=why) as info:
+            open_kv(f"postgresql://u:s3cret@{bad}")
+        assert "s3cret" not in str(info.value)
+        assert "postgresql://db1" in str(info.value)  # which servers, without the credentials
 
 
 def test_no_reachable_host_is_unavailable_naming_every_host() -> None:
@@ -224,6 +233,97 @@ def test_a_hanging_host_is_tried_once_then_passed_over(
     assert ns.get([b"round"]) == [b"2"]
     assert store._pool.counts.connected >= 4  # the first, and one after each termination
     assert attempts == 1, f"the hanging host was tried {attempts} times"
+
+
+# --- the pool ------------------------------------------------------------------------------
+
+
+def test_a_request_waits_out_an_outage_and_goes_through(
+    pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
+) -> None:
+    """The primary stops and comes back (no failover) while a write is waiting for a
+    connection: the write retries every host until it can, then goes through — no error, the
+    same store. Meanwhile the standby is refused for being read-only, never written to."""
+    store = open_store("outage", pool_max=1, pool_timeout=30)
+    ns = store.namespace("a")
+    gen = ns.takeover()
+    ns.put({b"k": b"before"}, fence=gen)
+    failed = store._pool.counts.failed
+    errors: list[BaseException] = []
+    pair.primary.stop("fast")
+    try:
+
+        def write() -> None:
+            try:
+                ns.put({b"k": b"during"}, fence=gen)
+            except BaseException as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        wait_for(lambda: store._pool.counts.failed >= failed + 3, "connection attempts to fail")
+        assert "session is read-only" in str(store._pool.last_error)
+        assert thread.is_alive()
+    finally:
+        pair.primary.start()
+        pair.wait_for_standby()
+    thread.join(30)
+    assert errors == []
+    assert ns.get([b"k"]) == [b"during"]
+
+
+def test_the_pool_holds_at_most_pool_max_connections(
+    pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
+) -> None:
+    store = open_store("bounded", application_name="pagekv-ha-bounded", pool_max=2)
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            ns = store.namespace(f"a{i}")
+            gen = ns.takeover()
+            for j in range(25):
+                ns.put({b"k": b"%d" % j}, fence=gen)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    with admin(pair.primary) as conn:
+        ((backends,),) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pagekv-ha-bounded'"
+        ).fetchall()
+    assert backends == store._pool.counts.connected == 2
+
+
+def test_closing_the_store_ends_a_request_waiting_for_a_connection(
+    open_store: Callable[..., PostgresStore],
+) -> None:
+    store = open_store("closing", pool_max=1, pool_timeout=30)
+    ns = store.namespace("a")
+    held = store._pool.getconn()  # the one connection, lent out
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            ns.get([b"k"])
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    time.sleep(0.2)  # let it wait for the connection
+    store.close()
+    thread.join(10)
+    assert not thread.is_alive(), "the waiting request outlived the store"
+    assert len(errors) == 1 and type(errors[0]) is KvUnavailable, errors
+    assert "closed" in str(errors[0])
+    store._pool.putconn(held)
+    assert held.closed
 
 
 # --- failovers under load ------------------------------------------------------------------
