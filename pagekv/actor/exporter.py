@@ -1,19 +1,19 @@
 """`export_actor`: an actor's database as a plain SQLite file, read from a snapshot.
 
-The file is the database as committed in the store when a read-only snapshot of it opened, page
-for page (SQLite's backup API): a standard SQLite database (4 KiB pages, rollback journal) that
-any SQLite tool opens, holding every table, the runtime's own `_pagekv_` ones (state,
-schedules, queue, workflow history, connections) included. The actor's `ctx.kv` entries, which
-live beside the database in its namespace, are added as the table `_pagekv_kv(key, value)`
-(only when it has some), which `import_actor` moves back; they are read after the snapshot,
-not in it (no transaction spans them and the database).
+The file is the database as committed in the store at one instant, page for page (SQLite's
+backup API from a read-only snapshot): a standard SQLite database (4 KiB pages, rollback
+journal) that any SQLite tool opens, holding every table, the runtime's own `_pagekv_` ones
+(state, schedules, queue, workflow history, connections) included. The actor's `ctx.kv`
+entries, which live beside the database in its namespace, are added as the table
+`_pagekv_kv(key, value)` (only when it has some), which `import_actor` moves back.
 
-A snapshot never takes the actor over and never writes, so an export is safe beside a live
-instance in this process or another. A database of up to 4 MiB is read whole as the snapshot
-opens; a bigger one is read as the backup asks, and a writer that rewrites a page in place
-before the snapshot read it overtakes it: the export then starts again on a fresh snapshot
-(`SNAPSHOT_ATTEMPTS` in all, then `SnapshotExpired`). Either way the file holds one committed
-state, never a mix.
+An export never takes the actor over and never writes, so it is safe beside a live instance in
+this process or another. An actor of up to 256 MiB is read in one `list` (`frozen.py`): its
+database and `ctx.kv` entries as they were at one instant, whatever a writer does meanwhile. A
+bigger one is read through a snapshot as the backup asks, and a writer that rewrites a page in
+place before the snapshot read it overtakes it: the export then starts again on a fresh snapshot
+(`SNAPSHOT_ATTEMPTS` in all, then `SnapshotExpired`), and its `ctx.kv` entries are read after
+it. Either way the database in the file is one committed state, never a mix.
 
 The file appears whole or not at all: it is written under a temporary name in its directory,
 synced, and renamed over `path`.
@@ -35,6 +35,7 @@ from urllib.parse import quote
 import apsw
 
 from pagekv.actor.errors import ActorNotFound
+from pagekv.actor.frozen import frozen_if_small
 from pagekv.actor.index import ActorRecord, find_actor, list_actors
 from pagekv.actor.inspect import open_index, read_namespace
 from pagekv.actor.kv_batches import scan
@@ -112,7 +113,7 @@ def file_part(text: str) -> str:
 
 def export_record(store: KvStore, record: ActorRecord, path: Path) -> Exported:
     """`export_actor` of an actor whose record is known."""
-    kv = store.namespace(record.actor_id)
+    kv = frozen_if_small(store.namespace(record.actor_id))
     counts: list[int] = []
 
     def write(tmp: Path) -> None:

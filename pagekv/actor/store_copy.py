@@ -12,14 +12,15 @@ its creation time) and a lease entry with no owner that keeps the source's wake 
 (`index_entries.enroll`), under the generation its data was written with; the member entries of
 the source's registries are not copied.
 
-**Consistency.** A namespace's entries are read in several `list`s, so a namespace is copied
-whole only if it did not change meanwhile: its generation and head record are read before and
-after (a commit or a compaction always writes a new head, a wake a new generation), and the copy
-is taken again when they differ. So the source must not be served: `copy_store` refuses a store
-with a live registry (a member entry, `ownership.py`), and with `allow_live` copies each
-actor three times at most that way, then from a read-only snapshot through SQLite (one
-committed state, whatever the writer does), and reports the actors that changed after their
-copy (`CopyResult.changed`). `ctx.kv` entries are read beside the database, not with it.
+**Consistency.** A namespace of up to 64 MiB is read in one `list`, which every backend
+answers from one state (`frozen.py`): its database and `ctx.kv` entries as they were at one
+instant. A bigger one is read in several, so it is copied whole only if it did not change
+meanwhile: its generation and head record are read before and after (a commit or a compaction
+always writes a new head, a wake a new generation), and it is copied again when they differ,
+three times at most, then from a read-only snapshot through SQLite (one committed state of its
+database, whatever the writer does; its `ctx.kv` entries read beside it). A source that is
+served is refused (a registry's live member entry, `ownership.py`) unless `allow_live`: then
+the actors that changed after their copy are reported (`CopyResult.changed`).
 
 **Resuming.** The destination's registry namespace holds a marker of the copy and, per copied
 namespace, a progress entry written in the same batch as the actor's record: the source's
@@ -48,6 +49,7 @@ import cbor2
 
 from pagekv.actor.checksum import combine, database_digest, namespace_checksum, other_entries
 from pagekv.actor.errors import ActorError
+from pagekv.actor.frozen import frozen_if_small
 from pagekv.actor.index import ActorRecord, list_actors, records_of
 from pagekv.actor.index_entries import TOOL_REGISTRY, enroll
 from pagekv.actor.inspect import ListableStore, read_namespace
@@ -64,6 +66,9 @@ COPY_PREFIX: Final = b"copy/"
 """Destination registry entries `copy/<namespace>`: that namespace is copied (see above)."""
 RAW_ATTEMPTS: Final = 3
 """Copies of a changing namespace entry by entry before it is copied from a snapshot."""
+FROZEN_COPY_BYTES: Final = 64 * 2**20
+"""Namespaces up to this many stored bytes are read in one `list` (`frozen.py`): one
+consistent state, whatever writes them meanwhile (`THREADS` of them in memory at most)."""
 THREADS: Final = 4
 """Namespaces copied at once: a remote store's round trips overlap."""
 
@@ -265,24 +270,24 @@ def _fingerprint(kv: ActorKv) -> Fingerprint:
 
 def _copy_one(run: _Run, name: str) -> None:
     source = run.source.namespace(name)
-    before = _fingerprint(source)
     done = run.resumed.get(name)
-    if done is not None and tuple(done["fingerprint"]) == before:
+    if done is not None and tuple(done["fingerprint"]) == _fingerprint(source):
         with run.lock:
             run.entries[name] = done
         run.report("copy", skipped=True)
         return
     destination = run.destination.namespace(name)
-    fresh = name not in run.existing
+    clear = name in run.existing
     for _ in range(RAW_ATTEMPTS):
-        generation, written = _raw_copy(source, destination, clear=not fresh)
-        fresh = False
-        checksum = namespace_checksum(source)
-        after = _fingerprint(source)
-        if after == before:
+        view = frozen_if_small(source, FROZEN_COPY_BYTES)
+        before = _fingerprint(view)
+        generation, written = _raw_copy(view, destination, clear=clear)
+        clear = True
+        checksum = namespace_checksum(view)
+        if _fingerprint(view) == before:
             break
-        before = after
     else:
+        before = _fingerprint(source)
         generation, written, checksum = _snapshot_copy(source, destination)
         with run.lock:
             run.snapshots.append(name)
