@@ -1,0 +1,237 @@
+"""`copy_store` (and `pagekv copy`): every actor and the registry's index into another store,
+file: to a real PostgreSQL and back, verified; resumed after a SIGKILL; a served source
+refused, or copied live with the changed actors reported; a corrupted copy caught."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from transfer_defs import fill, order
+
+from pagekv.actor import CopyMismatch, CopyProgress, CopyRefused, Registry, copy_store
+from pagekv.actor.checksum import namespace_checksum
+from pagekv.actor.index import list_actors
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.store_copy import COPY_MARKER, COPY_PREFIX
+from pagekv.actor.user_kv import USER_PREFIX
+from pagekv.kv import KvStore, MemoryStore, open_kv
+from pagekv.vfs import open_database
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _populate(store: KvStore, keys: list[str], *, wakes: int = 1) -> None:
+    """`order` actors (each woken `wakes` times, so its generation is that high), one due to
+    run a schedule a second from now, and a namespace written without the registry."""
+
+    async def run() -> None:
+        for wake in range(wakes):
+            async with Registry([order], kv=store).run() as client:
+                for key in keys:
+                    if wake == 0:
+                        await fill(client, key, items=2)
+                    else:
+                        await client.get("order", key).add(f"wake-{wake}")
+        async with Registry([order], kv=store).run() as client:
+            await client.get("order", keys[0]).remind(1.0)
+
+    anyio.run(run)
+    with open_database(store.namespace("notes/raw")) as db:
+        db.execute("CREATE TABLE notes(v)")
+        db.execute("INSERT INTO notes VALUES ('written without a registry')")
+
+
+def _listing(store: KvStore) -> list[tuple[str, str, float]]:
+    index = store.namespace(REGISTRY_NAMESPACE)
+    return [(r.name, r.key, r.created) for r in list_actors(index, limit=1000)]
+
+
+def _checksums(store: KvStore) -> dict[str, str]:
+    names = [n for n in store.actor_ids() if n != REGISTRY_NAMESPACE]  # type: ignore[attr-defined]
+    return {n: namespace_checksum(store.namespace(n)) for n in names}
+
+
+def _no_copy_entries(store: KvStore) -> None:
+    index = store.namespace(REGISTRY_NAMESPACE)
+    assert index.get([COPY_MARKER]) == [None] and index.list(prefix=COPY_PREFIX) == []
+
+
+def test_file_to_postgres_and_back_verified(tmp_path: Path, postgres_server: Any) -> None:
+    keys = [f"o-{i}" for i in range(6)]
+    with open_kv((tmp_path / "src").resolve().as_uri()) as source:
+        _populate(source, keys, wakes=3)
+        assert source.namespace("order/o-1").generation() >= 3, "values to restamp"
+        expected, listing = _checksums(source), _listing(source)
+        with open_kv(postgres_server.store_url(str(tmp_path / "pg"))) as pg:
+            seen: list[CopyProgress] = []
+            result = copy_store(source, pg, progress=seen.append)
+            assert (result.copied, result.skipped, result.verified) == (7, 0, 7)
+            assert result.changed == [] and result.snapshots == []
+            assert [p.done for p in seen if p.phase == "copy"] == list(range(1, 8))
+            assert _checksums(pg) == expected and _listing(pg) == listing
+            _no_copy_entries(pg)
+            with open_kv((tmp_path / "back").resolve().as_uri()) as back:
+                again = copy_store(pg, back)
+                assert (again.copied, again.verified) == (7, 7)
+                assert _checksums(back) == expected and _listing(back) == listing
+
+                async def serve() -> dict[str, Any]:
+                    async with Registry([order], kv=back).run() as client:
+                        handle = client.get("order", "o-0")
+                        with anyio.fail_after(10):
+                            while client.registry.metrics().get("wakes", 0) == 0:
+                                await anyio.sleep(0.05)  # the schedule's wake, no call
+                        with anyio.fail_after(10):
+                            while "reminder" not in (view := await handle.view())["items"]:
+                                await anyio.sleep(0.05)
+                        return view
+
+                view = anyio.run(serve)
+    assert view["items"] == ["item-0", "item-1", "wake-1", "wake-2", "reminder"]
+
+
+def test_a_sigkilled_copy_resumes_where_it_stopped(tmp_path: Path) -> None:
+    keys = [f"k-{i:02}" for i in range(40)]
+    source_url = (tmp_path / "src").resolve().as_uri()
+    target_url = (tmp_path / "dst").resolve().as_uri()
+    with open_kv(source_url) as source:
+        _populate(source, keys)
+        expected = _checksums(source)
+    slow = f"{target_url}?flush_delay_ms=5"  # every durable write 5 ms: time to kill it
+    command = [sys.executable, "-m", "pagekv", "copy", "--from", source_url, "--to", slow]
+    child = subprocess.Popen([*command, "--threads", "1"], cwd=ROOT, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert child.poll() is None, "the copy ended before the kill"
+            assert time.monotonic() < deadline, "the copy copied nothing in 60 s"
+            if (tmp_path / "dst").exists():
+                with open_kv(target_url) as target:
+                    done = target.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX)
+                if len(done) >= 5:
+                    break
+            time.sleep(0.01)
+        child.send_signal(signal.SIGKILL)
+        assert child.wait() == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    with open_kv(target_url) as target:
+        copied_before = len(target.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX))
+    assert 5 <= copied_before < len(keys) + 1, "the kill landed mid-copy"
+    resumed = subprocess.run([*command[:-1], target_url], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{copied_before} copied by an earlier run; 41 verified" in resumed.stdout
+    assert "pagekv copy: verify 41/41 namespaces" in resumed.stderr
+    with open_kv(target_url) as target:
+        assert _checksums(target) == expected
+        assert [k for _, k, _ in _listing(target)] == keys
+        _no_copy_entries(target)
+
+
+@pytest.mark.anyio
+async def test_a_served_source_is_refused_and_a_live_copy_reports_what_changed() -> None:
+    source, target = MemoryStore(), MemoryStore()
+    async with Registry([order], kv=source).run() as client:
+        for key in ("busy", "calm-1", "calm-2"):
+            await fill(client, key, items=1)
+        with pytest.raises(CopyRefused, match="being served by 1 registry"):
+            copy_store(source, target)
+        assert target.actor_ids() == [], "refused before the destination was touched"
+        wrote = threading.Event()
+        copied = threading.Event()
+        stop = False
+
+        async def busy() -> None:
+            while not stop:
+                await client.get("order", "busy").add("more")
+                wrote.set()
+                await anyio.sleep(0)
+
+        def progress(p: CopyProgress) -> None:
+            if p.phase == "copy" and p.done == p.total:  # a commit after every copy
+                wrote.clear()
+                copied.set()
+                assert wrote.wait(10)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(busy)
+            result = await anyio.to_thread.run_sync(
+                lambda: copy_store(source, target, allow_live=True, progress=progress)
+            )
+            stop = True
+    assert copied.is_set() and result.changed == ["order/busy"]
+    assert result.verified == 3
+
+    async def view() -> dict[str, Any]:
+        async with Registry([order], kv=target).run() as served:
+            return await served.get("order", "busy").view()
+
+    state = await view()
+    assert state["state"]["lines"] == len(state["items"]), "one committed state"
+    assert len(target.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX)) == 3
+
+
+def test_a_destination_that_is_not_empty_is_refused() -> None:
+    source, target = MemoryStore(), MemoryStore()
+    _populate(source, ["a"])
+    _populate(target, ["b"])
+    before = target.namespace(REGISTRY_NAMESPACE).list()
+    with pytest.raises(CopyRefused, match="not empty"):
+        copy_store(source, target)
+    assert target.namespace(REGISTRY_NAMESPACE).list() == before
+
+
+class _Corrupting:
+    """A store whose namespace `victim` flips a byte of every `ctx.kv` value written to it
+    (fault injection: a destination that loses data silently)."""
+
+    def __init__(self, inner: MemoryStore, victim: str) -> None:
+        self.inner, self.victim, self.fired = inner, victim, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def namespace(self, name: str) -> Any:
+        kv = self.inner.namespace(name)
+        return _CorruptingKv(kv, self) if name == self.victim else kv
+
+
+class _CorruptingKv:
+    def __init__(self, inner: Any, store: _Corrupting) -> None:
+        self.inner, self.store = inner, store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def write(self, *, put: Any = (), delete: Any = (), fence: Any = None) -> None:
+        changed = {}
+        for key, value in dict(put).items():
+            if key.startswith(USER_PREFIX):
+                value = bytes([value[0] ^ 1]) + value[1:]
+                self.store.fired += 1
+            changed[key] = value
+        self.inner.write(put=changed, delete=delete, fence=fence)
+
+
+def test_verification_catches_a_corrupted_copy_and_the_next_run_copies_it_again() -> None:
+    source, inner = MemoryStore(), MemoryStore()
+    _populate(source, ["a", "b"])
+    corrupting = _Corrupting(inner, "order/b")
+    with pytest.raises(CopyMismatch) as caught:
+        copy_store(source, corrupting)  # type: ignore[arg-type]
+    assert corrupting.fired > 0 and caught.value.namespaces == ["order/b"]
+    progress = inner.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX)
+    assert sorted(key for key, _ in progress) == [b"copy/notes/raw", b"copy/order/a"]
+    again = copy_store(source, inner)
+    assert (again.copied, again.skipped, again.verified) == (1, 2, 3)
+    assert _checksums(inner) == _checksums(source)
