@@ -5,9 +5,10 @@ namespace (`enroll`).
 The same entries a registry writes (`index.py`, `ownership.py`): the record of the actor, and
 its lease entry with no owner and the time it must run next (with its due entry), so that the
 wake poll of any registry of the store wakes it on time for a schedule or an unfinished
-workflow. The lease entry goes first and the record last: the record is what makes the actor
-exist (it is listed, `get` finds it), so a tool killed in between leaves an actor that does not
-exist yet, whose lease entry only makes a poll find no actor.
+workflow. All of them go in one batch (with older generations' lease entries deleted in it),
+so a tool killed at any point leaves either the actor recorded whole or nothing of it in the
+index; older generations' records go after it (a stale record is harmless: the newest one
+counts).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def enroll(
     holds no entry of the actor (a copy into an empty store), so nothing older is read or
     deleted; otherwise older generations' records and lease entries are replaced."""
     ownership = Ownership(index, TOOL_REGISTRY, None)
-    lease = Lease(due, None)
-    ownership.publish(aid, generation, name, key, lease, Lease(None, None) if fresh else None)
     record = {record_key(aid, generation): encode_record(name, key, generation, created)}
-    index.write(put={**record, **(extra or {})})
+    previous = Lease(None, None) if fresh else None
+    lease = Lease(due, None)
+    ownership.publish(aid, generation, name, key, lease, previous, {**record, **(extra or {})})
     if not fresh and generation > 0:
         delete_records_up_to(index, aid, generation - 1)

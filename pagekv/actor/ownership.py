@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +125,7 @@ class Ownership:
         key: str,
         lease: Lease,
         previous: Lease | None = None,
+        extra: Mapping[bytes, bytes] | None = None,
     ) -> None:
         """Record `lease` for the instance of `generation`, and remove the entries of older
         generations. The due entries of this and older generations go in the same batch as the
@@ -137,13 +138,15 @@ class Ownership:
         `previous` (at the next wake) or a wake poll's `still_due`: only the newest
         generation's entry is ever believed. Without `previous` (the first publish of an
         instance, or after a write whose outcome is unknown), the entries of this generation
-        and older ones are read and replaced in one batch (one list, one write)."""
+        and older ones are read and replaced in one batch (one list, one write). `extra`
+        entries of the caller's go in the same batch as the new entry (a tool's record of the
+        actor: `index_entries.enroll`)."""
         prefix = _lease_prefix(aid)
         entry: dict[str, Any] = {"due": lease.due, "name": name, "key": key}
         if lease.until is not None:
             entry |= {"owner": self.registry_id, "address": self.address, "until": lease.until}
         lease_key = prefix + b"%0*d" % (_GENERATION_DIGITS, generation)
-        puts = {lease_key: cbor2.dumps(entry)}
+        puts = {**(extra or {}), lease_key: cbor2.dumps(entry)}
         if lease.due is not None:
             puts[_due_key(lease.due, lease_key)] = b""
         with self._lock:

@@ -370,7 +370,8 @@ def _record(index: ActorKv | None, name: str) -> ActorRecord | None:
 
 def _verify_one(run: _Run, name: str, changed: list[str], mismatched: list[str]) -> None:
     entry = run.entries[name]
-    checksum = namespace_checksum(run.destination.namespace(name))
+    copied = frozen_if_small(run.destination.namespace(name), FROZEN_COPY_BYTES)
+    checksum = namespace_checksum(copied)
     now = _fingerprint(run.source.namespace(name))
     with run.lock:
         if checksum != entry["checksum"]:
