@@ -194,6 +194,8 @@ def _prepare(
         return _convert(connection, source, copy, name, key, state, limits)
     except (apsw.CorruptError, apsw.NotADBError) as e:
         raise ImportRefused(f"{source} is corrupt: {e}") from e
+    except apsw.Error as e:  # e.g. a `_pagekv_` table without the runtime's columns
+        raise ImportRefused(f"{source} cannot be read as an actor's database: {e}") from e
     finally:
         connection.close()
 
@@ -224,9 +226,15 @@ def _convert(
     converted.extend(_internal_tables(connection, source, name, key, state))
     kv_entries = _take_user_kv(connection, source, limits)
     meta = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
+    created = meta.get("created_at")
     pages = connection.execute("PRAGMA page_count").fetchall()[0][0]
     return _Prepared(
-        copy, pages, kv_entries, meta.get("created_at"), _due(connection), tuple(converted)
+        copy,
+        pages,
+        kv_entries,
+        created if isinstance(created, int | float) else None,
+        _due(connection, source),
+        tuple(converted),
     )
 
 
@@ -245,7 +253,9 @@ def _internal_tables(
         "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
     ).fetchall()
     version = rows[0][0] if rows else 0
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ImportRefused(f"{source} has an internal schema version of {version!r}")
+    if version > SCHEMA_VERSION:
         raise SchemaTooNew(
             f"{source} has internal schema version {version!r}; this pagekv knows up to "
             f"{SCHEMA_VERSION}. Upgrade pagekv to import it."
@@ -291,9 +301,12 @@ def _take_user_kv(
     return entries
 
 
-def _due(connection: apsw.Connection) -> float | None:
+def _due(connection: apsw.Connection, source: Path) -> float | None:
     """When the actor must run next: its first schedule, or now if its workflow is not over
     (it resumes as soon as a registry's poll sees it)."""
+    kinds = connection.execute("SELECT DISTINCT typeof(due) FROM _pagekv_schedule").fetchall()
+    if {kind for (kind,) in kinds} - {"real", "integer"}:
+        raise ImportRefused(f"{source}: a schedule of _pagekv_schedule is due at no time")
     due = connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0]
     workflow = describe(connection)
     if workflow is not None and workflow["state"] not in FINAL_STATES:

@@ -176,6 +176,7 @@ def test_export_beside_a_busy_writer_is_one_committed_state(tmp_path: Path) -> N
 
 
 def _exported(tmp_path: Path, store: MemoryStore | None = None) -> Path:
+    tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "source.sqlite"
     store = store or MemoryStore()
 
@@ -288,6 +289,23 @@ def test_a_newer_schema_is_refused_and_an_older_one_upgraded(tmp_path: Path) -> 
         meta = dict(snap.execute("SELECT key, value FROM _pagekv_meta").fetchall())
     assert "_pagekv_connections" in tables, "the migration to version 3 ran"
     assert (meta["schema_version"], meta["name"], meta["key"]) == (SCHEMA_VERSION, "order", "old")
+
+
+def test_malformed_internal_tables_are_refused_and_nothing_written(tmp_path: Path) -> None:
+    store = MemoryStore()
+    cases = {
+        "UPDATE _pagekv_meta SET value = 'three' WHERE key = 'schema_version'": "of 'three'",
+        "UPDATE _pagekv_schedule SET due = 'tomorrow'": "due at no time",
+        "DROP TABLE _pagekv_kv; CREATE TABLE _pagekv_kv(k, v)": "no such column",
+        "INSERT INTO _pagekv_kv VALUES (x'01', 'not a blob')": "not a non-empty blob",
+    }
+    for n, (sql, why) in enumerate(cases.items()):
+        path = _exported(tmp_path / str(n))
+        with sqlite3.connect(path) as db:
+            db.executescript(sql)
+        with pytest.raises(ImportRefused, match=why):
+            import_actor(store, "order", "x", path)
+    _nothing_stored(store)
 
 
 async def test_an_existing_actor_is_refused_unless_replaced_and_a_live_one_taken_over(
