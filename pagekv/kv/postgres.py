@@ -31,6 +31,10 @@ Why it is built this way:
   warning (recognised by its source, `syncrep.c`, whatever the server's language) raises
   `KvIndeterminate` instead. A wait ended by a terminated connection or a dying server sends no
   success at all: the connection breaks, which is indeterminate already.
+- **A failover ends every ownership taken before it.** Each connection learns its server's
+  timeline, which a promotion changes; a fenced write of a namespace taken over on another
+  timeline is refused unsent (`KvIndeterminate`), so an instance reopens instead of writing on
+  top of a state that may have lost its last commits (see `PostgresNamespace`).
 - **Pooled, bounded connections, any number of hosts.** A pool per store (`pg_pool`) makes
   connections on demand, retrying with a bounded backoff until `pool_timeout`; connect, TCP and
   pool-wait timeouts all default to finite values so that a dead server surfaces as an error
@@ -287,6 +291,10 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
 
 _WRITABLE_SESSIONS = ("read-write", "primary")
 
+# The timeline the server writes its WAL on: the first 8 hex digits of the current WAL file's
+# name. Promoting a standby starts a new one; restarting a server keeps it. (Unprivileged.)
+_TIMELINE = "SELECT pg_walfile_name(pg_current_wal_lsn())"
+
 
 def _where(url: str) -> str:
     """The servers and database of a libpq URL, without credentials, for error messages:
@@ -355,6 +363,12 @@ class PostgresStore:
         """One new connection, to the host that answered last if it still takes writes, else to
         the next one that does; it records the commits the server warns were not replicated."""
         conn = _Connection.connect(self._hosts.conninfo(), **self._connect_kwargs)
+        try:
+            ((walfile,),) = conn.execute(_TIMELINE).fetchall()
+        except BaseException:
+            conn.close()
+            raise
+        conn.pagekv_timeline = int(walfile[:8], 16)
         self._hosts.answered(conn)
         conn.pagekv_host = f"{conn.info.host}:{conn.info.port}"
         conn.pagekv_unreplicated = []
@@ -382,14 +396,32 @@ class PostgresStore:
             f"{error.waited:g} s ({last}); nothing was sent"
         )
 
-    def _run(self, op: str, query: str, params: Sequence[object], *, write: bool) -> list[Any]:
-        """Send one statement (one round trip) and return its rows, mapping failures to KV errors.
+    def _run(
+        self,
+        op: str,
+        query: str,
+        params: Sequence[object],
+        *,
+        write: bool,
+        timeline: int | None = None,
+    ) -> tuple[list[Any], int]:
+        """Send one statement (one round trip); return its rows and the server's timeline,
+        mapping failures to KV errors. With `timeline`, a connection to a server on another
+        timeline sends nothing: `KvIndeterminate` (see `PostgresNamespace`).
 
         Invariant: on an autocommit connection one `execute` is one implicit transaction, so an
         error reported on a connection that is still usable means it was rolled back.
         """
         conn = self._acquire()
         try:
+            if timeline is not None and conn.pagekv_timeline != timeline:
+                raise KvIndeterminate(
+                    f"{op} was not sent: PostgreSQL at {conn.pagekv_host} ({self.where}) is on "
+                    f"timeline {conn.pagekv_timeline}, not on timeline {timeline} where the "
+                    "namespace was taken over — it failed over since, and what this instance "
+                    "wrote before may be gone (with asynchronous replication); reopen (take "
+                    "over) to go on from what the server holds"
+                )
             try:
                 rows = _cursor(conn).execute(query, params).fetchall()
             except psycopg.Error as e:
@@ -414,7 +446,7 @@ class PostgresStore:
                         f"which warned that it may not have reached its synchronous standby "
                         f"({warning}): a failover may undo it"
                     )
-            return rows
+            return rows, conn.pagekv_timeline
         finally:
             self._pool.putconn(conn)
 
@@ -497,11 +529,12 @@ class PostgresStore:
 
     def namespace(self, actor_id: object) -> PostgresNamespace:
         name = check_name(self.limits, actor_id)
-        rows = self._run("namespace", self._sql.namespace, (name,), write=True)
-        return PostgresNamespace(name, self, rows[0][0])
+        rows, timeline = self._run("namespace", self._sql.namespace, (name,), write=True)
+        return PostgresNamespace(name, self, rows[0][0], timeline)
 
     def actor_ids(self) -> list[str]:
-        return [r[0] for r in self._run("actor_ids", self._sql.actor_ids, (), write=False)]
+        rows, _ = self._run("actor_ids", self._sql.actor_ids, (), write=False)
+        return [r[0] for r in rows]
 
     def close(self) -> None:
         """Close every pooled connection; later requests raise `KvUnavailable`."""
@@ -516,11 +549,13 @@ class PostgresStore:
 
 
 class _Connection(psycopg.Connection[Any]):
-    """A pooled connection: its one cursor, the host it reached, and the warnings of not
-    replicated commits its server sent since the last request (`_note_unreplicated`)."""
+    """A pooled connection: its one cursor, the host it reached and that server's timeline, and
+    the warnings of not replicated commits the server sent since the last request
+    (`_note_unreplicated`)."""
 
     pagekv_cursor: psycopg.Cursor[Any] | None = None
     pagekv_host: str = ""
+    pagekv_timeline: int = 0
     pagekv_unreplicated: list[str]
 
 
@@ -590,13 +625,28 @@ class _Statements:
 
 
 class PostgresNamespace(KvNamespace):
-    """One actor's namespace: every method is one statement, i.e. one server round trip."""
+    """One actor's namespace: every method is one statement, i.e. one server round trip.
 
-    def __init__(self, actor_id: str, store: PostgresStore, ns_id: int) -> None:
+    A fenced write is sent only to a server on the timeline where this namespace was taken over
+    (or, before any takeover, looked up). A promoted standby starts a new timeline; after an
+    asynchronous one, the new primary may lack the last commits an instance was told had
+    succeeded, and an instance that went on writing its in-memory view on top of that older
+    state would corrupt its database (measured: a page below EOF missing at the next open). So
+    its first fenced write after a failover is refused as `KvIndeterminate` — the VFS dies, its
+    reopen takes over on the new timeline and reads what is there. With synchronous replication
+    nothing is lost, and the cost is that one reopen per open database and failover.
+    """
+
+    def __init__(self, actor_id: str, store: PostgresStore, ns_id: int, timeline: int) -> None:
         super().__init__(actor_id, store.limits)
         self._store = store
         self._id = ns_id
         self._sql = store._sql
+        self._timeline = timeline
+
+    def _fenced_on(self, fence: int | None) -> int | None:
+        """The timeline a write with `fence` must reach, or None for an unfenced write."""
+        return None if fence is None else self._timeline
 
     def _missing(self) -> KvUnavailable:
         return KvUnavailable(
@@ -606,7 +656,7 @@ class PostgresNamespace(KvNamespace):
     def _get(self, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        rows = self._store._run("get", self._sql.get, (self._id, keys), write=False)
+        rows, _ = self._store._run("get", self._sql.get, (self._id, keys), write=False)
         found = dict(rows)
         return [found.get(k) for k in keys]
 
@@ -617,7 +667,7 @@ class PostgresNamespace(KvNamespace):
         params: list[object] = [self._id]
         params += [b for b in (start, end) if b is not None]
         params.append(limit)
-        rows = self._store._run("list", query, params, write=False)
+        rows, _ = self._store._run("list", query, params, write=False)
         return [(k, v) for k, v in rows]
 
     def _write(self, batch: WriteBatch, fence: int | None) -> None:
@@ -629,8 +679,8 @@ class PostgresNamespace(KvNamespace):
             list(batch.deletes),
             self._limits.max_storage_bytes,
         )
-        ((status, generation, used, delta),) = self._store._run(
-            "write", self._sql.write, params, write=True
+        ((status, generation, used, delta),), _ = self._store._run(
+            "write", self._sql.write, params, write=True, timeline=self._fenced_on(fence)
         )
         self._check_status(status, fence, generation)
         if status == _OVER_QUOTA:
@@ -646,19 +696,24 @@ class PostgresNamespace(KvNamespace):
             raise AssertionError(f"server refused fence {fence} at generation {generation}")
 
     def _delete_range(self, start: bytes | None, end: bytes | None, fence: int | None) -> None:
-        ((status, generation),) = self._store._run(
-            "delete_range", self._sql.delete_range, (self._id, fence, start, end), write=True
+        ((status, generation),), _ = self._store._run(
+            "delete_range",
+            self._sql.delete_range,
+            (self._id, fence, start, end),
+            write=True,
+            timeline=self._fenced_on(fence),
         )
         self._check_status(status, fence, generation)
 
     def takeover(self) -> int:
-        rows = self._store._run("takeover", self._sql.takeover, (self._id,), write=True)
+        rows, timeline = self._store._run("takeover", self._sql.takeover, (self._id,), write=True)
         if not rows:
             raise self._missing()
+        self._timeline = timeline
         return int(rows[0][0])
 
     def _head(self) -> tuple[int, int]:
-        rows = self._store._run("head", self._sql.head, (self._id,), write=False)
+        rows, _ = self._store._run("head", self._sql.head, (self._id,), write=False)
         if not rows:
             raise self._missing()
         return int(rows[0][0]), int(rows[0][1])
