@@ -84,12 +84,20 @@ def delete_records_up_to(index: ActorKv, aid: str, generation: int) -> None:
 
 
 def list_actors(
-    index: ActorKv, *, limit: int, name: str | None = None, after: str | None = None
+    index: ActorKv,
+    *,
+    limit: int,
+    name: str | None = None,
+    key_prefix: str = "",
+    after: str | None = None,
 ) -> list[ActorRecord]:
-    """Up to `limit` actors (of type `name`, if given) in actor-id order, after the actor id
-    `after`; an actor with records of several generations (for a moment, after a race) once,
-    with its newest record."""
-    prefix = _ACTOR + (actor_id(name, "").encode() if name is not None else b"")
+    """Up to `limit` actors (of type `name`, if given, with keys starting with `key_prefix`) in
+    actor-id order, after the actor id `after`; an actor with records of several generations
+    (for a moment, after a race) once, with its newest record. A key prefix is a range of the
+    index, as quoting a key quotes each character alone, so a search reads only its matches."""
+    if key_prefix and name is None:
+        raise ValueError("a key prefix needs the actor's type (name)")
+    prefix = _ACTOR + (actor_id(name, key_prefix).encode() if name is not None else b"")
     start = prefix if after is None else max(prefix, _base(after) + b"\x01")
     end = prefix_end(prefix)
     found: dict[str, ActorRecord] = {}

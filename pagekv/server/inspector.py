@@ -1,7 +1,7 @@
 """The inspector API: which actors exist, and what each one holds.
 
     GET  /inspect                                          what answers: serve or a store view
-    GET  /inspect/actors[?name=N&after=ACTOR_ID&limit=L&usage=1&owners=1]
+    GET  /inspect/actors[?name=N&key_prefix=P&after=ACTOR_ID&limit=L&usage=1&owners=1]
                                                            usage: KV bytes; owners: lease holder
     GET  /inspect/actors/{name}?key=K                      record, live status, owner, storage,
                                                            KV usage
@@ -143,8 +143,20 @@ async def _snapshot_read(
 async def list_actors(request: Request) -> Response:
     rt = store_view(request)
     params = query_params(
-        request, {"name": False, "after": False, "limit": False, "usage": False, "owners": False}
+        request,
+        {
+            "name": False,
+            "key_prefix": False,
+            "after": False,
+            "limit": False,
+            "usage": False,
+            "owners": False,
+        },
     )
+    if params.get("key_prefix") and not params.get("name"):
+        raise HttpError(
+            400, ErrorCode.INVALID_PARAMETER, "key_prefix searches one actor type: give name too"
+        )
     limit = int_param(params, "limit", default=100, low=1, high=MAX_PAGE)
     usage = int_param(params, "usage", default=0, low=0, high=1) == 1
     owners = int_param(params, "owners", default=0, low=0, high=1) == 1
@@ -154,7 +166,11 @@ async def list_actors(request: Request) -> Response:
         if index is None:
             return [], []
         records = inspect.list_actors(
-            index, limit=limit + 1, name=params.get("name"), after=params.get("after")
+            index,
+            limit=limit + 1,
+            name=params.get("name"),
+            key_prefix=params.get("key_prefix", ""),
+            after=params.get("after"),
         )
         extra: list[dict[str, Any]] = [{} for _ in records[:limit]]
         for fields, record in zip(extra, records, strict=False):

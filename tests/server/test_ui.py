@@ -117,3 +117,33 @@ async def test_kv_usage_in_the_list_and_the_summary(served: Served) -> None:
 async def test_the_page_is_open_even_without_auth_configured() -> None:
     async with serving(token=None) as served, served.http(token=None) as http:
         assert (await http.get("/")).status_code == 200
+
+
+async def test_search_by_key_prefix_reads_only_the_matches(served: Served) -> None:
+    async with served.client() as client:
+        for key in ("room/1", "room/2", "room%", "hall", "roomy"):
+            await client.get_or_create("ledger", key).bump()
+        await client.get_or_create("napper", "room/9").bump()
+    async with served.http() as http:
+
+        def keys(answer: httpx.Response) -> list[str]:
+            assert answer.status_code == 200, answer.text
+            return [a["key"] for a in answer.json()["actors"]]
+
+        room = await http.get("/inspect/actors", params={"name": "ledger", "key_prefix": "room"})
+        slash = await http.get("/inspect/actors", params={"name": "ledger", "key_prefix": "room/"})
+        percent = await http.get(
+            "/inspect/actors", params={"name": "ledger", "key_prefix": "room%"}
+        )
+        paged = await http.get(
+            "/inspect/actors", params={"name": "ledger", "key_prefix": "room", "limit": "2"}
+        )
+        rest = await http.get(
+            "/inspect/actors",
+            params={"name": "ledger", "key_prefix": "room", "after": paged.json()["next_after"]},
+        )
+        no_type = await http.get("/inspect/actors", params={"key_prefix": "room"})
+    assert sorted(keys(room)) == ["room%", "room/1", "room/2", "roomy"]
+    assert keys(slash) == ["room/1", "room/2"] and keys(percent) == ["room%"]
+    assert keys(paged) + keys(rest) == keys(room) and rest.json()["next_after"] is None
+    assert (no_type.status_code, no_type.json()["error"]["code"]) == (400, "invalid_parameter")

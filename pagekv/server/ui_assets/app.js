@@ -264,6 +264,7 @@
   function actorsView() {
     const cursors = [null];
     const filter = el("input", { id: "actor-filter", type: "search", placeholder: "actor type (exact name)" });
+    const keyFilter = el("input", { id: "key-filter", type: "search", placeholder: "key starts with (needs the type)" });
     const list = el("div", { id: "actor-list" });
     const position = el("span", { class: "muted", id: "actor-page" });
     const previous = el("button", { type: "button", id: "actors-previous", text: "Previous", disabled: true });
@@ -273,7 +274,7 @@
       const after = cursors[cursors.length - 1];
       try {
         const page = await api("/inspect/actors", {
-          params: { name: filter.value.trim(), after, limit: ACTORS_PAGE, usage: 1, owners: 1 },
+          params: { name: filter.value.trim(), key_prefix: keyFilter.value, after, limit: ACTORS_PAGE, usage: 1, owners: 1 },
         });
         list.replaceChildren(page.actors.length ? el("table", { id: "actors" },
           el("thead", {}, el("tr", {}, ["name", "key", "status", "owner", "created", "size"].map((c) => el("th", { text: c })))),
@@ -296,7 +297,7 @@
 
     previous.addEventListener("click", () => { cursors.pop(); show(); });
     next.addEventListener("click", () => { cursors.push(next.dataset.after); show(); });
-    const search = el("form", { class: "toolbar", id: "actor-search" }, filter,
+    const search = el("form", { class: "toolbar", id: "actor-search" }, filter, keyFilter,
       el("button", { type: "submit", text: "Search" }));
     search.addEventListener("submit", (event) => {
       event.preventDefault();
