@@ -51,6 +51,7 @@ from pagekv.server.codec import (
     read_raw_body,
 )
 from pagekv.server.errors import HttpError, classify
+from pagekv.server.forward import forwarded
 from pagekv.server.gateway import failures
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import StoreView, runtime, store_view
@@ -76,8 +77,9 @@ def _index(rt: StoreView) -> ActorKv:
     return index
 
 
-def _owner(rt: StoreView, index: ActorKv, actor_id: str) -> dict[str, Any] | None:
-    """Who holds the actor's lease now (None: asleep, or its owner's lease ran out)."""
+def _owner(index: ActorKv, actor_id: str, asked: str | None) -> dict[str, Any] | None:
+    """Who holds the actor's lease now (None: asleep, or its owner's lease ran out); `here`
+    says whether it is the registry the client asked (`asked`, see `_asked`)."""
     owner = lease_owner(index, actor_id, time.time())
     if owner is None:
         return None
@@ -85,8 +87,16 @@ def _owner(rt: StoreView, index: ActorKv, actor_id: str) -> dict[str, Any] | Non
         "registry": owner.registry,
         "address": owner.address,
         "until": owner.until,
-        "here": owner.registry == rt.registry_id,
+        "here": owner.registry == asked,
     }
+
+
+def _asked(request: Request, rt: StoreView) -> str | None:
+    """The registry the client sent `request` to: this one, or the one that forwarded it here
+    (the per-actor reads are answered by the actor's owner, `_at_owner`). A store view has no
+    registry, so no server forwards to it and its header means nothing."""
+    via = forwarded(request) if rt.registry_id is not None else None
+    return rt.registry_id if via is None else via.sender
 
 
 async def about(request: Request) -> Response:
@@ -177,7 +187,7 @@ async def list_actors(request: Request) -> Response:
             if usage:
                 fields["used_bytes"] = rt.store.namespace(record.actor_id).used_bytes()
             if owners:
-                fields["owner"] = _owner(rt, index, record.actor_id)
+                fields["owner"] = _owner(index, record.actor_id, rt.registry_id)
         return records, extra
 
     records, extra = await _in_inspector(rt, read)
@@ -199,9 +209,10 @@ def _kv_usage(rt: StoreView, actor_id: str) -> dict[str, int]:
 async def actor_summary(request: Request) -> Response:
     rt, name, key, _ = _address(request)
     record, storage = await _snapshot_read(rt, name, key, lambda db: db.metrics())
+    asked = _asked(request, rt)
     kv_usage, owner = await _in_inspector(
         rt,
-        lambda: (_kv_usage(rt, record.actor_id), _owner(rt, _index(rt), record.actor_id)),
+        lambda: (_kv_usage(rt, record.actor_id), _owner(_index(rt), record.actor_id, asked)),
     )
     live = rt.live(record.actor_id)
     summary: dict[str, Any] = {
