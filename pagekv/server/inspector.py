@@ -103,6 +103,7 @@ async def about(request: Request) -> Response:
     """What the page is talking to: a server (which can steer workflows and has `/metrics`)
     or `pagekv ui`'s read-only view of a store."""
     rt = store_view(request)
+    query_params(request, {})
     return answer(
         request,
         {

@@ -4,7 +4,7 @@ answered, and the bad requests it must refuse, over real loopback servers sharin
 from __future__ import annotations
 
 import pytest
-from server_helpers import serving
+from server_helpers import serving, serving_store
 
 from pagekv.kv import MemoryStore
 
@@ -33,3 +33,15 @@ async def test_the_summary_says_here_of_the_server_asked_not_of_the_owner() -> N
     assert summary["owner"]["here"] is False and listed["owner"]["here"] is False
     assert at_owner["owner"]["here"] is True
 
+
+async def test_what_answers_refuses_unknown_parameters_like_every_route() -> None:
+    store = MemoryStore()
+    async with serving(kv=store) as served, serving_store(store) as view:
+        answers = []
+        for target in (served, view):
+            async with target.http() as http:
+                answers.append(await http.get("/inspect", params={"mode": "serve"}))
+    for response in answers:
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_parameter"
+        assert "['mode']" in response.json()["error"]["message"]
