@@ -361,13 +361,17 @@ class ReplicatedPair:
         self.standby.promote()
         self.primary, self.standby = self.standby, self.primary
 
-    def rebuild_standby(self) -> None:
-        """Rewind the stopped old primary from the new one, start it as its standby, wait."""
+    def rebuild_standby(self) -> float:
+        """Rewind the stopped old primary from the new one, start it as its standby, wait until
+        it streams. Returns when (`time.monotonic()`) it was started: until then the new primary
+        had no standby, so with synchronous replication it acknowledged no commit."""
         if self.standby is None or self.standby.running:
             raise ClusterError("the standby to rebuild must exist and be stopped")
         self.standby.rewind_from(self.primary)
+        started = time.monotonic()
         self.standby.start()
         self.wait_for_standby()
+        return started
 
     def destroy(self) -> None:
         """Stop and delete both nodes."""
