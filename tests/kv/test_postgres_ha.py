@@ -36,6 +36,7 @@ import anyio
 import apsw
 import psycopg
 import pytest
+from test_postgres import run_in_thread
 
 from pagekv.actor import ActorContext, ActorStopped, Registry, actor
 from pagekv.kv import FenceMismatch, KvError, KvIndeterminate, KvUnavailable, open_kv
@@ -164,18 +165,9 @@ def test_a_commit_whose_replication_wait_was_cancelled_is_indeterminate(
     ns = store.namespace("a")
     gen = ns.takeover()
     ns.put({b"k": b"before"}, fence=gen)
-    errors: list[BaseException] = []
     pair.standby.stop("fast")
     try:
-
-        def write() -> None:
-            try:
-                ns.put({b"k": b"unreplicated"}, fence=gen)
-            except BaseException as e:
-                errors.append(e)
-
-        thread = threading.Thread(target=write)
-        thread.start()
+        thread, errors = run_in_thread(lambda: ns.put({b"k": b"unreplicated"}, fence=gen))
         with admin(pair.primary) as conn:
             activity = (
                 "SELECT pid FROM pg_stat_activity WHERE application_name = 'pagekv-ha-cancel' "
@@ -254,18 +246,9 @@ def test_a_request_waits_out_an_outage_and_goes_through(
     gen = ns.takeover()
     ns.put({b"k": b"before"}, fence=gen)
     failed = store._pool.counts.failed
-    errors: list[BaseException] = []
     pair.primary.stop("fast")
     try:
-
-        def write() -> None:
-            try:
-                ns.put({b"k": b"during"}, fence=gen)
-            except BaseException as e:
-                errors.append(e)
-
-        thread = threading.Thread(target=write)
-        thread.start()
+        thread, errors = run_in_thread(lambda: ns.put({b"k": b"during"}, fence=gen))
         wait_for(lambda: store._pool.counts.failed >= failed + 3, "connection attempts to fail")
         assert "session is read-only" in str(store._pool.last_error)
         assert thread.is_alive()
@@ -281,23 +264,17 @@ def test_the_pool_holds_at_most_pool_max_connections(
     pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
 ) -> None:
     store = open_store("bounded", application_name="pagekv-ha-bounded", pool_max=2)
-    errors: list[BaseException] = []
 
     def write(i: int) -> None:
-        try:
-            ns = store.namespace(f"a{i}")
-            gen = ns.takeover()
-            for j in range(25):
-                ns.put({b"k": b"%d" % j}, fence=gen)
-        except BaseException as e:
-            errors.append(e)
+        ns = store.namespace(f"a{i}")
+        gen = ns.takeover()
+        for j in range(25):
+            ns.put({b"k": b"%d" % j}, fence=gen)
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == []
+    running = [run_in_thread(partial(write, i)) for i in range(8)]
+    for thread, errors in running:
+        thread.join(60)
+        assert errors == []
     with admin(pair.primary) as conn:
         ((backends,),) = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pagekv-ha-bounded'"
@@ -311,16 +288,7 @@ def test_closing_the_store_ends_a_request_waiting_for_a_connection(
     store = open_store("closing", pool_max=1, pool_timeout=30)
     ns = store.namespace("a")
     held = store._pool.getconn()  # the one connection, lent out
-    errors: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            ns.get([b"k"])
-        except BaseException as e:
-            errors.append(e)
-
-    thread = threading.Thread(target=read)
-    thread.start()
+    thread, errors = run_in_thread(lambda: ns.get([b"k"]))
     time.sleep(0.2)  # let it wait for the connection
     store.close()
     thread.join(10)
