@@ -29,8 +29,9 @@ from pagekv.cli_args import add_store_argument, kv_url, positive_int
 from pagekv.kv import KvError, open_kv, redact_url
 from pagekv.vfs import SnapshotExpired, StorageCorrupt
 
-_FAILURES = (ActorError, KvError, SnapshotExpired, StorageCorrupt, OSError)
-"""What a command reports in one line and exits 1 for: refusals, store and file errors."""
+_FAILURES = (ActorError, KvError, SnapshotExpired, StorageCorrupt, OSError, ValueError)
+"""What a command reports in one line and exits 1 for: refusals, store and file errors (a
+store that cannot be opened or reached too)."""
 
 
 def _actor(value: str) -> tuple[str, str]:
@@ -63,7 +64,7 @@ def _export(args: argparse.Namespace) -> int:
         return 2
     try:
         store = open_kv(args.kv, create=False)
-    except FileNotFoundError as e:
+    except _FAILURES as e:
         return _fail("export", e)
     try:
         if args.all:
@@ -87,7 +88,7 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     try:
         store = open_kv(args.kv)
-    except OSError as e:
+    except _FAILURES as e:
         return _fail("import", e)
     try:
         imported = import_actor(
@@ -125,9 +126,10 @@ class _ProgressLine:
             return
         rate = p.bytes / 2**20 / p.elapsed if p.elapsed > 0 else 0.0
         skipped = f", {p.skipped} already copied" if p.skipped else ""
+        written = f", {p.bytes / 2**20:.1f} MiB ({rate:.1f} MiB/s)" if p.phase == "copy" else ""
         line = (
-            f"pagekv copy: {p.phase} {p.done}/{p.total} namespaces{skipped}, "
-            f"{p.bytes / 2**20:.1f} MiB ({rate:.1f} MiB/s), {p.elapsed:.0f} s"
+            f"pagekv copy: {p.phase} {p.done}/{p.total} namespaces{skipped}{written}, "
+            f"{p.elapsed:.0f} s"
         )
         last = p.done == p.total
         if self._tty:
@@ -143,11 +145,11 @@ class _ProgressLine:
 def _copy(args: argparse.Namespace) -> int:
     try:
         source = open_kv(args.source, create=False)
-    except (FileNotFoundError, ValueError) as e:
+    except _FAILURES as e:
         return _fail("copy", e)
     try:
         destination = open_kv(args.destination)
-    except (OSError, ValueError) as e:
+    except _FAILURES as e:
         source.close()
         return _fail("copy", e)
     try:
