@@ -49,7 +49,7 @@ import cbor2
 
 from pagekv.actor.checksum import combine, database_digest, namespace_checksum, other_entries
 from pagekv.actor.errors import ActorError
-from pagekv.actor.frozen import frozen_if_small
+from pagekv.actor.frozen import FrozenNamespace, frozen_if_small
 from pagekv.actor.index import ActorRecord, list_actors, records_of
 from pagekv.actor.index_entries import TOOL_REGISTRY, enroll
 from pagekv.actor.inspect import ListableStore, read_namespace
@@ -141,6 +141,8 @@ class _Run:
     bytes: int = 0
     snapshots: list[str] = field(default_factory=list)
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    targets: dict[str, tuple[ActorKv, int]] = field(default_factory=dict)
+    """The destination namespaces this run wrote, and the bytes written to each."""
 
     def report(self, phase: str, *, copied: int = 0, skipped: bool = False) -> None:
         with self.lock:
@@ -295,6 +297,7 @@ def _copy_one(run: _Run, name: str) -> None:
     _enroll(run, name, generation, entry, empty=written == 0, fresh=name not in run.existing)
     with run.lock:
         run.entries[name] = entry
+        run.targets[name] = (destination, written)
     run.report("copy", copied=written)
 
 
@@ -370,7 +373,12 @@ def _record(index: ActorKv | None, name: str) -> ActorRecord | None:
 
 def _verify_one(run: _Run, name: str, changed: list[str], mismatched: list[str]) -> None:
     entry = run.entries[name]
-    copied = frozen_if_small(run.destination.namespace(name), FROZEN_COPY_BYTES)
+    target = run.targets.get(name)
+    if target is None:  # copied by an earlier run
+        copied = frozen_if_small(run.destination.namespace(name), FROZEN_COPY_BYTES)
+    else:
+        kv, written = target
+        copied = FrozenNamespace(kv) if written <= FROZEN_COPY_BYTES else kv
     checksum = namespace_checksum(copied)
     now = _fingerprint(run.source.namespace(name))
     with run.lock:
