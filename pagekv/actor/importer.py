@@ -16,11 +16,13 @@ transaction (the backup API), taking the namespace over first, so the KV limits 
 apply as to any commit, and the move of the head is the one point where the new database
 becomes visible: readers see the old database or the new one, never a mix. Memory stays
 bounded (the VFS stages a big transaction to the store as it goes). The record of the actor in
-the registry's index (`index_entries.enroll`) comes last: until it is written no registry
-lists or finds the actor, so an import that fails, or is killed, leaves no actor behind. A
-failed import of a new actor also drops what it wrote; a killed one leaves at most the
-unreferenced chunks of an interrupted commit, which the next open of the namespace (a new
-import, or a wake) deletes.
+the registry's index comes last, in one batch with its lease entry (`index_entries.enroll`):
+until it is written no registry lists the actor or finds it with a `get`, so an import that
+fails, or is killed, leaves no actor behind. A failed import of a new actor also drops what it
+wrote; a killed one leaves at most the unreferenced chunks of an interrupted commit, which the
+next open of the namespace (a new import, or a wake) deletes, or, killed between the commit and
+the record, a database no record names: an import treats an actor without a record as absent
+(one never served a call: a create records an actor before it serves) and writes over it.
 
 `replace=True` imports over an existing actor: the takeover fences off any live instance (its
 next write fails and it is torn down; its registry wakes the actor again on the next call, on
