@@ -412,11 +412,16 @@ def test_the_page_refuses_html_parsing_and_inline_script(
 
 
 def _approval_wait(served: Served, key: str) -> None:
-    """The approver `key` created, its workflow past its step and waiting for approval."""
+    """The approver `key` created, its workflow past its step and waiting for approval (until
+    its workflow records its first entry, the workflow route answers 404 `no_workflow`)."""
     with _http(served) as http:
         assert http.post("/actors/approver/actions/loads", params={"key": key}, json={}).is_success
         for _ in range(200):
-            if _shape(_flow(http, key)) == [("load", "completed"), ("approval", "pending")]:
+            found = http.get("/inspect/actors/approver/workflow", params={"key": key})
+            if found.status_code == 200 and _shape(found.json()["workflow"]) == [
+                ("load", "completed"),
+                ("approval", "pending"),
+            ]:
                 return
             threading.Event().wait(0.05)
     raise AssertionError(f"the workflow of {key} does not wait for its approval")
@@ -504,3 +509,4 @@ def test_the_read_only_store_view(browser: WebDriver, server: Served, store_view
     status = _wait(browser, lambda d: _text(d, "#metrics-status") or None, "the metrics note")
     assert status.startswith("no metrics here")
     _nothing_ran(browser)
+
