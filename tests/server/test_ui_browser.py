@@ -510,3 +510,26 @@ def test_the_read_only_store_view(browser: WebDriver, server: Served, store_view
     assert status.startswith("no metrics here")
     _nothing_ran(browser)
 
+
+def test_an_actor_whose_key_is_empty(browser: WebDriver, server: Served) -> None:
+    """The empty string is a key like any other (the API takes `?key=`): its row links to a
+    page that shows the actor, and its workflow can be cancelled from there."""
+    _approval_wait(server, "")
+    _open(browser, server, "actors")  # "approver/" sorts first: on the first page
+    row = _wait(
+        browser,
+        lambda d: d.find_element(By.CSS_SELECTOR, "#actors a[href='#/actor/approver/']"),
+        "the row of the empty key",
+    )
+    assert row.text == "(empty key)"
+    row.click()
+    summary = _wait(browser, lambda d: _text(d, "#summary") or None, "its summary")
+    assert "actor id approver/\n" in summary
+    browser.get(f"{server.url}/#/workflow/approver/")
+    _wait(browser, lambda d: d.find_elements(By.ID, "workflow-cancel"), "the cancel button")
+    browser.find_element(By.ID, "workflow-cancel").click()
+    _wait(browser, lambda d: d.find_elements(By.ID, "confirm-yes"), "the question")
+    browser.find_element(By.ID, "confirm-yes").click()
+    _wait(browser, lambda d: _text(d, "#workflow-state") == "state: cancelled", "the new state")
+    with _http(server) as http:
+        assert _flow(http, "")["state"] == "cancelled"

@@ -136,6 +136,11 @@
     return `${(seconds / 60).toFixed(1)} min`;
   }
 
+  /** A key as a line of text: the empty key is a key too, and its link must show. */
+  function keyText(key) {
+    return key === "" ? "(empty key)" : key;
+  }
+
   /** Who holds an actor's lease: the owning server's address ("this server" for the one
    * answering), or "-" while nobody does (asleep, or its owner's lease ran out). */
   function ownerText(owner) {
@@ -171,7 +176,7 @@
     }
     const url = new URL(path, window.location.origin);
     for (const [name, value] of Object.entries(params || {})) {
-      if (value !== undefined && value !== null && value !== "") url.searchParams.set(name, value);
+      if (value !== undefined && value !== null) url.searchParams.set(name, value); // "" is a key
     }
     const headers = { Authorization: `Bearer ${token}`, Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -274,13 +279,13 @@
       const after = cursors[cursors.length - 1];
       try {
         const page = await api("/inspect/actors", {
-          params: { name: filter.value.trim(), key_prefix: keyFilter.value, after, limit: ACTORS_PAGE, usage: 1, owners: 1 },
+          params: { name: filter.value.trim() || null, key_prefix: keyFilter.value || null, after, limit: ACTORS_PAGE, usage: 1, owners: 1 },
         });
         list.replaceChildren(page.actors.length ? el("table", { id: "actors" },
           el("thead", {}, el("tr", {}, ["name", "key", "status", "owner", "created", "size"].map((c) => el("th", { text: c })))),
           el("tbody", {}, page.actors.map((a) => el("tr", {},
             el("td", {}, a.name),
-            el("td", {}, link(a.key, "actor", a.name, a.key)),
+            el("td", {}, link(keyText(a.key), "actor", a.name, a.key)),
             el("td", { class: a.live || a.owner ? "awake" : "asleep", text: a.live || a.owner ? "awake" : "asleep" }),
             el("td", { class: "owner", text: ownerText(a.owner) }),
             el("td", { text: when(a.created) }),
@@ -450,7 +455,7 @@
   function actorView(name, key) {
     return el("div", { id: "actor-view" },
       el("p", {}, link("← actors", "actors")),
-      section(`${name} / ${key}`, "summary-section", summaryView(name, key)),
+      section(`${name} / ${keyText(key)}`, "summary-section", summaryView(name, key)),
       section("State", "state-section", stateView(name, key)),
       section("Tables", "tables-section", tablesView(name, key)),
       section("SQL console", "console-section", consoleView(name, key)),
@@ -530,9 +535,9 @@
         const controls = steerable
           ? el("div", { class: "toolbar" },
             FINAL.has(workflow.state) ? null : el("button", { type: "button", id: "workflow-cancel", class: "danger", text: "Cancel workflow",
-              onclick: () => change("cancel", {}, `Cancel the workflow of ${name} / ${key}? No step runs after this, and later wakes do not run it.`, "Yes, cancel it") }),
+              onclick: () => change("cancel", {}, `Cancel the workflow of ${name} / ${keyText(key)}? No step runs after this, and later wakes do not run it.`, "Yes, cancel it") }),
             el("button", { type: "button", id: "workflow-replay-all", text: "Replay from the start",
-              onclick: () => change("replay", { from: null }, `Forget the whole history of ${name} / ${key} and run the workflow again from the start?`, "Yes, replay all") }))
+              onclick: () => change("replay", { from: null }, `Forget the whole history of ${name} / ${keyText(key)} and run the workflow again from the start?`, "Yes, replay all") }))
           : el("p", { class: "muted", id: "workflow-read-only", text: "read-only view (pagekv ui): cancel and replay through the server that runs the actor" });
         return el("div", {},
           el("p", { id: "workflow-state", text: `state: ${workflow.state}` }),
@@ -546,7 +551,7 @@
     show("");
     return el("div", { id: "workflow-view" },
       el("p", {}, link("← actor", "actor", name, key)),
-      section(`Workflow of ${name} / ${key}`, "workflow", ask, body));
+      section(`Workflow of ${name} / ${keyText(key)}`, "workflow", ask, body));
   }
 
   // -- metrics --------------------------------------------------------------------------------
