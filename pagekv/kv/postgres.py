@@ -33,8 +33,8 @@ Why it is built this way:
   success at all: the connection breaks, which is indeterminate already.
 - **A failover ends every ownership taken before it.** Each connection learns its server's
   timeline, which a promotion changes; a fenced write of a namespace taken over on another
-  timeline is refused unsent (`KvIndeterminate`), so an instance reopens instead of writing on
-  top of a state that may have lost its last commits (see `PostgresNamespace`).
+  timeline is refused unsent (`FailedOver`, a `FenceMismatch`), so an instance reopens instead
+  of writing on top of a state that may have lost its last commits (see `PostgresNamespace`).
 - **Pooled, bounded connections, any number of hosts.** A pool per store (`pg_pool`) makes
   connections on demand, retrying with a bounded backoff until `pool_timeout`; connect, TCP and
   pool-wait timeouts all default to finite values so that a dead server surfaces as an error
@@ -62,7 +62,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from pagekv.kv.errors import KvIndeterminate, KvUnavailable
+from pagekv.kv.errors import FenceMismatch, KvError, KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
@@ -407,7 +407,7 @@ class PostgresStore:
     ) -> tuple[list[Any], int]:
         """Send one statement (one round trip); return its rows and the server's timeline,
         mapping failures to KV errors. With `timeline`, a connection to a server on another
-        timeline sends nothing: `KvIndeterminate` (see `PostgresNamespace`).
+        timeline sends nothing and raises `_OtherTimeline` (see `PostgresNamespace`).
 
         Invariant: on an autocommit connection one `execute` is one implicit transaction, so an
         error reported on a connection that is still usable means it was rolled back.
@@ -415,13 +415,7 @@ class PostgresStore:
         conn = self._acquire()
         try:
             if timeline is not None and conn.pagekv_timeline != timeline:
-                raise KvIndeterminate(
-                    f"{op} was not sent: PostgreSQL at {conn.pagekv_host} ({self.where}) is on "
-                    f"timeline {conn.pagekv_timeline}, not on timeline {timeline} where the "
-                    "namespace was taken over — it failed over since, and what this instance "
-                    "wrote before may be gone (with asynchronous replication); reopen (take "
-                    "over) to go on from what the server holds"
-                )
+                raise _OtherTimeline(conn.pagekv_timeline, f"{conn.pagekv_host} ({self.where})")
             try:
                 rows = _cursor(conn).execute(query, params).fetchall()
             except psycopg.Error as e:
@@ -548,6 +542,35 @@ class PostgresStore:
         self.close()
 
 
+class FailedOver(FenceMismatch):
+    """A fenced write refused, unsent, because the server failed over (a standby was promoted:
+    a new timeline) since the namespace was taken over. An instance must reopen (take over
+    again) rather than write on what it believes is there: with asynchronous replication the
+    new primary may lack its last commits. A `FenceMismatch`, so that whatever stops a stale
+    instance stops this one; `current` is the namespace's generation on the new primary."""
+
+    def __init__(self, fence: int, current: int, was: int, now: int, where: str) -> None:
+        KvError.__init__(
+            self,
+            f"fence {fence} was taken over on timeline {was} of PostgreSQL; {where} is on "
+            f"timeline {now} (it failed over since, and what was written under that fence may "
+            f"have been lost); nothing was written: take the namespace (at generation {current}) "
+            "over again",
+        )
+        self.fence = fence
+        self.current = current
+        self.was = was
+        self.now = now
+
+
+@dataclass
+class _OtherTimeline(Exception):
+    """`_run` refused to send a fenced write to a server on another timeline."""
+
+    timeline: int
+    where: str
+
+
 class _Connection(psycopg.Connection[Any]):
     """A pooled connection: its one cursor, the host it reached and that server's timeline, and
     the warnings of not replicated commits the server sent since the last request
@@ -632,9 +655,10 @@ class PostgresNamespace(KvNamespace):
     asynchronous one, the new primary may lack the last commits an instance was told had
     succeeded, and an instance that went on writing its in-memory view on top of that older
     state would corrupt its database (measured: a page below EOF missing at the next open). So
-    its first fenced write after a failover is refused as `KvIndeterminate` — the VFS dies, its
-    reopen takes over on the new timeline and reads what is there. With synchronous replication
-    nothing is lost, and the cost is that one reopen per open database and failover.
+    every fenced write after a failover is refused (`FailedOver`) until the namespace is taken
+    over again — the VFS dies, its reopen takes over on the new timeline and reads what is there.
+    With synchronous replication nothing is lost, and the cost is one reopen per open database
+    and failover.
     """
 
     def __init__(self, actor_id: str, store: PostgresStore, ns_id: int, timeline: int) -> None:
@@ -644,9 +668,19 @@ class PostgresNamespace(KvNamespace):
         self._sql = store._sql
         self._timeline = timeline
 
-    def _fenced_on(self, fence: int | None) -> int | None:
-        """The timeline a write with `fence` must reach, or None for an unfenced write."""
-        return None if fence is None else self._timeline
+    def _run_fenced(self, op: str, query: str, params: Sequence[object], fence: int | None) -> Any:
+        """The one row of a data-changing statement, sent only to this namespace's timeline
+        when fenced (`FailedOver` otherwise, after reading the generation there)."""
+        try:
+            (row,), _ = self._store._run(
+                op, query, params, write=True, timeline=None if fence is None else self._timeline
+            )
+        except _OtherTimeline as other:
+            assert fence is not None
+            raise FailedOver(
+                fence, self.generation(), self._timeline, other.timeline, other.where
+            ) from None
+        return row
 
     def _missing(self) -> KvUnavailable:
         return KvUnavailable(
@@ -679,9 +713,7 @@ class PostgresNamespace(KvNamespace):
             list(batch.deletes),
             self._limits.max_storage_bytes,
         )
-        ((status, generation, used, delta),), _ = self._store._run(
-            "write", self._sql.write, params, write=True, timeline=self._fenced_on(fence)
-        )
+        status, generation, used, delta = self._run_fenced("write", self._sql.write, params, fence)
         self._check_status(status, fence, generation)
         if status == _OVER_QUOTA:
             check_quota(self._limits, used, delta)  # raises StorageQuotaExceeded
@@ -696,12 +728,8 @@ class PostgresNamespace(KvNamespace):
             raise AssertionError(f"server refused fence {fence} at generation {generation}")
 
     def _delete_range(self, start: bytes | None, end: bytes | None, fence: int | None) -> None:
-        ((status, generation),), _ = self._store._run(
-            "delete_range",
-            self._sql.delete_range,
-            (self._id, fence, start, end),
-            write=True,
-            timeline=self._fenced_on(fence),
+        status, generation = self._run_fenced(
+            "delete_range", self._sql.delete_range, (self._id, fence, start, end), fence
         )
         self._check_status(status, fence, generation)
 
