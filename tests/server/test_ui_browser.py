@@ -533,3 +533,26 @@ def test_an_actor_whose_key_is_empty(browser: WebDriver, server: Served) -> None
     _wait(browser, lambda d: _text(d, "#workflow-state") == "state: cancelled", "the new state")
     with _http(server) as http:
         assert _flow(http, "")["state"] == "cancelled"
+
+
+def test_the_p95_of_a_histogram_with_no_finite_bucket_is_not_charted(
+    browser: WebDriver, server: Served
+) -> None:
+    """A latency histogram whose only bucket is `+Inf` says nothing of its quantile: the p95
+    tile is left empty (it showed -Infinity), while the mean, from the same series, is shown.
+    The page's fetch of /metrics is answered with such a histogram (fault injection)."""
+    _open(browser, server, "actors")
+    _wait(browser, lambda d: d.find_elements(By.ID, "actors"), "the list")
+    browser.execute_script(
+        "const fetched = window.fetch; let n = 0;"
+        "window.fetch = (url, init) => String(url).endsWith('/metrics')"
+        "  ? (n += 1, Promise.resolve(new Response("
+        '      `pagekv_action_duration_seconds_bucket{le="+Inf"} ${n * 4}\\n`'
+        "      + `pagekv_action_duration_seconds_sum ${n * 2}\\n`"
+        "      + `pagekv_action_duration_seconds_count ${n * 4}\\n`)))"
+        "  : fetched(url, init);"
+        "window.location.hash = '#/metrics';"
+    )
+    # 500 ms, the mean of the injected series alone: the page charted the injected answers
+    _wait(browser, lambda d: _text(d, "#metric-latency") == "500", "the mean latency")
+    assert _text(browser, "#metric-latency-p95") == ""

@@ -575,7 +575,8 @@
 
   /** The `q` quantile of a histogram over the interval from `before` to `now`: the upper bound
    * of the first bucket holding it (null while nothing was observed; past the last finite
-   * bucket, that bucket's bound: the quantile is at least that). */
+   * bucket, that bucket's bound: the quantile is at least that; Infinity if there is no
+   * finite bucket: no bound to name). */
   function quantile(name, q, now, before) {
     const prefix = `${name}_bucket@`;
     const bounds = Object.keys(now).filter((k) => k.startsWith(prefix))
@@ -585,7 +586,9 @@
     const total = bounds.length ? bounds[bounds.length - 1][1] : 0;
     if (total <= 0) return null;
     const found = bounds.find(([, n]) => n >= q * total)[0];
-    return Number.isFinite(found) ? found : Math.max(...bounds.map(([le]) => le).filter(Number.isFinite));
+    if (Number.isFinite(found)) return found;
+    const finite = bounds.map(([le]) => le).filter(Number.isFinite);
+    return finite.length ? Math.max(...finite) : Infinity;
   }
 
   const CHARTS = [
@@ -606,7 +609,8 @@
     if (chart.rate) return ((now[chart.rate] ?? 0) - (before[chart.rate] ?? 0)) / seconds;
     if (chart.quantile) {
       const bound = quantile(...chart.quantile, now, before);
-      return bound === null ? 0 : bound * scale;
+      if (bound === null) return 0;
+      return Number.isFinite(bound) ? bound * scale : null; // null: nothing to chart
     }
     const [sum, count] = chart.ratio;
     const n = (now[count] ?? 0) - (before[count] ?? 0);
