@@ -560,21 +560,34 @@ async def add(ctx: ActorContext, n: int) -> int:
     return int(ctx.state["count"])
 
 
+@tally.action
+async def note(ctx: ActorContext, n: int) -> list[bytes | None]:
+    """Write only the actor's own KV entries (no database commit), then read them back."""
+    await ctx.kv.put({b"note-%d" % n: b"%d" % n})
+    return await ctx.kv.get([b"note-%d" % i for i in range(n + 1)])
+
+
 @pytest.mark.anyio
 async def test_an_actor_serves_on_after_a_failover(
     pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
 ) -> None:
-    """An awake actor of the runtime, its primary failed over while it was idle: the call that
-    meets the failover has its write refused unsent (`FailedOver`), and the runtime, as after a
-    takeover, runs it again on a fresh instance, which has every acknowledged commit. No call
-    fails."""
+    """Two awake actors of the runtime, their primary failed over while they were idle. The call
+    that meets the failover has its write refused unsent (`FailedOver`) — one through its
+    database, the other through its own KV entries — and the runtime, as after a takeover, runs
+    it again on a fresh instance, which has every acknowledged commit. No call fails."""
     store = open_store("actors", pool_timeout=30)
-    async with Registry([tally], kv=store).run() as client:
-        handle = client.get_or_create("tally", "k")
-        assert [await handle.add(n) for n in range(5)] == [1, 2, 3, 4, 5]
+    registry = Registry([tally], kv=store)
+    async with registry.run() as client:
+        rows, notes = client.get_or_create("tally", "rows"), client.get_or_create("tally", "notes")
+        assert [await rows.add(n) for n in range(5)] == [1, 2, 3, 4, 5]
+        assert await notes.note(0) == [b"0"]
+        takeovers = registry.metrics().get("takeovers", 0)
         await anyio.to_thread.run_sync(pair.fail_over, "immediate")
         await anyio.to_thread.run_sync(pair.rebuild_standby)
-        assert [await handle.add(n) for n in range(5, 8)] == [6, 7, 8]
-    (actor_id,) = [a for a in store.actor_ids() if a.startswith("tally/")]
+        assert [await rows.add(n) for n in range(5, 8)] == [6, 7, 8]
+        assert await notes.note(1) == [b"0", b"1"]
+        assert await notes.note(2) == [b"0", b"1", b"2"]
+        assert registry.metrics().get("takeovers", 0) == takeovers + 2  # one per actor
+    (actor_id,) = [a for a in store.actor_ids() if a.startswith("tally/rows")]
     with open_database(store.namespace(actor_id), read_only=True) as snap:
         assert snap.execute("SELECT n FROM adds").fetchall() == [(n,) for n in range(8)]
