@@ -30,8 +30,9 @@ import statistics
 import time
 from collections.abc import Callable
 
-from pagekv.kv import PostgresStore, open_kv
+from pagekv.kv import open_kv
 from pagekv.kv.pg_cluster import ReplicatedPair, TempCluster
+from pagekv.kv.postgres import PostgresStore
 from pagekv.vfs import open_database
 
 ROW = os.urandom(50).hex()  # 100 bytes of text
