@@ -230,9 +230,9 @@ class TempCluster:
         """Promote this standby to primary and wait until it accepts writes.
 
         Then a checkpoint: `pg_rewind` reads the new timeline from the control file, which only a
-        checkpoint updates; without it the old primary is found "on the same timeline", left
-        unrewound, and its divergent WAL makes its walreceiver report flush positions it never
-        received from this node — which would release synchronous commits it does not hold.
+        checkpoint updates; without it the old primary is found "on the same timeline" and left
+        unrewound, and started as a standby with WAL this node never had, it was seen to release
+        a synchronous commit it did not hold.
         """
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", "60", "promote")
         self.sql("CHECKPOINT")

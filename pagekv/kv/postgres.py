@@ -298,9 +298,16 @@ _TIMELINE = "SELECT pg_walfile_name(pg_current_wal_lsn())"
 
 def _where(url: str) -> str:
     """The servers and database of a libpq URL, without credentials, for error messages:
-    `postgresql://h1:5432,h2:5433/db` (one host or several)."""
+    `postgresql://h1:5432,h2:5433/db` (one host or several; `?host=&port=` when the URL gives
+    them there instead)."""
     parts = urlsplit(url)
-    hosts = parts.netloc.rpartition("@")[2] or "localhost"
+    hosts = parts.netloc.rpartition("@")[2]
+    if not hosts:
+        query = dict(parse_qsl(parts.query))
+        shown = {k: query[k] for k in ("host", "port") if k in query}
+        if not shown:
+            return f"postgresql://localhost{parts.path or '/'}"
+        return f"postgresql://{parts.path or '/'}?{urlencode(shown, safe='/,')}"
     return f"postgresql://{hosts}{parts.path or '/'}"
 
 

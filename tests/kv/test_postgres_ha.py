@@ -105,6 +105,9 @@ def test_multi_host_urls_are_parsed_and_shown_without_the_password() -> None:
             open_kv(f"postgresql://u:s3cret@{bad}")
         assert "s3cret" not in str(info.value)
         assert "postgresql://db1" in str(info.value)  # which servers, without the credentials
+    with pytest.raises(ValueError, match=r"for postgresql:///app\?host=db1,db2&port=1,2:") as info:
+        open_kv("postgresql:///app?host=db1,db2&port=1,2&password=s3cret&pool_max=x")
+    assert "s3cret" not in str(info.value)
 
 
 def test_no_reachable_host_is_unavailable_naming_every_host() -> None:
