@@ -49,6 +49,7 @@ MANY = 53  # more than one page of the actors list (50)
 probe = actor("probe", state={"note": None})
 stepper = actor("stepper", state={})
 approver = actor("approver", state={"loads": 0})
+looper = actor("looper", state={"visits": []})
 
 
 @probe.create_state
@@ -110,6 +111,25 @@ async def loads(ctx: ActorContext) -> int:
     return int(ctx.state["loads"])
 
 
+@looper.workflow
+async def _loop(wf: WorkflowContext) -> Any:
+    """Two iterations of a step, then a wait: something to replay from inside a loop."""
+    async for it in wf.loop("rounds", state=0):
+
+        async def visit(step: StepContext, index: int = it.index) -> None:
+            step.state["visits"] = [*step.state["visits"], index]
+
+        await it.step("visit", visit)
+        if it.index == 1:
+            break
+    return await wf.queue.next("approval", names=["approve"], timeout=600)
+
+
+@looper.action
+async def visits(ctx: ActorContext) -> list[int]:
+    return list(ctx.state["visits"])
+
+
 def _missing() -> str | None:
     if webdriver is None:
         return "selenium is not installed (pip install -e '.[dev]')"
@@ -129,7 +149,7 @@ def servers() -> Iterator[tuple[Served, Served]]:
     async def main() -> None:
         try:
             async with (
-                serving([probe, stepper, approver], advertise=True) as served,
+                serving([probe, stepper, approver, looper], advertise=True) as served,
                 serving_store(served.store) as view,
             ):
                 ready.put((served, view))
@@ -556,3 +576,36 @@ def test_the_p95_of_a_histogram_with_no_finite_bucket_is_not_charted(
     # 500 ms, the mean of the injected series alone: the page charted the injected answers
     _wait(browser, lambda d: _text(d, "#metric-latency") == "500", "the mean latency")
     assert _text(browser, "#metric-latency-p95") == ""
+
+
+def test_replay_from_inside_a_loop_says_it_forgets_the_whole_loop(
+    browser: WebDriver, server: Served
+) -> None:
+    """A replay from an entry inside a loop forgets the outermost loop holding it (its first
+    iteration too): the question must say so, not that only that entry and later ones go."""
+    with _http(server) as http:
+        assert http.post("/actors/looper/actions/visits", params={"key": "l1"}).is_success
+        for _ in range(200):
+            found = http.get("/inspect/actors/looper/workflow", params={"key": "l1"})
+            entries = found.json()["workflow"]["entries"] if found.status_code == 200 else []
+            if [e["name"] for e in entries[-1:]] == ["approval"]:
+                break
+            threading.Event().wait(0.05)
+    _open(browser, server, "workflow/looper/l1")
+    replay = _wait(
+        browser,
+        lambda d: d.find_element(By.CSS_SELECTOR, "button.replay[data-location='rounds/~1/visit']"),
+        "the replay button of the second iteration's step",
+    )
+    replay.click()
+    question = _wait(browser, lambda d: _text(d, "#confirm") or None, "the question")
+    assert question.startswith("Forget the loop rounds (all its iterations, rounds/~1/visit")
+    browser.find_element(By.ID, "confirm-yes").click()
+    _wait(browser, lambda d: _text(d, "#workflow-notice") or None, "the notice")
+    with _http(server) as http:
+        for _ in range(200):
+            done = http.post("/actors/looper/actions/visits", params={"key": "l1"}).json()
+            if len(done["result"]) == 4:
+                break
+            threading.Event().wait(0.05)
+    assert done["result"] == [0, 1, 0, 1]  # both iterations ran again, as the question said

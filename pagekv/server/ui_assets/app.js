@@ -511,6 +511,17 @@
       el("p", { text: question }), el("div", { class: "toolbar" }, answerYes, answerNo)));
   }
 
+  /** What a replay from `location` forgets, as the server does it: the entry and every later
+   * one, or, inside a loop, the outermost loop holding it with all its iterations (a loop's
+   * entry records the iteration it is at, so forgetting less would resume it past the entry). */
+  function replayQuestion(location) {
+    const segments = location.split("/");
+    const iteration = segments.findIndex((s) => s.startsWith("~"));
+    const forgotten = iteration < 0 ? location
+      : `the loop ${segments.slice(0, iteration).join("/")} (all its iterations, ${location} among them)`;
+    return `Forget ${forgotten} and every entry after it, then run the workflow again from there?`;
+  }
+
   function workflowView(name, key) {
     const body = el("div", {});
     const ask = el("div", { id: "workflow-ask" });
@@ -530,8 +541,7 @@
         const current = currentIndex(workflow);
         const steerable = !server.read_only;
         const replay = steerable ? (location) => change("replay", { from: location },
-          `Forget ${location} and every entry after it, then run the workflow again from there?`,
-          "Yes, replay from here") : null;
+          replayQuestion(location), "Yes, replay from here") : null;
         const controls = steerable
           ? el("div", { class: "toolbar" },
             FINAL.has(workflow.state) ? null : el("button", { type: "button", id: "workflow-cancel", class: "danger", text: "Cancel workflow",
