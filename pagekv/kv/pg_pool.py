@@ -1,12 +1,11 @@
 """Connections to a PostgreSQL service of one or more hosts, for `PostgresStore`.
 
 Why not `psycopg_pool`: it reconnects from background threads with an exponential backoff that
-starts at 1 s and doubles, so after a failover the first request could wait several seconds past
-the moment the new primary accepts writes, and "connection refused" was only visible as "no
-connection within N s". Here a request that finds no idle connection makes one itself, in its
-own thread, retrying with a short bounded backoff (`RETRY_FIRST` doubling to `RETRY_MOST`) until
-its deadline: a request resumes at most `RETRY_MOST` (plus one connection) after a server is
-back, and when it gives up it says why the last attempt failed.
+starts at 1 s and doubles, so after a failover the first request could wait seconds past the
+moment the new primary accepts writes. Here a request that finds no idle connection makes one
+itself, in its own thread, retrying with a short bounded backoff (`RETRY_FIRST` doubling to
+`RETRY_MOST`) until its deadline: a request resumes at most `RETRY_MOST` (plus one connection)
+after a server is back, and when it gives up it says why the last attempt failed.
 
 Invariants:
 
