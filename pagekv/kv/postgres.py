@@ -304,7 +304,7 @@ def _where(url: str) -> str:
     hosts = parts.netloc.rpartition("@")[2]
     if not hosts:
         query = dict(parse_qsl(parts.query))
-        shown = {k: query[k] for k in ("host", "port") if k in query}
+        shown: dict[str, str] = {k: query[k] for k in ("host", "port") if k in query}
         if not shown:
             return f"postgresql://localhost{parts.path or '/'}"
         return f"postgresql://{parts.path or '/'}?{urlencode(shown, safe='/,')}"

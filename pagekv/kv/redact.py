@@ -4,15 +4,23 @@ import circle."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit, urlunsplit
+
+_QUERY_PASSWORD = re.compile(r"(^|&)(password=)[^&]*")
+"""libpq takes a password as a query parameter too (`?password=...`)."""
 
 
 def redact_url(url: str) -> str:
-    """`url` with its password, if any, replaced by `***`: the one form in which a store URL is
-    printed, logged or put in an error message."""
+    """`url` with its passwords, if any, replaced by `***`, the one in the user part and any
+    `password=` query parameter: the one form in which a store URL is printed, logged or put in
+    an error message."""
     parts = urlsplit(url)
-    if parts.password is None:
+    query = _QUERY_PASSWORD.sub(r"\1\2***", parts.query)
+    if parts.password is None and query == parts.query:
         return url
-    user, _, host = parts.netloc.rpartition("@")
-    name = user.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
+    netloc = parts.netloc
+    if parts.password is not None:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.partition(':')[0]}:***@{host}"
+    return urlunsplit(parts._replace(netloc=netloc, query=query))

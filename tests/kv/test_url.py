@@ -34,3 +34,28 @@ def test_a_bad_url_is_refused_without_its_password() -> None:
         open_kv("postgresql://ada:s3cret@host/db?pool_max=x")
     assert "s3cret" not in str(bad_option.value)
     assert redact_url("postgresql://ada@host/db") == "postgresql://ada@host/db"
+
+
+def test_a_password_in_the_query_string_is_redacted_too() -> None:
+    shown = {
+        url: redact_url(url)
+        for url in (
+            "postgresql://h/db?password=s3cret",
+            "postgresql://ada:s3cret@h1:5432,h2:5433/db?sslmode=require&password=s3cret&x=1",
+            "postgresql://h/db?mypassword=kept&password=",
+            "file:/tmp/store?log_kib=12",
+        )
+    }
+    assert shown == {
+        "postgresql://h/db?password=s3cret": "postgresql://h/db?password=***",
+        "postgresql://ada:s3cret@h1:5432,h2:5433/db?sslmode=require&password=s3cret&x=1": (
+            "postgresql://ada:***@h1:5432,h2:5433/db?sslmode=require&password=***&x=1"
+        ),
+        "postgresql://h/db?mypassword=kept&password=": (
+            "postgresql://h/db?mypassword=kept&password=***"
+        ),
+        "file:/tmp/store?log_kib=12": "file:/tmp/store?log_kib=12",
+    }
+    with pytest.raises(ValueError) as refused:
+        open_kv("postgresql://h/db?password=s3cret&pool_max=x")
+    assert "s3cret" not in str(refused.value)
