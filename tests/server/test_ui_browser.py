@@ -431,20 +431,34 @@ def test_the_page_refuses_html_parsing_and_inline_script(
     assert browser.execute_script("return window.__pwned") is None
 
 
-def _approval_wait(served: Served, key: str) -> None:
-    """The approver `key` created, its workflow past its step and waiting for approval (until
-    its workflow records its first entry, the workflow route answers 404 `no_workflow`)."""
+def _approval_wait(served: Served, key: str, name: str = "approver", call: str = "loads") -> None:
+    """The actor `name`/`key` created (by its action `call`), its workflow past its steps and
+    waiting for approval (until its workflow records its first entry, the workflow route
+    answers 404 `no_workflow`)."""
     with _http(served) as http:
-        assert http.post("/actors/approver/actions/loads", params={"key": key}, json={}).is_success
+        assert http.post(f"/actors/{name}/actions/{call}", params={"key": key}).is_success
         for _ in range(200):
-            found = http.get("/inspect/actors/approver/workflow", params={"key": key})
-            if found.status_code == 200 and _shape(found.json()["workflow"]) == [
-                ("load", "completed"),
-                ("approval", "pending"),
+            found = http.get(f"/inspect/actors/{name}/workflow", params={"key": key})
+            if found.status_code == 200 and _shape(found.json()["workflow"])[-1:] == [
+                ("approval", "pending")
             ]:
                 return
             threading.Event().wait(0.05)
-    raise AssertionError(f"the workflow of {key} does not wait for its approval")
+    raise AssertionError(f"the workflow of {name}/{key} does not wait for its approval")
+
+
+def _ask_replay(driver: WebDriver, served: Served, where: str, location: str) -> str:
+    """The workflow page `#/where`: replay from `location`, confirmed; the question it asked."""
+    _open(driver, served, where)
+    replay = _wait(
+        driver,
+        lambda d: d.find_element(By.CSS_SELECTOR, f"button.replay[data-location='{location}']"),
+        f"the replay button of {location}",
+    )
+    replay.click()
+    question = _wait(driver, lambda d: _text(d, "#confirm") or None, "the question")
+    driver.find_element(By.ID, "confirm-yes").click()
+    return str(question)
 
 
 def _flow(http: httpx.Client, key: str) -> dict[str, Any]:
@@ -481,16 +495,8 @@ def test_cancel_asks_first_and_keeping_it_changes_nothing(
 
 def test_replay_from_a_step_runs_it_again(browser: WebDriver, server: Served) -> None:
     _approval_wait(server, "r1")
-    _open(browser, server, "workflow/approver/r1")
-    replay = _wait(
-        browser,
-        lambda d: d.find_element(By.CSS_SELECTOR, "button.replay[data-location='load']"),
-        "the replay button of the step",
-    )
-    replay.click()
-    question = _wait(browser, lambda d: _text(d, "#confirm") or None, "the question")
+    question = _ask_replay(browser, server, "workflow/approver/r1", "load")
     assert question.startswith("Forget load and every entry after it")
-    browser.find_element(By.ID, "confirm-yes").click()
     notice = _wait(browser, lambda d: _text(d, "#workflow-notice") or None, "the notice")
     assert notice.startswith("replaying: the workflow is ")
     with _http(server) as http:
@@ -583,24 +589,9 @@ def test_replay_from_inside_a_loop_says_it_forgets_the_whole_loop(
 ) -> None:
     """A replay from an entry inside a loop forgets the outermost loop holding it (its first
     iteration too): the question must say so, not that only that entry and later ones go."""
-    with _http(server) as http:
-        assert http.post("/actors/looper/actions/visits", params={"key": "l1"}).is_success
-        for _ in range(200):
-            found = http.get("/inspect/actors/looper/workflow", params={"key": "l1"})
-            entries = found.json()["workflow"]["entries"] if found.status_code == 200 else []
-            if [e["name"] for e in entries[-1:]] == ["approval"]:
-                break
-            threading.Event().wait(0.05)
-    _open(browser, server, "workflow/looper/l1")
-    replay = _wait(
-        browser,
-        lambda d: d.find_element(By.CSS_SELECTOR, "button.replay[data-location='rounds/~1/visit']"),
-        "the replay button of the second iteration's step",
-    )
-    replay.click()
-    question = _wait(browser, lambda d: _text(d, "#confirm") or None, "the question")
+    _approval_wait(server, "l1", "looper", "visits")
+    question = _ask_replay(browser, server, "workflow/looper/l1", "rounds/~1/visit")
     assert question.startswith("Forget the loop rounds (all its iterations, rounds/~1/visit")
-    browser.find_element(By.ID, "confirm-yes").click()
     _wait(browser, lambda d: _text(d, "#workflow-notice") or None, "the notice")
     with _http(server) as http:
         for _ in range(200):
