@@ -253,6 +253,9 @@ class ActorInstance:
         ):
             self._run_active, self._run_done = True, False
             self._run_ended = anyio.Event()
+            # made here, not in the task: a stop between this spawn and the task's first step
+            # cancels it too (the task enters it already cancelled)
+            self._run_scope = anyio.CancelScope()
             self.registry.spawn(self._run_handler)
 
     @asynccontextmanager
@@ -286,9 +289,10 @@ class ActorInstance:
     async def _run_handler(self) -> None:
         """The optional long-running `run(ctx)`; it blocks idle sleep while it runs (unless it
         waits, see `waiting`). Never runs twice at once: `start_run` is its only way in."""
+        scope = self._run_scope
+        assert scope is not None, "start_run makes the run handler's scope"
         try:
-            with anyio.CancelScope() as scope:
-                self._run_scope = scope
+            with scope:
                 if not self.serving() or self._requested is not None:
                     return
                 if self.workflow is not None:

@@ -1,9 +1,6 @@
 """The inspector's page API attacked: what it says about an actor's owner when another server
 answered, the bad requests it must refuse, and workflow changes of an actor that sleeps or
-whose entries have odd names, over real loopback servers sharing one store.
-
-The tests marked xfail are bugs of the actor layer the inspector's routes meet (their reasons
-say where); they pass once it is fixed, and `strict` makes that visible."""
+whose entries have odd names, over real loopback servers sharing one store."""
 
 from __future__ import annotations
 
@@ -106,12 +103,6 @@ async def test_what_answers_refuses_unknown_parameters_like_every_route() -> Non
         assert "['mode']" in response.json()["error"]["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actor layer: ActorInstance.stop_run cancels nothing when the run handler start_run "
-    "spawned has not entered its cancel scope yet (the wake just before the change), and waits "
-    "for it to end by itself: here until the idle sleep (sleep_timeout, 30 s by default)",
-)
 async def test_a_change_of_an_asleep_actor_does_not_wait_for_its_idle_sleep(
     eventually: Eventually,
 ) -> None:
@@ -135,11 +126,6 @@ async def _none_live(registry: Any) -> bool:
     return not registry.live()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actor layer: Runner._target splits the readable location at '/' and '~', so a step "
-    "named '~first' is a KeyError (500) and one named 'plain/~0/z' resolves to 'plain'",
-)
 async def test_a_replay_from_an_entry_with_an_odd_name_replays_from_that_entry(
     eventually: Eventually,
 ) -> None:

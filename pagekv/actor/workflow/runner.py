@@ -498,15 +498,24 @@ class Runner:
             self.history.put(replace(entry, data=data, status=Status.PENDING, completed=None))
 
     def _target(self, path: str) -> Entry:
+        """The entry a replay from `path` (a readable location) forgets from: that entry, or
+        if it is inside a loop, the outermost loop holding it. Matched whole and then walked on
+        the stored location, whose segments are name indexes and `~` iterations: a name may
+        itself hold `/` or start with `~`, so the readable path cannot be split."""
         names = {idx: name for name, idx in self.history.names.items()}
-        by_path = {readable(loc, names): e for loc, e in self.history.entries.items()}
-        if path not in by_path:
+        found = [e for loc, e in self.history.entries.items() if readable(loc, names) == path]
+        if not found:
             raise WorkflowChangeRefused(f"the workflow history has no entry {path!r}")
-        segments = path.split("/")
+        if len(found) > 1:
+            raise WorkflowChangeRefused(
+                f"{path!r} names {len(found)} entries of the history (names holding '/' or "
+                "starting with '~' spell alike); nothing was replayed"
+            )
+        segments = found[0].location.split("/")
         loops = [i for i, s in enumerate(segments) if s.startswith("~")]
         if loops:
-            return by_path["/".join(segments[: loops[0]])]
-        return by_path[path]
+            return self.history.entries["/".join(segments[: loops[0]])]
+        return found[0]
 
 
 def _take_rows(
