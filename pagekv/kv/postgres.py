@@ -318,7 +318,7 @@ class PostgresStore:
     guarantee (atomic batches, fencing, exact quota) is enforced by the server.
     """
 
-    def __init__(self, url: str, *, limits: KvLimits | None = None) -> None:
+    def __init__(self, url: str, *, limits: KvLimits | None = None, create: bool = True) -> None:
         self.limits = limits or KvLimits()
         if self.limits.max_key_bytes > _MAX_KEY_BYTES:
             raise ValueError(
@@ -359,7 +359,10 @@ class PostgresStore:
                 self._pool.open()
             except NoConnection as e:
                 raise self._unreachable(e) from e
-            self._ensure_schema()
+            if create:
+                self._ensure_schema()
+            else:
+                self._require_schema()
         except BaseException:
             self._pool.close()
             raise
@@ -501,6 +504,27 @@ class PostgresStore:
             raise KvUnavailable(
                 f"cannot set up the pagekv schema {schema!r} on PostgreSQL at {self.where}: {e}"
             ) from e
+
+    def _require_schema(self) -> None:
+        """For tools that only read (`create=False`): the schema must be there, at this code's
+        version; nothing is created or upgraded under the servers that use it."""
+        try:
+            version = self._schema_version_fast()
+        except psycopg.Error as e:
+            raise KvUnavailable(
+                f"cannot read the pagekv schema on PostgreSQL at {self.where}: {e}"
+            ) from e
+        schema = self.options.schema
+        if version is None:
+            raise FileNotFoundError(
+                f"no pagekv store (schema {schema!r}) on PostgreSQL at {self.where}"
+            )
+        if version != SCHEMA_VERSION:
+            raise FileNotFoundError(
+                f"the pagekv schema {schema!r} on PostgreSQL at {self.where} is version {version}, "
+                f"older than this pagekv's {SCHEMA_VERSION}: a server of this pagekv upgrades it "
+                "when it opens the store; a tool that only reads does not"
+            )
 
     def _schema_version_fast(self) -> int | None:
         """The stored version in one round trip, or None if the schema is not there yet."""

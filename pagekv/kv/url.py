@@ -33,8 +33,10 @@ def open_kv(
     - `postgresql://user@host:port/db[?schema=..&pool_max=..]` (or `postgres://`): a PostgreSQL
       server shared by many hosts; see `PostgresStore` for the options.
 
-    With `create=False` a `file:` store must exist already (`FileNotFoundError` otherwise):
-    what tools that only read want, rather than an empty store made where a path was mistyped.
+    With `create=False` the store must exist already (`FileNotFoundError` otherwise: no `file:`
+    directory, or no PostgreSQL schema at this pagekv's version), and nothing is created or
+    upgraded: what tools that only read want, rather than an empty store made where a path was
+    mistyped.
     """
     return _opener(url, limits, create)()
 
@@ -99,7 +101,7 @@ def _opener(url: str, limits: KvLimits | None, create: bool) -> Callable[[], KvS
                 # Imported here so that psycopg loads only for stores that use it.
                 from pagekv.kv.postgres import PostgresStore
 
-                return PostgresStore(url, limits=limits)
+                return PostgresStore(url, limits=limits, create=create)
 
             return open_postgres
         case _:

@@ -71,13 +71,15 @@ def configure_logging(level: str) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def open_store(url: str) -> KvStore:
+def open_store(url: str, *, create: bool = True) -> KvStore:
+    """The store `url` names (`create=False`: only one that exists, see `open_kv`), or a
+    `StartupError` saying in one line why it cannot be opened."""
     shown = redact_url(url)
     pool_log = logging.getLogger("psycopg.pool")  # its retries: the error below says it all
     level = pool_log.level
     pool_log.setLevel(logging.ERROR)
     try:
-        return open_kv(url)
+        return open_kv(url, create=create)
     except (KvError, OSError, ValueError) as e:
         reason = " ".join(str(e).split())  # one line: a driver's message may span several
         raise StartupError(f"cannot open the store {shown}: {reason}") from None

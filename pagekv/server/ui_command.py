@@ -46,7 +46,7 @@ def _ui(args: argparse.Namespace) -> int:
         return 2
     configure_logging(args.log_level)
     try:
-        store = open_store(args.kv)
+        store = open_store(args.kv, create=False)
         try:
             public = listen(args.host, args.port)
         except StartupError:

@@ -165,6 +165,36 @@ def test_an_older_schema_is_upgraded_in_place(
         ]
 
 
+def test_a_tool_that_only_reads_creates_and_upgrades_no_schema(
+    server: PostgresServer, open_pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`open_kv(url, create=False)` (`pagekv inspect`, `pagekv ui`): a missing schema is a
+    `FileNotFoundError` and stays missing; an older one is refused, not upgraded under the
+    servers using it; the current one opens."""
+    missing = server.store_url(f"{tmp_path}/never")
+    with pytest.raises(FileNotFoundError, match="no pagekv store"):
+        open_kv(missing, create=False)
+    schema = parse_postgres_url(missing)[1].schema
+    with admin(server) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s", (schema,)
+        ).fetchall()
+    assert found == []
+    existing = open_pg()
+    existing.namespace("a").put({b"k": b"v"})
+    url = server.store_url(f"{tmp_path}/main")
+    with open_kv(url, create=False) as reader:
+        assert reader.namespace("a").get([b"k"]) == [b"v"]
+    monkeypatch.setattr(pg, "SCHEMA_VERSION", pg.SCHEMA_VERSION + 1)
+    with pytest.raises(FileNotFoundError, match="older than this pagekv's"):
+        open_kv(url, create=False)
+    with admin(server) as conn:
+        version = conn.execute(
+            f"SELECT version FROM {existing.options.schema}.schema_version"
+        ).fetchall()
+    assert version == [(pg.SCHEMA_VERSION - 1,)]
+
+
 def test_concurrent_first_opens_create_the_schema_once(open_pg: Any) -> None:
     errors: list[BaseException] = []
     stores: list[PostgresStore] = []

@@ -385,6 +385,9 @@ def test_ui_fails_closed_like_serve(tmp_path: Path) -> None:
         env={k: v for k, v in os.environ.items() if k != "PAGEKV_TOKEN"},
     )
     assert none.returncode == 2 and "--unauthenticated" in none.stderr
+    typo = pagekv("ui", "--kv", f"file:{tmp_path}/typo", "--unauthenticated")
+    assert typo.returncode == 1 and "no file store at" in typo.stderr
+    assert not (tmp_path / "typo").exists()  # a read-only tool makes no store where it looks
     bad = pagekv("ui", "--kv", "postgresql://u:hunter2@127.0.0.1:1/db", "--unauthenticated")
     assert bad.returncode == 1 and "cannot open the store" in bad.stderr
     assert "hunter2" not in bad.stderr
