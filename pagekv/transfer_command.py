@@ -178,7 +178,7 @@ def _copy(args: argparse.Namespace) -> int:
             f"{result.verified} verified"
         )
         for name in result.snapshots:
-            print(f"  {name}: kept changing; copied from a read-only snapshot")
+            print(f"  {name}: kept changing; copied from one consistent read")
         for name in result.changed:
             print(f"  {name}: changed at the source after its copy")
     if result.changed and not args.allow_live:

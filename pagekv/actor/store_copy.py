@@ -17,8 +17,12 @@ answers from one state (`frozen.py`): its database and `ctx.kv` entries as they 
 instant. A bigger one is read in several, so it is copied whole only if it did not change
 meanwhile: its generation and head record are read before and after (a commit or a compaction
 always writes a new head, a wake a new generation), and it is copied again when they differ,
-three times at most, then from a read-only snapshot through SQLite (one committed state of its
-database, whatever the writer does; its `ctx.kv` entries read beside it). A source that is
+three times at most (`RAW_ATTEMPTS`). One that keeps changing is then read in one `list` after
+all if it stores up to `FROZEN_MAX_BYTES` (one such namespace in memory at a time, beside the
+`THREADS` smaller ones), and beyond that copied from a read-only snapshot through SQLite (one
+committed state of its database; its `ctx.kv` entries read after it). A writer rewriting pages
+in place can overtake such a snapshot too (`SnapshotExpired`, after `SNAPSHOT_ATTEMPTS`): the
+copy then fails, naming the namespace, and the next run copies it again. A source that is
 served is refused (a registry's live member entry, `ownership.py`) unless `allow_live`: then
 the actors that changed after their copy are reported (`CopyResult.changed`).
 
@@ -43,13 +47,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import cbor2
 
 from pagekv.actor.checksum import combine, database_digest, namespace_checksum, other_entries
 from pagekv.actor.errors import ActorError
-from pagekv.actor.frozen import FrozenNamespace, frozen_if_small
+from pagekv.actor.frozen import FROZEN_MAX_BYTES, FrozenNamespace, frozen_if_small
 from pagekv.actor.index import ActorRecord, list_actors, records_of
 from pagekv.actor.index_entries import TOOL_REGISTRY, enroll
 from pagekv.actor.inspect import ListableStore, read_namespace
@@ -57,7 +61,7 @@ from pagekv.actor.kv_batches import batches, scan
 from pagekv.actor.ownership import Ownership
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import ActorKv, KvStore, prefix_end
-from pagekv.vfs import Database, open_database
+from pagekv.vfs import Database, SnapshotExpired, open_database
 from pagekv.vfs.format import HEAD_KEY, restamp
 
 COPY_MARKER: Final = b"copy-run"
@@ -115,7 +119,8 @@ class CopyResult:
     a committed state from before the change. Empty unless `allow_live`, or a registry started
     on the source during the copy."""
     snapshots: list[str]
-    """Namespaces that kept changing and were copied from a read-only snapshot instead."""
+    """Namespaces that kept changing entry by entry and were copied from one consistent read
+    instead (one `list`, or a read-only snapshot above `FROZEN_MAX_BYTES`)."""
     seconds: float
 
 
@@ -136,6 +141,8 @@ class _Run:
     total: int
     started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    big: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a namespace over `FROZEN_COPY_BYTES` is read whole into memory."""
     done: int = 0
     skipped: int = 0
     bytes: int = 0
@@ -280,25 +287,56 @@ def _copy_one(run: _Run, name: str) -> None:
         return
     destination = run.destination.namespace(name)
     clear = name in run.existing
+    copied = None
     for _ in range(RAW_ATTEMPTS):
-        view = frozen_if_small(source, FROZEN_COPY_BYTES)
-        before = _fingerprint(view)
-        generation, written = _raw_copy(view, destination, clear=clear)
+        copied = _consistent_copy(frozen_if_small(source, FROZEN_COPY_BYTES), destination, clear)
         clear = True
-        checksum = namespace_checksum(view)
-        if _fingerprint(view) == before:
+        if copied is not None:
             break
-    else:
-        before = _fingerprint(source)
-        generation, written, checksum = _snapshot_copy(source, destination)
+    if copied is None:
         with run.lock:
             run.snapshots.append(name)
+        if source.used_bytes() <= FROZEN_MAX_BYTES:
+            with run.big:
+                copied = _consistent_copy(FrozenNamespace(source), destination, True)
+            assert copied is not None, "a frozen namespace never changes"
+        else:
+            before = _fingerprint(source)
+            copied = _Copied(before, *_snapshot_copy(source, destination))
+    before, generation, written, checksum = copied
     entry = {"fingerprint": list(before), "checksum": checksum}
     _enroll(run, name, generation, entry, empty=written == 0, fresh=name not in run.existing)
     with run.lock:
         run.entries[name] = entry
         run.targets[name] = (destination, written)
     run.report("copy", copied=written)
+
+
+class _Copied(NamedTuple):
+    """One namespace copied: its source's fingerprint before, the destination's generation,
+    the bytes written and the checksum of the content copied."""
+
+    fingerprint: Fingerprint
+    generation: int
+    written: int
+    checksum: str
+
+
+def _consistent_copy(view: ActorKv, destination: ActorKv, clear: bool) -> _Copied | None:
+    """`_raw_copy` of `view`, with the checksum of what it copied; None if `view` changed
+    meanwhile (the checksum is taken between the copy and the second fingerprint, so it is of
+    the state copied; a snapshot the writer overtook means a change too)."""
+    before = _fingerprint(view)
+    generation, written = _raw_copy(view, destination, clear=clear)
+    if _fingerprint(view) != before:
+        return None
+    try:
+        checksum = namespace_checksum(view)
+    except SnapshotExpired:
+        return None
+    if _fingerprint(view) != before:
+        return None
+    return _Copied(before, generation, written, checksum)
 
 
 def _raw_copy(source: ActorKv, destination: ActorKv, *, clear: bool) -> tuple[int, int]:

@@ -1,0 +1,173 @@
+"""Export, import and copy attacked: a copy of a namespace that keeps changing (its fallback
+from a read-only snapshot), refusals that leave nothing behind, a resume from another source,
+hostile import files, export paths from hostile names and keys, copies killed and raced."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pagekv.actor import store_copy
+from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.store_copy import COPY_PREFIX, copy_store
+from pagekv.actor.user_kv import USER_PREFIX
+from pagekv.kv import MemoryStore
+from pagekv.vfs import SnapshotExpired, open_database
+
+ROOT = Path(__file__).resolve().parents[2]
+_ACCOUNTS = 50
+
+
+class _Overtaken:
+    """A store whose namespace `name` lets its busy writer commit once more before each
+    `list` the copy makes (fault injection: a writer faster than every read of the copy)."""
+
+    def __init__(self, inner: MemoryStore, name: str, committed: threading.Event) -> None:
+        self.inner, self.name, self.committed = inner, name, committed
+        self.waits = 0
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def namespace(self, name: str) -> Any:
+        kv = self.inner.namespace(name)
+        return _OvertakenKv(kv, self) if name == self.name else kv
+
+
+class _OvertakenKv:
+    def __init__(self, inner: Any, store: _Overtaken) -> None:
+        self.inner, self.store = inner, store
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def list(self, **kwargs: Any) -> list[tuple[bytes, bytes]]:
+        self.store.committed.clear()
+        assert self.store.committed.wait(10), "the writer stopped committing"
+        self.store.waits += 1
+        return self.inner.list(**kwargs)  # type: ignore[no-any-return]
+
+
+def _bank(kv: Any) -> None:
+    with open_database(kv) as db:
+        db.execute("CREATE TABLE accounts(id INTEGER PRIMARY KEY, balance INTEGER)")
+        db.execute("CREATE TABLE moves(id INTEGER PRIMARY KEY, amount INTEGER)")
+        with db.connection:
+            db.connection.executemany(
+                "INSERT INTO accounts VALUES (?, 1000)", [(i,) for i in range(_ACCOUNTS)]
+            )
+
+
+def _moves(kv: Any) -> int:
+    """The moves of a copied bank, checked to be one committed state (no money made or lost)."""
+    with open_database(kv, read_only=True) as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        total = db.execute("SELECT sum(balance), count(*) FROM accounts").fetchall()
+        assert total == [(1000 * _ACCOUNTS, _ACCOUNTS)], "one committed state"
+        return int(db.execute("SELECT count(*) FROM moves").fetchall()[0][0])
+
+
+def _busy(kv: Any, stop: threading.Event, committed: threading.Event) -> Iterator[int]:
+    """Moves money between accounts, one commit each, a `ctx.kv` entry after each commit."""
+    with open_database(kv) as db:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            with db.connection:
+                db.execute(
+                    "UPDATE accounts SET balance = balance - 7 WHERE id = ?", (i % _ACCOUNTS,)
+                )
+                db.execute(
+                    "UPDATE accounts SET balance = balance + 7 WHERE id = ?", ((i + 1) % _ACCOUNTS,)
+                )
+                db.execute("INSERT INTO moves(amount) VALUES (7)")
+            kv.put([(USER_PREFIX + b"moves", b"%d" % i)], fence=db.generation)
+            committed.set()
+            yield i
+
+
+def test_a_namespace_that_keeps_changing_is_copied_from_a_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Above the one-`list` sizes (set down to 0 here) a namespace is copied entry by entry; a
+    writer that commits during each of the three copies sends it to the snapshot copy, which
+    holds one committed state of the database, and the copy verifies."""
+    monkeypatch.setattr(store_copy, "FROZEN_COPY_BYTES", 0)
+    monkeypatch.setattr(store_copy, "FROZEN_MAX_BYTES", 0)
+    snapshot_copies = []
+    real = store_copy._snapshot_copy
+
+    def spied(source: Any, destination: Any) -> tuple[int, int, str]:
+        snapshot_copies.append(source)
+        return real(source, destination)
+
+    monkeypatch.setattr(store_copy, "_snapshot_copy", spied)
+    inner = MemoryStore()
+    kv = inner.namespace("bank/main")
+    _bank(kv)
+    committed, stop = threading.Event(), threading.Event()
+    source = _Overtaken(inner, "bank/main", committed)
+    commits = [0]
+
+    def write() -> None:
+        for commits[0] in _busy(kv, stop, committed):
+            pass
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        target = MemoryStore()
+        result = copy_store(source, target)  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        writer.join()
+    assert source.waits >= store_copy.RAW_ATTEMPTS, "the writer overtook every raw copy"
+    assert len(snapshot_copies) == 1
+    assert result.snapshots == ["bank/main"] and result.changed == ["bank/main"]
+    assert result.verified == 1
+    copied = target.namespace("bank/main")
+    moves = _moves(copied)
+    assert 0 < moves < commits[0], "a state from while the writer ran"
+    user = copied.get([USER_PREFIX + b"moves"])[0]
+    assert user is not None and moves <= int(user) <= commits[0]
+    entries = target.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX)
+    assert len(entries) == 1, "kept for the next run: the source changed"
+
+
+def test_a_big_namespace_a_writer_keeps_rewriting_is_copied_from_one_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """6 MiB of blobs, then the accounts a writer rewrites in place: a read-only snapshot of it
+    is overtaken before the backup reaches them (every read lets one more commit in), so the
+    namespace that kept changing is copied from one `list` (up to `FROZEN_MAX_BYTES`)."""
+    monkeypatch.setattr(store_copy, "FROZEN_COPY_BYTES", 0)
+    inner = MemoryStore()
+    kv = inner.namespace("bank/main")
+    with open_database(kv) as db:
+        db.execute("CREATE TABLE blobs(id INTEGER PRIMARY KEY, b BLOB)")
+        with db.connection:
+            for _ in range(1500):
+                db.execute("INSERT INTO blobs(b) VALUES (randomblob(4000))")
+    _bank(kv)
+    with open_database(kv) as db:
+        db.compact()  # a compacted head: the writer's commits rewrite base pages in place
+    committed, stop = threading.Event(), threading.Event()
+    source = _Overtaken(inner, "bank/main", committed)
+    writer = threading.Thread(target=lambda: [None for _ in _busy(kv, stop, committed)])
+    writer.start()
+    target = MemoryStore()
+    try:
+        result = copy_store(source, target)  # type: ignore[arg-type]
+        monkeypatch.setattr(store_copy, "FROZEN_MAX_BYTES", 0)  # too big to read so
+        with pytest.raises(SnapshotExpired) as expired:
+            copy_store(source, MemoryStore())  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        writer.join()
+    assert result.snapshots == ["bank/main"] and result.verified == 1
+    assert _moves(target.namespace("bank/main")) > 0
+    assert expired.value.__notes__ == ["while copying namespace 'bank/main'"]
