@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from pagekv.actor import ActorError
 from pagekv.actor.exporter import Exported, export_actor, export_all
 from pagekv.actor.importer import import_actor
-from pagekv.actor.store_copy import THREADS, CopyProgress, copy_store
+from pagekv.actor.store_copy import THREADS, CopyProgress, check_source, copy_store
 from pagekv.cli_args import add_store_argument, kv_url, positive_int
 from pagekv.kv import KvError, open_kv, redact_url
 from pagekv.vfs import SnapshotExpired, StorageCorrupt
@@ -49,7 +49,9 @@ def _json_value(value: str) -> Any:
 
 
 def _fail(command: str, error: BaseException) -> int:
-    print(f"pagekv {command}: {error}", file=sys.stderr)
+    """One line: the error, and the notes that say where it happened (which namespace)."""
+    where = "".join(f" ({note})" for note in getattr(error, "__notes__", ()))
+    print(f"pagekv {command}: {error}{where}", file=sys.stderr)
     return 1
 
 
@@ -148,6 +150,7 @@ def _copy(args: argparse.Namespace) -> int:
     except _FAILURES as e:
         return _fail("copy", e)
     try:
+        check_source(source, allow_live=args.allow_live)
         destination = open_kv(args.destination)
     except _FAILURES as e:
         source.close()

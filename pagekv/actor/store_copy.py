@@ -175,14 +175,10 @@ def copy_store(
     module's docstring); `CopyRefused` before anything is written if it cannot start."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    for store, what in ((source, "source"), (destination, "destination")):
-        if not isinstance(store, ListableStore):
-            raise CopyRefused(f"the {what} store cannot list its namespaces (no actor_ids())")
     started = time.monotonic()
-    names = source.actor_ids()  # type: ignore[attr-defined]
-    src_index = source.namespace(REGISTRY_NAMESPACE) if REGISTRY_NAMESPACE in names else None
-    if src_index is not None and not allow_live:
-        _refuse_served(src_index, "source", "stop them first, or allow a live copy")
+    names, src_index = _check_source(source, allow_live)
+    if not isinstance(destination, ListableStore):
+        raise CopyRefused("the destination store cannot list its namespaces (no actor_ids())")
     dst_index, resumed = _open_destination(destination)
     run = _Run(
         source,
@@ -217,6 +213,24 @@ def copy_store(
         sorted(run.snapshots),
         time.monotonic() - started,
     )
+
+
+def check_source(source: KvStore, *, allow_live: bool = False) -> None:
+    """`CopyRefused` if `copy_store` would refuse `source` (read only): for a caller to ask
+    before it opens, and so creates, the destination, which a refusal must leave as it was."""
+    _check_source(source, allow_live)
+
+
+def _check_source(source: KvStore, allow_live: bool) -> tuple[list[str], ActorKv | None]:
+    """The source's namespaces and its registry namespace (None if it has none), or
+    `CopyRefused`."""
+    if not isinstance(source, ListableStore):
+        raise CopyRefused("the source store cannot list its namespaces (no actor_ids())")
+    names = source.actor_ids()
+    src_index = source.namespace(REGISTRY_NAMESPACE) if REGISTRY_NAMESPACE in names else None
+    if src_index is not None and not allow_live:
+        _refuse_served(src_index, "source", "stop them first, or allow a live copy")
+    return names, src_index
 
 
 def _refuse_served(index: ActorKv, what: str, advice: str) -> None:

@@ -4,20 +4,26 @@ hostile import files, export paths from hostile names and keys, copies killed an
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from transfer_defs import fill, order
 
-from pagekv.actor import store_copy
+from pagekv.actor import Registry, store_copy
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.store_copy import COPY_PREFIX, copy_store
 from pagekv.actor.user_kv import USER_PREFIX
-from pagekv.kv import MemoryStore
+from pagekv.kv import MemoryStore, open_kv
 from pagekv.vfs import SnapshotExpired, open_database
+from pagekv.vfs.format import base_key
 
+pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
 _ACCOUNTS = 50
 
@@ -171,3 +177,38 @@ def test_a_big_namespace_a_writer_keeps_rewriting_is_copied_from_one_list(
     assert result.snapshots == ["bank/main"] and result.verified == 1
     assert _moves(target.namespace("bank/main")) > 0
     assert expired.value.__notes__ == ["while copying namespace 'bank/main'"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pagekv", *args], cwd=ROOT, capture_output=True, text=True
+    )
+
+
+async def test_a_refused_copy_leaves_no_destination_behind(tmp_path: Path) -> None:
+    source_url = (tmp_path / "src").resolve().as_uri()
+    target = tmp_path / "dst"
+    with open_kv(source_url) as source:
+        async with Registry([order], kv=source).run() as client:
+            await fill(client, "a", items=1)
+            refused = await anyio.to_thread.run_sync(
+                lambda: _cli("copy", "--from", source_url, "--to", target.resolve().as_uri())
+            )
+    assert refused.returncode == 1 and "being served by 1 registry" in refused.stderr
+    assert not target.exists(), "the destination was never opened"
+
+
+def test_a_copy_that_fails_names_the_namespace(tmp_path: Path) -> None:
+    source_url = (tmp_path / "src").resolve().as_uri()
+    with open_kv(source_url) as source:
+        for name in ("good/a", "bad/b"):
+            with open_database(source.namespace(name)) as db:
+                db.execute("CREATE TABLE t(v)")
+                db.execute("INSERT INTO t VALUES ('x')")
+                db.compact()
+        bad = source.namespace("bad/b")
+        (key, value), *_ = bad.list(prefix=base_key(1)[:-4])
+        bad.put([(key, value[:-1] + bytes([value[-1] ^ 1]))])  # a bit of page 1 flipped
+    failed = _cli("copy", "--from", source_url, "--to", (tmp_path / "dst").resolve().as_uri())
+    assert failed.returncode == 1, failed.stderr
+    assert failed.stderr.strip().endswith("(while copying namespace 'bad/b')"), failed.stderr
