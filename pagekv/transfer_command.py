@@ -184,6 +184,8 @@ def _copy(args: argparse.Namespace) -> int:
             print(f"  {name}: kept changing; copied from one consistent read")
         for name in result.changed:
             print(f"  {name}: changed at the source after its copy")
+        for name in result.removed:
+            print(f"  {name}: not in the source; emptied at the destination")
     if result.changed and not args.allow_live:
         print(
             f"pagekv copy: {len(result.changed)} namespace(s) changed at the source during the "

@@ -35,11 +35,25 @@ def namespace_checksum(kv: ActorKv) -> str:
 
 def combine(database: bytes, entries: Iterable[tuple[bytes, bytes]]) -> str:
     """The checksum of a namespace whose database has the digest `database` (`database_digest`)
-    and whose other entries are `entries`, in key order."""
-    digest = hashlib.sha256(database)
+    and whose other entries are `entries`, in key order (`combine(b"", entries)`: a digest of
+    entries alone)."""
+    digest = EntriesDigest(database)
     for key, value in entries:
-        digest.update(cbor2.dumps([key, value]))
+        digest.add(key, value)
     return digest.hexdigest()
+
+
+class EntriesDigest:
+    """`combine`'s digest fed one entry at a time, for a caller that streams them elsewhere."""
+
+    def __init__(self, database: bytes = b"") -> None:
+        self._sha = hashlib.sha256(database)
+
+    def add(self, key: bytes, value: bytes) -> None:
+        self._sha.update(cbor2.dumps([key, value]))
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
 
 
 def other_entries(kv: ActorKv) -> Iterator[tuple[bytes, bytes]]:

@@ -45,8 +45,8 @@ import apsw
 
 from pagekv.actor.errors import ActorError, ActorExists
 from pagekv.actor.exporter import USER_KV_TABLE
-from pagekv.actor.index import ActorRecord, actor_id, delete_records_up_to, records_of
-from pagekv.actor.index_entries import TOOL_REGISTRY, enroll
+from pagekv.actor.index import ActorRecord, actor_id, records_of
+from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
 from pagekv.actor.inspect import ListableStore
 from pagekv.actor.internal import (
     SCHEMA_VERSION,
@@ -362,7 +362,6 @@ def _drop_new(kv: ActorKv, index: ActorKv, aid: str, generation: int, error: Bas
     entry of its generation. A failure of that is noted on the import's own error."""
     try:
         kv.drop(fence=generation)
-        Ownership(index, TOOL_REGISTRY, None).erase(aid, generation)
-        delete_records_up_to(index, aid, generation)
+        forget(index, aid, generation)
     except Exception as cleanup:
         error.add_note(f"cleaning up after the failed import failed too: {cleanup!r}")

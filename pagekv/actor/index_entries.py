@@ -47,3 +47,10 @@ def enroll(
     ownership.publish(aid, generation, name, key, lease, previous, {**record, **(extra or {})})
     if not fresh and generation > 0:
         delete_records_up_to(index, aid, generation - 1)
+
+
+def forget(index: ActorKv, aid: str, generation: int) -> None:
+    """Remove every entry of `aid` in the index up to `generation` (its records, lease and due
+    entries): a tool removed its data, or found it had none."""
+    Ownership(index, TOOL_REGISTRY, None).erase(aid, generation)
+    delete_records_up_to(index, aid, generation)

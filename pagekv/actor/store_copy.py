@@ -15,8 +15,10 @@ the source's registries are not copied.
 **Consistency.** A namespace of up to 64 MiB is read in one `list`, which every backend
 answers from one state (`frozen.py`): its database and `ctx.kv` entries as they were at one
 instant. A bigger one is read in several, so it is copied whole only if it did not change
-meanwhile: its generation and head record are read before and after (a commit or a compaction
-always writes a new head, a wake a new generation), and it is copied again when they differ,
+meanwhile: its fingerprint is read before and after (its generation, which a wake changes; its
+head record, which every commit and compaction rewrites; and a digest of its entries outside
+the database, its `ctx.kv` entries, which an awake actor writes without either), and it is
+copied again when they differ,
 three times at most (`RAW_ATTEMPTS`). One that keeps changing is then read in one `list` after
 all if it stores up to `FROZEN_MAX_BYTES` (one such namespace in memory at a time, beside the
 `THREADS` smaller ones), and beyond that copied from a read-only snapshot through SQLite (one
@@ -28,11 +30,15 @@ the actors that changed after their copy are reported (`CopyResult.changed`).
 
 **Resuming.** The destination's registry namespace holds a marker of the copy and, per copied
 namespace, a progress entry written in the same batch as the actor's record: the source's
-fingerprint (generation and head) and the checksum of the content copied. Run again after an
-interruption (even SIGKILL), a copy skips every namespace whose source fingerprint is
-unchanged and copies the others again from scratch (the destination namespace is taken over
-and dropped first). A destination that holds anything else is refused: a copy goes into an
-empty store.
+fingerprint, a digest of the entries read and the checksum of the content copied. Run again
+after an interruption (even SIGKILL), a copy skips every namespace whose source still has the
+same fingerprint and, read again, the same entries (a fingerprint alone does not tell another
+source's namespace of the same name from this one's), and copies the others again from
+scratch (the destination namespace is taken over and dropped first); the namespaces the
+source does not have (any more) are emptied and their index entries removed
+(`CopyResult.removed`). So a resume, even from another source, ends with a copy of the source
+it ran from. A destination that holds anything else is refused: a copy goes into an empty
+store.
 
 **Verifying.** At the end the checksum of the logical content of every destination namespace
 (`checksum.py`: schema, rows, `ctx.kv` entries) is compared with the source's, taken when it
@@ -44,18 +50,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 import cbor2
 
-from pagekv.actor.checksum import combine, database_digest, namespace_checksum, other_entries
+from pagekv.actor.checksum import (
+    EntriesDigest,
+    combine,
+    database_digest,
+    namespace_checksum,
+    other_entries,
+)
 from pagekv.actor.errors import ActorError
 from pagekv.actor.frozen import FROZEN_MAX_BYTES, FrozenNamespace, frozen_if_small
 from pagekv.actor.index import ActorRecord, list_actors, records_of
-from pagekv.actor.index_entries import TOOL_REGISTRY, enroll
+from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
 from pagekv.actor.inspect import ListableStore, read_namespace
 from pagekv.actor.kv_batches import batches, scan
 from pagekv.actor.ownership import Ownership
@@ -121,10 +133,13 @@ class CopyResult:
     snapshots: list[str]
     """Namespaces that kept changing entry by entry and were copied from one consistent read
     instead (one `list`, or a read-only snapshot above `FROZEN_MAX_BYTES`)."""
+    removed: list[str]
+    """Namespaces of the destination that the source does not have (a resumed copy: the source
+    lost them since the interrupted run, or that run copied another source), now emptied."""
     seconds: float
 
 
-Fingerprint = tuple[int, bytes | None]
+Fingerprint = tuple[int, bytes | None, str]
 
 
 @dataclass
@@ -191,6 +206,8 @@ def copy_store(
         total=0,
     )
     todo = [n for n in names if n != REGISTRY_NAMESPACE]
+    gone = run.existing - set(names) - {REGISTRY_NAMESPACE}
+    removed = [n for n in sorted(gone) if _remove(run, n)]
     run.total = len(todo)
     _each(threads, todo, lambda name: _copy_one(run, name))
     copied, skipped, written = run.done - run.skipped, run.skipped, run.bytes
@@ -211,6 +228,7 @@ def copy_store(
         len(run.entries),
         sorted(changed),
         sorted(run.snapshots),
+        removed,
         time.monotonic() - started,
     )
 
@@ -286,15 +304,39 @@ def _each(threads: int, items: list[str], fn: Callable[[str], None]) -> None:
 
 
 def _fingerprint(kv: ActorKv) -> Fingerprint:
-    """What changes whenever the namespace's database does: its generation (a takeover) and
-    its head record (a commit, a compaction)."""
-    return kv.generation(), kv.get([HEAD_KEY])[0]
+    """What changes whenever the namespace does: its generation (a takeover), its head record
+    (a commit, a compaction) and a digest of its entries outside the database (an awake
+    actor's `ctx.kv` writes change nothing else)."""
+    return kv.generation(), kv.get([HEAD_KEY])[0], combine(b"", other_entries(kv))
+
+
+def _unchanged(source: ActorKv, done: dict[str, Any]) -> bool:
+    """Whether `source` still holds what an earlier run copied from it (`done`): the same
+    fingerprint, and then the same entries, read again, as another store's namespace of the
+    same name may have the same fingerprint (a resume from another source). One copied from a
+    snapshot has no digest of its entries and is copied again."""
+    if done.get("digest") is None or tuple(done["fingerprint"]) != _fingerprint(source):
+        return False
+    return combine(b"", scan(frozen_if_small(source, FROZEN_COPY_BYTES))) == done["digest"]
+
+
+def _remove(run: _Run, name: str) -> bool:
+    """Empty the destination namespace `name`, which the source does not have (an interrupted
+    run copied it from a source that has since lost it, or from another source), and remove
+    its index entries; whether it held anything."""
+    kv = run.destination.namespace(name)
+    held = kv.used_bytes() > 0 or bool(records_of(run.dst_index, name)) or name in run.resumed
+    generation = kv.takeover()
+    kv.drop(fence=generation)
+    forget(run.dst_index, name, generation)
+    run.dst_index.delete([COPY_PREFIX + name.encode()])
+    return held
 
 
 def _copy_one(run: _Run, name: str) -> None:
     source = run.source.namespace(name)
     done = run.resumed.get(name)
-    if done is not None and tuple(done["fingerprint"]) == _fingerprint(source):
+    if done is not None and _unchanged(source, done):
         with run.lock:
             run.entries[name] = done
         run.report("copy", skipped=True)
@@ -316,9 +358,9 @@ def _copy_one(run: _Run, name: str) -> None:
             assert copied is not None, "a frozen namespace never changes"
         else:
             before = _fingerprint(source)
-            copied = _Copied(before, *_snapshot_copy(source, destination))
-    before, generation, written, checksum = copied
-    entry = {"fingerprint": list(before), "checksum": checksum}
+            copied = _Copied(before, *_snapshot_copy(source, destination), None)
+    before, generation, written, checksum, digest = copied
+    entry = {"fingerprint": list(before), "checksum": checksum, "digest": digest}
     _enroll(run, name, generation, entry, empty=written == 0, fresh=name not in run.existing)
     with run.lock:
         run.entries[name] = entry
@@ -328,12 +370,14 @@ def _copy_one(run: _Run, name: str) -> None:
 
 class _Copied(NamedTuple):
     """One namespace copied: its source's fingerprint before, the destination's generation,
-    the bytes written and the checksum of the content copied."""
+    the bytes written, the checksum of the content copied and the digest of the entries read
+    (None: copied from a snapshot)."""
 
     fingerprint: Fingerprint
     generation: int
     written: int
     checksum: str
+    digest: str | None
 
 
 def _consistent_copy(view: ActorKv, destination: ActorKv, clear: bool) -> _Copied | None:
@@ -341,7 +385,7 @@ def _consistent_copy(view: ActorKv, destination: ActorKv, clear: bool) -> _Copie
     meanwhile (the checksum is taken between the copy and the second fingerprint, so it is of
     the state copied; a snapshot the writer overtook means a change too)."""
     before = _fingerprint(view)
-    generation, written = _raw_copy(view, destination, clear=clear)
+    generation, written, digest = _raw_copy(view, destination, clear=clear)
     if _fingerprint(view) != before:
         return None
     try:
@@ -350,21 +394,28 @@ def _consistent_copy(view: ActorKv, destination: ActorKv, clear: bool) -> _Copie
         return None
     if _fingerprint(view) != before:
         return None
-    return _Copied(before, generation, written, checksum)
+    return _Copied(before, generation, written, checksum, digest)
 
 
-def _raw_copy(source: ActorKv, destination: ActorKv, *, clear: bool) -> tuple[int, int]:
+def _raw_copy(source: ActorKv, destination: ActorKv, *, clear: bool) -> tuple[int, int, str]:
     """Take `destination` over, empty it if `clear`, and write every entry of `source` into it,
-    restamped with its generation; returns the generation and the bytes written."""
+    restamped with its generation; returns the generation, the bytes written and the digest of
+    the entries as read (`combine(b"", ...)`)."""
     generation = destination.takeover()
     if clear:
         destination.drop(fence=generation)
     written = 0
-    entries = ((key, restamp(key, value, generation)) for key, value in scan(source))
-    for batch in batches(entries, destination.limits):
+    digest = EntriesDigest()
+
+    def read() -> Iterator[tuple[bytes, bytes]]:
+        for key, value in scan(source):
+            digest.add(key, value)
+            yield key, restamp(key, value, generation)
+
+    for batch in batches(read(), destination.limits):
         destination.write(put=batch, fence=generation)
         written += sum(len(k) + len(v) for k, v in batch.items())
-    return generation, written
+    return generation, written, digest.hexdigest()
 
 
 def _snapshot_copy(source: ActorKv, destination: ActorKv) -> tuple[int, int, str]:
@@ -401,6 +452,8 @@ def _enroll(
     progress = {COPY_PREFIX + name.encode(): cbor2.dumps(entry)}
     record = None if empty else _record(run.src_index, name)
     if record is None:
+        if not fresh:  # what the destination recorded of it is of another source's data
+            forget(run.dst_index, name, generation)
         run.dst_index.put(list(progress.items()))
         return
     assert run.src_index is not None

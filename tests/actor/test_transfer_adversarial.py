@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from transfer_defs import fill, order
 
-from pagekv.actor import Registry, store_copy
+from pagekv.actor import ActorContext, CopyProgress, Registry, actor, store_copy
+from pagekv.actor.checksum import namespace_checksum
+from pagekv.actor.index import records_of
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.store_copy import COPY_PREFIX, copy_store
 from pagekv.actor.user_kv import USER_PREFIX
@@ -212,3 +215,127 @@ def test_a_copy_that_fails_names_the_namespace(tmp_path: Path) -> None:
     failed = _cli("copy", "--from", source_url, "--to", (tmp_path / "dst").resolve().as_uri())
     assert failed.returncode == 1, failed.stderr
     assert failed.stderr.strip().endswith("(while copying namespace 'bad/b')"), failed.stderr
+
+
+class _Interrupted:
+    """A destination store whose registry namespace fails the write of the progress entry of
+    `at` (fault injection: a copy interrupted there)."""
+
+    def __init__(self, inner: MemoryStore, at: str) -> None:
+        self.inner, self.key, self.fired = inner, COPY_PREFIX + at.encode(), 0
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def namespace(self, name: str) -> Any:
+        kv = self.inner.namespace(name)
+        return _InterruptedKv(kv, self) if name == REGISTRY_NAMESPACE else kv
+
+
+class _InterruptedKv:
+    def __init__(self, inner: Any, store: _Interrupted) -> None:
+        self.inner, self.store = inner, store
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def write(self, *, put: Any = (), delete: Any = (), fence: Any = None) -> None:
+        if self.store.key in dict(put):
+            self.store.fired += 1
+            raise KeyboardInterrupt
+        self.inner.write(put=put, delete=delete, fence=fence)
+
+    def put(self, entries: Any, *, fence: Any = None) -> None:
+        self.write(put=entries, fence=fence)
+
+
+def _orders(keys: list[str]) -> MemoryStore:
+    store = MemoryStore()
+
+    async def make() -> None:
+        async with Registry([order], kv=store).run() as client:
+            for key in keys:
+                await fill(client, key, items=1)
+
+    anyio.run(make)
+    return store
+
+
+def _content(store: MemoryStore) -> dict[str, tuple[str, list[tuple[str, float]]]]:
+    """Each namespace that holds anything: its checksum and its records in the index."""
+    index = store.namespace(REGISTRY_NAMESPACE)
+    names = [n for n in store.actor_ids() if n != REGISTRY_NAMESPACE]
+    return {
+        n: (
+            namespace_checksum(store.namespace(n)),
+            [(r.key, r.created) for r in records_of(index, n)],
+        )
+        for n in names
+        if store.namespace(n).used_bytes() > 0 or records_of(index, n)
+    }
+
+
+def test_a_copy_resumed_from_another_source_ends_a_copy_of_that_source() -> None:
+    """The first source's copy is interrupted; a resume from a second one (the same actors made
+    by the same calls: the same generations and head records, other contents, one actor fewer)
+    copies again each namespace whose content differs and removes the one it lacks."""
+    first, second = _orders(["a", "b", "only-first"]), _orders(["a", "b"])
+    for n in ("order/a", "order/b"):
+        assert (
+            store_copy._fingerprint(first.namespace(n))[:2]
+            == store_copy._fingerprint(second.namespace(n))[:2]
+        ), "what the old resume compared"
+    target = MemoryStore()
+    interrupted = _Interrupted(target, "order/only-first")
+    with pytest.raises(KeyboardInterrupt):
+        copy_store(first, interrupted, threads=1)  # type: ignore[arg-type]
+    assert interrupted.fired == 1
+    result = copy_store(second, target)
+    assert (result.copied, result.skipped, result.verified) == (2, 0, 2)
+    assert result.removed == ["order/only-first"]
+    assert _content(target) == _content(second)
+
+
+def test_a_store_without_a_registry_is_copied_and_resumed() -> None:
+    source = MemoryStore()
+    for name in ("raw/a", "raw/b"):
+        with open_database(source.namespace(name)) as db:
+            db.execute("CREATE TABLE t(v)")
+            db.execute("INSERT INTO t VALUES (?)", (name,))
+    target = MemoryStore()
+    interrupted = _Interrupted(target, "raw/b")
+    with pytest.raises(KeyboardInterrupt):
+        copy_store(source, interrupted, threads=1)  # type: ignore[arg-type]
+    result = copy_store(source, target)
+    assert (result.copied, result.skipped, result.removed) == (1, 1, [])
+    assert _content(target) == _content(source)
+
+
+notes = actor("notes")
+
+
+@notes.action
+async def note(ctx: ActorContext, text: str) -> None:
+    await ctx.kv.put({b"note": text.encode()})  # no commit of its database
+
+
+async def test_a_live_copy_reports_an_actor_that_wrote_only_ctx_kv_after_its_copy() -> None:
+    source = MemoryStore()
+    async with Registry([notes], kv=source).run() as client:
+        handle = client.get_or_create("notes", "n")
+        await handle.note("before")
+        wrote = []
+        token = anyio.lowlevel.current_token()
+
+        def progress(p: CopyProgress) -> None:  # on a thread of the copy's
+            if p.phase == "copy" and p.done == p.total:
+                anyio.from_thread.run(handle.note, "after", token=token)
+                wrote.append(p)
+
+        target = MemoryStore()
+        result = await anyio.to_thread.run_sync(
+            lambda: copy_store(source, target, allow_live=True, progress=progress)
+        )
+    assert wrote and result.changed == ["notes/n"] and result.verified == 1
+    copied = target.namespace("notes/n").get([USER_PREFIX + b"note"])
+    assert copied == [b"before"], "the state it was copied in"
