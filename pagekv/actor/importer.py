@@ -19,9 +19,11 @@ bounded (the VFS stages a big transaction to the store as it goes). The record o
 the registry's index comes last, in one batch with its lease entry (`index_entries.enroll`):
 until it is written no registry lists the actor or finds it with a `get`, so an import that
 fails, or is killed, leaves no actor behind. A failed import of a new actor also drops what it
-wrote; a killed one leaves at most the unreferenced chunks of an interrupted commit, which the
-next open of the namespace (a new import, or a wake) deletes, or, killed between the commit and
-the record, a database no record names: an import treats an actor without a record as absent
+wrote (only if the index, read again after the takeover, still has no record of it: a registry
+that created the actor meanwhile wrote the namespace, and the import is refused, leaving it);
+a killed one leaves at most the unreferenced chunks of an interrupted commit, which the next
+open of the namespace (a new import, or a wake) deletes, or, killed between the commit and the
+record, a database no record names: an import treats an actor without a record as absent
 (one never served a call: a create records an actor before it serves) and writes over it.
 
 `replace=True` imports over an existing actor: the takeover fences off any live instance (its
@@ -140,9 +142,11 @@ def import_actor(
         database = open_database(kv)
         try:
             generation = database.generation
-            try:
-                if not replace and records_of(index, aid):  # created since the first look
+            if records_of(index, aid) and not existed:  # created since the first look
+                if not replace:
                     raise ActorExists(f"actor {name!r} with key {key!r} was created meanwhile")
+                existed = True
+            try:
                 _swap(database, prepared)
                 _swap_user_kv(kv, generation, prepared.kv_entries)
                 enroll(

@@ -16,9 +16,18 @@ import anyio.lowlevel
 import pytest
 from transfer_defs import fill, order
 
-from pagekv.actor import ActorContext, CopyProgress, Registry, actor, store_copy
+from pagekv.actor import (
+    ActorContext,
+    ActorExists,
+    CopyProgress,
+    Registry,
+    actor,
+    export_actor,
+    import_actor,
+    store_copy,
+)
 from pagekv.actor.checksum import namespace_checksum
-from pagekv.actor.index import records_of
+from pagekv.actor.index import actor_id, records_of
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.store_copy import COPY_PREFIX, copy_store
 from pagekv.actor.user_kv import USER_PREFIX
@@ -339,3 +348,56 @@ async def test_a_live_copy_reports_an_actor_that_wrote_only_ctx_kv_after_its_cop
     assert wrote and result.changed == ["notes/n"] and result.verified == 1
     copied = target.namespace("notes/n").get([USER_PREFIX + b"note"])
     assert copied == [b"before"], "the state it was copied in"
+
+
+class _CreatedFirst:
+    """A store on which a registry creates actor `aid`, and serves a call of it, just before
+    the first takeover of its namespace (fault injection: a server that creates the actor an
+    import is about to create, between the import's look at the index and its takeover)."""
+
+    def __init__(self, inner: MemoryStore, aid: str) -> None:
+        self.inner, self.aid, self.fired = inner, aid, 0
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def namespace(self, name: str) -> Any:
+        kv = self.inner.namespace(name)
+        return _CreatedFirstKv(kv, self) if name == self.aid else kv
+
+
+class _CreatedFirstKv:
+    def __init__(self, inner: Any, store: _CreatedFirst) -> None:
+        self.inner, self.store = inner, store
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def takeover(self) -> int:
+        if not self.store.fired:
+            self.store.fired += 1
+
+            async def create() -> None:
+                async with Registry([order], kv=self.store.inner).run() as client:
+                    await client.get_or_create("order", "race").add("acknowledged")
+
+            anyio.run(create)
+        return self.inner.takeover()  # type: ignore[no-any-return]
+
+
+def test_an_import_that_loses_the_race_to_create_the_actor_leaves_it_whole(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "o.sqlite"
+    export_actor(_orders(["src"]), "order", "src", path)
+    inner = MemoryStore()
+    store = _CreatedFirst(inner, actor_id("order", "race"))
+    with pytest.raises(ActorExists, match="created meanwhile"):
+        import_actor(store, "order", "race", path)  # type: ignore[arg-type]
+    assert store.fired == 1
+
+    async def view() -> dict[str, Any]:
+        async with Registry([order], kv=inner).run() as client:
+            return await client.get("order", "race").view()  # type: ignore[no-any-return]
+
+    assert anyio.run(view)["items"] == ["acknowledged"], "the server's actor, as it made it"
