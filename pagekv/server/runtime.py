@@ -107,6 +107,6 @@ def store_view(request: Request) -> StoreView:
 
 
 def runtime(request: Request) -> Runtime:
-    rt = request.state.runtime
-    assert isinstance(rt, Runtime), "a route of `pagekv serve` only"
+    """The runtime of a route only `pagekv serve`'s app has (`create_app`)."""
+    rt: Runtime = request.state.runtime
     return rt
