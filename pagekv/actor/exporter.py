@@ -77,7 +77,8 @@ def export_actor(store: KvStore, name: str, key: str, path: str | os.PathLike[st
 
 def export_all(store: KvStore, directory: str | os.PathLike[str]) -> list[Exported]:
     """Export every actor of the store into `directory` (made if needed), one file each at
-    `NAME/KEY.sqlite` (both percent-encoded), and list them in `actors.json` there."""
+    `NAME/KEY.sqlite` (both percent-encoded), and list them in `actors.json` there. An actor
+    destroyed after it was listed is left out."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     index = open_index(store)
@@ -88,7 +89,10 @@ def export_all(store: KvStore, directory: str | os.PathLike[str]) -> list[Export
         for record in records:
             target = root / file_part(record.name) / f"{file_part(record.key)}.sqlite"
             target.parent.mkdir(exist_ok=True)
-            exported.append(export_record(store, record, target))
+            try:
+                exported.append(export_record(store, record, target))
+            except ActorNotFound:
+                continue  # destroyed since it was listed: not one of the actors any more
         if len(records) < _LIST_PAGE:
             break
         after = records[-1].actor_id
@@ -117,7 +121,7 @@ def export_record(store: KvStore, record: ActorRecord, path: Path) -> Exported:
     counts: list[int] = []
 
     def write(tmp: Path) -> None:
-        counts.append(read_namespace(kv, partial(_backup, tmp)))
+        counts.append(read_namespace(kv, partial(_backup, tmp, record)))
         counts.append(_add_user_kv(tmp, kv))
 
     _write_atomically(path, write)
@@ -146,9 +150,15 @@ def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
         os.close(directory)
 
 
-def _backup(tmp: Path, database: Database) -> int:
+def _backup(tmp: Path, record: ActorRecord, database: Database) -> int:
     """Copy the snapshot's pages into the file `tmp` (emptied first: a snapshot that expired
-    may have left part of a copy); returns its page count."""
+    may have left part of a copy); returns its page count. `ActorNotFound` if the snapshot holds
+    no database: the actor was destroyed after its record was read (a recorded actor was
+    created, which wrote its database)."""
+    if not database.connection.execute("PRAGMA page_count").fetchall()[0][0]:
+        raise ActorNotFound(
+            f"actor {record.name!r} with key {record.key!r} was destroyed while it was exported"
+        )
     tmp.write_bytes(b"")
     target = apsw.Connection(str(tmp))
     try:

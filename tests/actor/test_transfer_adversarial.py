@@ -4,6 +4,7 @@ hostile import files, export paths from hostile names and keys, copies killed an
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -19,14 +20,17 @@ from transfer_defs import fill, order
 from pagekv.actor import (
     ActorContext,
     ActorExists,
+    ActorNotFound,
     CopyProgress,
     Registry,
     actor,
     export_actor,
+    export_all,
     import_actor,
     store_copy,
 )
 from pagekv.actor.checksum import namespace_checksum
+from pagekv.actor.exporter import MANIFEST
 from pagekv.actor.index import actor_id, records_of
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.store_copy import COPY_PREFIX, copy_store
@@ -401,3 +405,39 @@ def test_an_import_that_loses_the_race_to_create_the_actor_leaves_it_whole(
             return await client.get("order", "race").view()  # type: ignore[no-any-return]
 
     assert anyio.run(view)["items"] == ["acknowledged"], "the server's actor, as it made it"
+
+
+class _DestroyedFirst:
+    """A store on which a registry destroys actor `aid` as soon as its namespace is opened
+    (fault injection: destroyed between an export's look at the index and its read)."""
+
+    def __init__(self, inner: MemoryStore, aid: str) -> None:
+        self.inner, self.aid, self.fired = inner, aid, 0
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def namespace(self, name: str) -> Any:
+        if name == self.aid and not self.fired:
+            self.fired += 1
+
+            async def destroy() -> None:
+                async with Registry([order], kv=self.inner).run() as client:
+                    await client.registry.destroy(*name.split("/"))
+
+            anyio.run(destroy)
+        return self.inner.namespace(name)
+
+
+def test_an_actor_destroyed_while_it_is_exported_is_not_found(tmp_path: Path) -> None:
+    store = _DestroyedFirst(_orders(["gone"]), actor_id("order", "gone"))
+    path = tmp_path / "gone.sqlite"
+    with pytest.raises(ActorNotFound, match="destroyed while it was exported"):
+        export_actor(store, "order", "gone", path)  # type: ignore[arg-type]
+    assert store.fired == 1 and list(tmp_path.iterdir()) == [], "no file, no temporary file"
+    store = _DestroyedFirst(_orders(["gone", "kept"]), actor_id("order", "gone"))
+    exported = export_all(store, tmp_path / "all")  # type: ignore[arg-type]
+    assert [e.actor.key for e in exported] == ["kept"]
+    manifest = json.loads((tmp_path / "all" / MANIFEST).read_text())
+    assert [m["key"] for m in manifest] == ["kept"]
+    assert sorted(p.name for p in (tmp_path / "all" / "order").iterdir()) == ["kept.sqlite"]
