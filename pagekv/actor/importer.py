@@ -35,6 +35,7 @@ The quota must hold both databases until the commit (and compaction) frees the o
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -51,6 +52,8 @@ from pagekv.actor.index import ActorRecord, actor_id, records_of
 from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
 from pagekv.actor.inspect import ListableStore
 from pagekv.actor.internal import (
+    MIGRATIONS,
+    PREFIX,
     SCHEMA_VERSION,
     encode_state,
     is_initialized,
@@ -180,8 +183,10 @@ def _prepare(
     source: Path, work: Path, name: str, key: str, state: Any, limits: KvLimits
 ) -> _Prepared:
     """Copy `source` (with any WAL or journal beside it) into `work`, check and convert it."""
-    if not source.is_file():
+    if not source.exists():
         raise ImportRefused(f"{source}: no such file")
+    if not source.is_file():
+        raise ImportRefused(f"{source} is not a regular file")
     with open(source, "rb") as f:
         magic = f.read(len(_MAGIC))
     if magic != _MAGIC:
@@ -253,19 +258,21 @@ def _internal_tables(
         "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = '_pagekv_meta'"
     ).fetchall()
     if not has_meta:
+        _check_internal_schema(connection, source, 0)
         mark_initialized(connection, name, key, encode_state(state), fresh=True)
         return ["plain SQLite database: the runtime's tables created, with the given state"]
     rows = connection.execute(
         "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
     ).fetchall()
-    version = rows[0][0] if rows else 0
-    if not isinstance(version, int) or isinstance(version, bool):
+    version = rows[0][0] if rows else None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ImportRefused(f"{source} has an internal schema version of {version!r}")
     if version > SCHEMA_VERSION:
         raise SchemaTooNew(
             f"{source} has internal schema version {version!r}; this pagekv knows up to "
             f"{SCHEMA_VERSION}. Upgrade pagekv to import it."
         )
+    _check_internal_schema(connection, source, version)
     if not is_initialized(connection):
         raise ImportRefused(f"{source} holds the tables of an actor that was never created")
     before = migrate(connection)
@@ -276,13 +283,67 @@ def _internal_tables(
     return [] if before == SCHEMA_VERSION else [f"internal schema {before} -> {SCHEMA_VERSION}"]
 
 
+_Object = tuple[str, str, str, str | None]
+"""A schema object of the runtime's, as compared: type, name and table (lower case, as SQLite
+reads names) and its SQL with blanks collapsed."""
+
+
+def _check_internal_schema(connection: apsw.Connection, source: Path, version: int) -> None:
+    """Refuse a file whose objects named with, or on a table named with, the reserved prefix
+    are not exactly those the runtime's migrations make up to `version` (an export's
+    `_pagekv_kv` table aside). The runtime never lets an actor's SQL make any: a trigger on an
+    internal table would run the file's SQL inside the runtime's own writes, with their right
+    to write internal tables, and a view or a changed table in the place of one breaks them."""
+    found = _internal_schema(connection)
+    expected = _expected_schema(version)
+    odd = [found[o] for o in sorted(found.keys() - expected.keys())]
+    missing = [expected[o] for o in sorted(expected.keys() - found.keys())]
+    if not odd and not missing:
+        return
+    parts = ([f"not the runtime's (or changed): {', '.join(odd[:5])}"] if odd else []) + (
+        [f"missing (or changed): {', '.join(missing[:5])}"] if missing else []
+    )
+    what = f"schema version {version}" if version else "a database with no _pagekv_meta table"
+    raise ImportRefused(
+        f"{source}: its internal schema objects are not those of {what}; " + "; ".join(parts)
+    )
+
+
+def _internal_schema(connection: apsw.Connection) -> dict[_Object, str]:
+    """The runtime's schema objects of a database, each with its description for a message."""
+    found = {}
+    for kind, name, table, sql in connection.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_schema"
+    ):
+        key = (kind, name.lower(), table.lower(), " ".join(sql.split()).lower() if sql else None)
+        if not (key[1].startswith(PREFIX) or key[2].startswith(PREFIX)):
+            continue
+        if key[2] == USER_KV_TABLE and kind in ("table", "index"):
+            continue
+        found[key] = f"{kind} {name!r}" + (f" on {table}" if table != name else "")
+    return found
+
+
+@functools.cache
+def _expected_schema(version: int) -> dict[_Object, str]:
+    """What the runtime's migrations make up to `version`, in an empty database."""
+    fresh = apsw.Connection(":memory:")
+    try:
+        for step in range(1, version + 1):
+            for sql in MIGRATIONS[step]:
+                fresh.execute(sql)
+        return _internal_schema(fresh)
+    finally:
+        fresh.close()
+
+
 def _take_user_kv(
     connection: apsw.Connection, source: Path, limits: KvLimits
 ) -> list[tuple[bytes, bytes]]:
     """The `ctx.kv` entries of an export's `_pagekv_kv` table, each checked against the
     store's limits, and the table dropped from the working copy."""
     exists = connection.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (USER_KV_TABLE,)
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND lower(name) = ?", (USER_KV_TABLE,)
     ).fetchall()
     if not exists:
         return []

@@ -5,6 +5,8 @@ hostile import files, export paths from hostile names and keys, copies killed an
 from __future__ import annotations
 
 import json
+import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from fixture_store import load_fixture
 from transfer_defs import fill, order
 
 from pagekv.actor import (
@@ -22,6 +25,7 @@ from pagekv.actor import (
     ActorExists,
     ActorNotFound,
     CopyProgress,
+    ImportRefused,
     Registry,
     actor,
     export_actor,
@@ -32,6 +36,7 @@ from pagekv.actor import (
 from pagekv.actor.checksum import namespace_checksum
 from pagekv.actor.exporter import MANIFEST
 from pagekv.actor.index import actor_id, records_of
+from pagekv.actor.internal import SCHEMA_VERSION
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.store_copy import COPY_PREFIX, copy_store
 from pagekv.actor.user_kv import USER_PREFIX
@@ -441,3 +446,84 @@ def test_an_actor_destroyed_while_it_is_exported_is_not_found(tmp_path: Path) ->
     manifest = json.loads((tmp_path / "all" / MANIFEST).read_text())
     assert [m["key"] for m in manifest] == ["kept"]
     assert sorted(p.name for p in (tmp_path / "all" / "order").iterdir()) == ["kept.sqlite"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "why"),
+    [
+        (
+            "CREATE TRIGGER t AFTER INSERT ON _pagekv_state BEGIN "
+            "INSERT OR REPLACE INTO _pagekv_schedule VALUES ('x', 0, 'add', x'f6', NULL, 0); END",
+            "trigger 't' on _pagekv_state",
+        ),
+        ("CREATE TRIGGER t AFTER INSERT ON _PAGEKV_QUEUE BEGIN SELECT 1; END", "trigger 't'"),
+        (
+            "ALTER TABLE _pagekv_state RENAME TO old_state; "
+            "CREATE VIEW _pagekv_state AS SELECT * FROM old_state",
+            "view '_pagekv_state'",
+        ),
+        ("CREATE TABLE _pagekv_extra(v)", "table '_pagekv_extra'"),
+        ("CREATE INDEX lines_on_state ON _pagekv_state(data)", "index 'lines_on_state'"),
+        ("DROP TABLE _pagekv_state; CREATE TABLE _pagekv_state(id, data)", "'_pagekv_state'"),
+        ("CREATE TRIGGER t AFTER INSERT ON _pagekv_kv BEGIN SELECT 1; END", "trigger 't'"),
+    ],
+    ids=["trigger", "trigger-upper-case", "view", "table", "index", "columns", "trigger-kv"],
+)
+def test_internal_tables_the_runtime_did_not_make_are_refused(
+    tmp_path: Path, sql: str, why: str
+) -> None:
+    """The runtime never lets an actor's SQL create anything on its `_pagekv_` tables: a
+    trigger there would run the file's SQL inside the runtime's own writes (and may write them),
+    a view or a changed table in the place of one breaks them."""
+    path = tmp_path / "o.sqlite"
+    export_actor(_orders(["src"]), "order", "src", path)
+    with sqlite3.connect(path) as db:
+        db.executescript(sql)
+    store = MemoryStore()
+    with pytest.raises(ImportRefused, match=re.escape(why)):
+        import_actor(store, "order", "x", path)
+    assert store.actor_ids() == []
+
+
+def test_a_plain_file_with_a_table_named_like_an_internal_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "plain.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE _Pagekv_Schedule(v)")
+        db.execute("CREATE TABLE t(v)")
+    store = MemoryStore()
+    with pytest.raises(ImportRefused, match="table '_Pagekv_Schedule'"):
+        import_actor(store, "plain", "x", path)
+    assert store.actor_ids() == []
+
+
+def test_files_that_are_no_regular_sqlite_file_are_refused_clearly(tmp_path: Path) -> None:
+    store = MemoryStore()
+    (tmp_path / "zero.sqlite").write_bytes(b"")
+    (tmp_path / "dev-zero.sqlite").symlink_to("/dev/zero")
+    (tmp_path / "dir.sqlite").mkdir()
+    cases = {
+        "zero.sqlite": "is not a SQLite database",
+        "dev-zero.sqlite": "is not a regular file",
+        "dir.sqlite": "is not a regular file",
+        "missing.sqlite": "no such file",
+    }
+    for name, why in cases.items():
+        with pytest.raises(ImportRefused, match=why):
+            import_actor(store, "plain", "x", tmp_path / name)
+    assert store.actor_ids() == []
+
+
+@pytest.mark.parametrize(("version", "name"), [(1, "notes"), (2, "orders")])
+def test_an_actor_of_every_released_schema_exports_and_imports(
+    tmp_path: Path, version: int, name: str
+) -> None:
+    """Made by the released runtimes (`fixtures/`): their internal tables pass the check."""
+    path = tmp_path / "old.sqlite"
+    store = load_fixture(version)
+    for _ in range(10):  # the fixture's entries, not its generation: back above their stamps
+        store.namespace(f"{name}/fixture").takeover()
+    export_actor(store, name, "fixture", path)
+    imported = import_actor(MemoryStore(), name, "fixture", path)
+    assert imported.converted == (f"internal schema {version} -> {SCHEMA_VERSION}",)
