@@ -345,12 +345,14 @@ def test_a_replace_is_one_visible_step_for_readers(tmp_path: Path) -> None:
     store = MemoryStore()
     import_actor(store, "plain", "swap", old)
     kv = store.namespace(actor_id("plain", "swap"))
-    seen: list[tuple[float, list[str], int]] = []
+    seen: list[tuple[float, float, list[str], int]] = []
+    """(opened, read, tables, rows) of each snapshot: it holds the state of its open."""
     errors: list[BaseException] = []
     done = threading.Event()
 
     def read() -> None:
         while not done.is_set():
+            opened = time.monotonic()
             try:
                 with open_database(kv, read_only=True) as snap:
                     rows = snap.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")
@@ -362,7 +364,7 @@ def test_a_replace_is_one_visible_step_for_readers(tmp_path: Path) -> None:
             except BaseException as e:
                 errors.append(e)
                 return
-            seen.append((time.monotonic(), names, count))
+            seen.append((opened, time.monotonic(), names, count))
 
     readers = [threading.Thread(target=read) for _ in range(2)]
     for reader in readers:
@@ -380,14 +382,15 @@ def test_a_replace_is_one_visible_step_for_readers(tmp_path: Path) -> None:
         for reader in readers:
             reader.join()
     assert errors == []
-    assert {(tuple(names), count) for _, names, count in seen} <= {
+    assert {(tuple(names), count) for _, _, names, count in seen} <= {
         (("old",), 1200),
         (("new",), 1200),
     }
-    tables = [names[0] for _, names, _ in seen]
-    assert tables[0] == "old" and tables[-1] == "new"
-    assert tables == sorted(tables, key=lambda t: t == "new"), "old, then new, never back"
-    assert any(started <= at <= ended for at, _, _ in seen), "readers read while it ran"
+    assert seen[0][2] == ["old"] and seen[-1][2] == ["new"]
+    first_new = min(read for _, read, names, _ in seen if names == ["new"])
+    later = [names[0] for opened, _, names, _ in seen if opened > first_new]
+    assert later and set(later) == {"new"}, "opened after a reader saw the new one: never back"
+    assert any(started <= read <= ended for _, read, _, _ in seen), "readers read while it ran"
 
 
 def test_a_sigkilled_import_leaves_no_actor_and_a_new_import_succeeds(tmp_path: Path) -> None:
