@@ -1,10 +1,12 @@
 """`import_actor`: an actor made from a plain SQLite file (an export, or any SQLite database).
 
 What the file must be, checked on a private working copy before the store is touched (the
-user's file is only read): a SQLite database (`ImportRefused` otherwise) that passes `PRAGMA
-integrity_check`, with an internal schema no newer than this pagekv's (`SchemaTooNew`). What is
-converted, and reported in `Imported.converted`: a WAL database is checkpointed and switched to
-a rollback journal; a page size other than 4 KiB is rebuilt at 4 KiB (`VACUUM`, which may
+user's file is only read, through SQLite, so a process writing it meanwhile cannot tear the
+copy: it holds one committed state): a SQLite database (`ImportRefused` otherwise) that
+passes `PRAGMA integrity_check`, with an internal schema no newer than this pagekv's
+(`SchemaTooNew`) and internal tables exactly as the runtime makes them. What is converted,
+and reported in `Imported.converted`: a WAL database is checkpointed and switched to a
+rollback journal; a page size other than 4 KiB is rebuilt at 4 KiB (`VACUUM`, which may
 renumber the rowids of tables without an INTEGER PRIMARY KEY); an older internal schema is
 upgraded by the runtime's own migrations; a database with no internal tables gets them, and
 becomes an actor created now with the state `state`. The actor's name and key in its metadata
@@ -79,6 +81,12 @@ from pagekv.vfs import PAGE_SIZE, Database, open_database
 from pagekv.vfs.format import FRAME_BYTES
 
 _MAGIC: Final = b"SQLite format 3\x00"
+_HEADER_BYTES: Final = 100
+_WAL_FORMAT_BYTE: Final = 18
+_WAL_FORMAT: Final = 2
+"""A database file's header: byte 18 (its read format) is 2 in WAL mode."""
+_BUSY_MS: Final = 10_000
+"""How long the read of a file waits for a writer of it to let go of its lock."""
 _INTEGRITY_LINES: Final = 5
 """Lines of a failed `integrity_check` quoted in the refusal."""
 
@@ -182,23 +190,21 @@ def import_actor(
 def _prepare(
     source: Path, work: Path, name: str, key: str, state: Any, limits: KvLimits
 ) -> _Prepared:
-    """Copy `source` (with any WAL or journal beside it) into `work`, check and convert it."""
+    """Copy `source` into `work` (`_read`), check and convert it."""
     if not source.exists():
         raise ImportRefused(f"{source}: no such file")
     if not source.is_file():
         raise ImportRefused(f"{source} is not a regular file")
     with open(source, "rb") as f:
-        magic = f.read(len(_MAGIC))
-    if magic != _MAGIC:
+        header = f.read(_HEADER_BYTES)
+    if header[: len(_MAGIC)] != _MAGIC:
         raise ImportRefused(f"{source} is not a SQLite database (no 'SQLite format 3' header)")
     copy = work / "actor.sqlite"
-    shutil.copyfile(source, copy)
-    for suffix in ("-wal", "-journal"):
-        beside = Path(f"{source}{suffix}")
-        if beside.is_file():
-            shutil.copyfile(beside, Path(f"{copy}{suffix}"))
     try:
+        _read(source, copy, wal=header[_WAL_FORMAT_BYTE] == _WAL_FORMAT)
         connection = apsw.Connection(str(copy))
+    except (apsw.CorruptError, apsw.NotADBError) as e:
+        raise ImportRefused(f"{source} is corrupt: {e}") from e
     except apsw.Error as e:
         raise ImportRefused(f"{source} cannot be opened as a SQLite database: {e}") from e
     try:
@@ -209,6 +215,40 @@ def _prepare(
         raise ImportRefused(f"{source} cannot be read as an actor's database: {e}") from e
     finally:
         connection.close()
+
+
+def _read(source: Path, copy: Path, *, wal: bool) -> None:
+    """The database in `source` as of one committed state, into the new file `copy`: through
+    SQLite's backup API from a read-only connection, whose read transaction no writer of the
+    file (in any process) can tear, as a copy of its bytes can. Two cases are copied as bytes
+    instead: a WAL database with no WAL beside it (the file is the whole database, and a
+    connection would leave a -wal and a -shm file beside the user's), and a hot journal (a
+    writer died mid-commit; a read-only connection cannot roll it back, the copy does when it
+    is opened)."""
+    if wal and not Path(f"{source}-wal").exists():
+        shutil.copyfile(source, copy)
+        return
+    reader = apsw.Connection(str(source), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        reader.set_busy_timeout(_BUSY_MS)
+        target = apsw.Connection(str(copy))
+        try:
+            with target.backup("main", reader, "main") as backup:
+                backup.step(-1)
+        finally:
+            target.close()
+    except apsw.ReadOnlyError as e:
+        if e.extendedresult != apsw.SQLITE_READONLY_ROLLBACK:
+            raise
+        shutil.copyfile(source, copy)
+        try:
+            shutil.copyfile(f"{source}-journal", f"{copy}-journal")
+        except FileNotFoundError:
+            raise ImportRefused(
+                f"{source} was being written while it was read (its journal went); try again"
+            ) from None
+    finally:
+        reader.close()
 
 
 def _convert(

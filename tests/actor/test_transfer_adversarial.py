@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -527,3 +528,86 @@ def test_an_actor_of_every_released_schema_exports_and_imports(
     export_actor(store, name, "fixture", path)
     imported = import_actor(MemoryStore(), name, "fixture", path)
     assert imported.converted == (f"internal schema {version} -> {SCHEMA_VERSION}",)
+
+
+_ROWS = 2000
+_WRITER = f"""
+import random, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA synchronous = OFF")
+print("ready", flush=True)
+while True:
+    db.execute("BEGIN IMMEDIATE")
+    for account, amount in ((random.randrange({_ROWS}), -7), (random.randrange({_ROWS}), 7)):
+        db.execute("UPDATE accounts SET balance = balance + ? WHERE id = ?", (amount, account))
+    db.execute("COMMIT")
+"""
+
+
+def _accounts(path: Path, mode: str) -> None:
+    """`_ROWS` accounts of 1000 on ~500 pages: a transfer mostly writes two far apart."""
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA journal_mode = {mode}")
+        db.execute("CREATE TABLE accounts(id INTEGER PRIMARY KEY, balance INTEGER, pad BLOB)")
+        db.executemany(
+            "INSERT INTO accounts VALUES (?, 1000, randomblob(900))", [(i,) for i in range(_ROWS)]
+        )
+
+
+def _imported_total(store: MemoryStore, key: str) -> tuple[int, int]:
+    with open_database(store.namespace(actor_id("plain", key)), read_only=True) as db:
+        return tuple(db.execute("SELECT sum(balance), count(*) FROM accounts").fetchall()[0])
+
+
+@pytest.mark.parametrize("mode", ["delete", "wal"])
+def test_a_file_another_process_writes_is_imported_as_one_committed_state(
+    tmp_path: Path, mode: str
+) -> None:
+    """A process commits transfers to the file all through the imports: each import holds one
+    committed state of it (a copy of its bytes tore between commits, and its journal could
+    vanish between a look and a copy)."""
+    path = tmp_path / "live.sqlite"
+    _accounts(path, mode)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        store = MemoryStore()
+        totals = []
+        for n in range(8):
+            import_actor(store, "plain", f"k{n}", path)
+            totals.append(_imported_total(store, f"k{n}"))
+        assert writer.poll() is None, "the writer ran all through"
+    finally:
+        writer.kill()
+        writer.wait()
+    assert totals == [(1000 * _ROWS, _ROWS)] * 8
+
+
+def test_a_file_whose_writer_died_mid_commit_is_imported_rolled_back(tmp_path: Path) -> None:
+    """A hot journal (SIGKILLed mid-transaction, its pages already in the file): the import
+    holds the state before that transaction, and the user's files are left as they were."""
+    path = tmp_path / "hot.sqlite"
+    _accounts(path, "delete")
+    script = (
+        "import sqlite3, sys, time\n"
+        "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "db.execute('PRAGMA cache_size = 10')\n"  # pages spill into the file before the commit
+        "db.execute('BEGIN')\n"
+        "db.execute('UPDATE accounts SET balance = 0, pad = randomblob(900)')\n"
+        "print('written', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline() == "written\n"
+    child.send_signal(signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL
+    journal = Path(f"{path}-journal")
+    before = (path.read_bytes(), journal.read_bytes())
+    store = MemoryStore()
+    import_actor(store, "plain", "hot", path)
+    assert _imported_total(store, "hot") == (1000 * _ROWS, _ROWS)
+    assert (path.read_bytes(), journal.read_bytes()) == before, "only read"
