@@ -87,7 +87,7 @@ def export_all(store: KvStore, directory: str | os.PathLike[str]) -> list[Export
     while index is not None:
         records = list_actors(index, limit=_LIST_PAGE, after=after)
         for record in records:
-            target = root / file_part(record.name) / f"{file_part(record.key)}.sqlite"
+            target = root / _directory_part(record.name) / f"{file_part(record.key)}.sqlite"
             target.parent.mkdir(exist_ok=True)
             try:
                 exported.append(export_record(store, record, target))
@@ -113,6 +113,13 @@ def file_part(text: str) -> str:
     if len(part) > _MAX_FILE_PART or not part:
         part = part[: _MAX_FILE_PART - 17] + "~" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return part
+
+
+def _directory_part(name: str) -> str:
+    """`file_part` of an actor's name, the directory of its actors' files: never the
+    manifest's name (an actor may be named `actors.json`), whatever the file system's case."""
+    part = file_part(name)
+    return part.replace(".", "%2E") if part.lower() == MANIFEST else part
 
 
 def export_record(store: KvStore, record: ActorRecord, path: Path) -> Exported:

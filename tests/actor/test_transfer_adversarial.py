@@ -611,3 +611,48 @@ def test_a_file_whose_writer_died_mid_commit_is_imported_rolled_back(tmp_path: P
     import_actor(store, "plain", "hot", path)
     assert _imported_total(store, "hot") == (1000 * _ROWS, _ROWS)
     assert (path.read_bytes(), journal.read_bytes()) == before, "only read"
+
+
+manifest_named = actor("actors.json")
+
+
+@manifest_named.action
+async def touch(ctx: ActorContext) -> None:
+    await ctx.kv.put({b"k": b"v"})
+
+
+_HOSTILE_KEYS = [
+    "../../outside",
+    "a/b/../../c",
+    "..",
+    ".",
+    "",
+    ".hidden",
+    "ünïcødé/名前",
+    "%2E%2E%2F",
+    "back\\slash",
+    "x" * 600,
+    "x" * 600 + "y",
+]
+
+
+async def test_export_all_writes_only_inside_its_directory(tmp_path: Path) -> None:
+    """Names and keys that look like paths, hidden files, encodings, the manifest's name, or
+    are long enough to be cut: each actor gets a file of its own inside the directory."""
+    store = MemoryStore()
+    async with Registry([manifest_named], kv=store).run() as client:
+        for key in _HOSTILE_KEYS:
+            await client.get_or_create("actors.json", key).touch()
+    root = tmp_path / "out" / "all"
+    exported = await anyio.to_thread.run_sync(lambda: export_all(store, root))
+    files = [p.resolve() for p in tmp_path.rglob("*") if p.is_file()]
+    assert all(p.is_relative_to(root.resolve()) for p in files), files
+    assert sorted(e.actor.key for e in exported) == sorted(_HOSTILE_KEYS)
+    assert len({e.path.resolve() for e in exported}) == len(_HOSTILE_KEYS), "one file each"
+    manifest = json.loads((root / MANIFEST).read_text())
+    assert sorted(m["key"] for m in manifest) == sorted(_HOSTILE_KEYS)
+    for entry in manifest:
+        target = MemoryStore()
+        import_actor(target, entry["name"], entry["key"], root / entry["file"])
+        kv = target.namespace(actor_id("actors.json", entry["key"]))
+        assert kv.get([USER_PREFIX + b"k"]) == [b"v"]
