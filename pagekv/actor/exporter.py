@@ -169,11 +169,26 @@ def _backup(tmp: Path, record: ActorRecord, database: Database) -> int:
     tmp.write_bytes(b"")
     target = apsw.Connection(str(tmp))
     try:
-        with target.backup("main", database.connection, "main") as backup:
-            backup.step(-1)
+        copy_pages(target, database.connection)
         return int(target.execute("PRAGMA page_count").fetchall()[0][0])
     finally:
         target.close()
+
+
+def copy_pages(target: apsw.Connection, source: apsw.Connection) -> None:
+    """Every page of `source`'s main database into `target`'s, in one step of SQLite's backup
+    API. A failed step raises its own error: the backup's `finish` then reports the same
+    failure again, which apsw's context manager turns into a `SystemError` that hides it."""
+    backup = target.backup("main", source, "main")
+    try:
+        backup.step(-1)
+    except apsw.Error as e:
+        try:
+            backup.finish()
+        except apsw.Error as again:
+            e.add_note(f"finishing the backup failed too: {again}")
+        raise
+    backup.finish()
 
 
 def _add_user_kv(tmp: Path, kv: ActorKv) -> int:

@@ -49,7 +49,7 @@ from typing import Any, Final
 import apsw
 
 from pagekv.actor.errors import ActorError, ActorExists
-from pagekv.actor.exporter import USER_KV_TABLE
+from pagekv.actor.exporter import USER_KV_TABLE, copy_pages
 from pagekv.actor.index import ActorRecord, actor_id, records_of
 from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
 from pagekv.actor.inspect import ListableStore
@@ -69,6 +69,7 @@ from pagekv.actor.user_kv import USER_PREFIX
 from pagekv.actor.workflow.history import FINAL_STATES, describe
 from pagekv.kv import (
     ActorKv,
+    FenceMismatch,
     KeyTooLarge,
     KvLimits,
     KvStore,
@@ -93,6 +94,12 @@ _INTEGRITY_LINES: Final = 5
 
 class ImportRefused(ActorError, ValueError):
     """The file cannot become an actor (the message says why); nothing was written."""
+
+
+class ImportInterrupted(ActorError):
+    """Another instance took the actor over while it was imported (a call woke it there): the
+    import's writes after that were refused. The message says whether its database had been
+    swapped by then."""
 
 
 class SchemaTooNew(ImportRefused):
@@ -158,8 +165,8 @@ def import_actor(
                     raise ActorExists(f"actor {name!r} with key {key!r} was created meanwhile")
                 existed = True
             try:
-                _swap(database, prepared)
-                _swap_user_kv(kv, generation, prepared.kv_entries)
+                _swap(database, prepared, name, key)
+                _swap_user_kv(kv, generation, prepared.kv_entries, name, key)
                 enroll(
                     index,
                     aid,
@@ -170,6 +177,8 @@ def import_actor(
                     due=prepared.due,
                     fresh=False,
                 )
+            except ImportInterrupted:
+                raise  # the namespace is another instance's now: nothing of it is the import's
             except BaseException as e:
                 if not existed:
                     _drop_new(kv, index, aid, generation, e)
@@ -233,8 +242,7 @@ def _read(source: Path, copy: Path, *, wal: bool) -> None:
         reader.set_busy_timeout(_BUSY_MS)
         target = apsw.Connection(str(copy))
         try:
-            with target.backup("main", reader, "main") as backup:
-                backup.step(-1)
+            copy_pages(target, reader)
         finally:
             target.close()
     except apsw.ReadOnlyError as e:
@@ -438,15 +446,21 @@ def _check_quota(store: KvStore, aid: str, prepared: _Prepared, limits: KvLimits
         )
 
 
-def _swap(database: Database, prepared: _Prepared) -> None:
+def _swap(database: Database, prepared: _Prepared, name: str, key: str) -> None:
     """The working copy's pages into the namespace, in one transaction (one visible step). A
-    storage failure is raised as the store's own typed error."""
+    storage failure is raised as the store's own typed error, a lost takeover as
+    `ImportInterrupted`."""
     source = apsw.Connection(str(prepared.path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        with database.connection.backup("main", source, "main") as backup:
-            backup.step(-1)
+        copy_pages(database.connection, source)
     except apsw.Error as e:
         cause = database.take_last_kv_error()
+        if isinstance(cause, FenceMismatch):
+            raise ImportInterrupted(
+                f"actor {name!r} with key {key!r} was taken over by another instance (a call "
+                f"woke it) while it was imported: nothing of the import is visible ({cause}); "
+                "stop its callers and import again"
+            ) from cause
         if cause is not None:
             raise cause from e
         raise
@@ -454,12 +468,22 @@ def _swap(database: Database, prepared: _Prepared) -> None:
         source.close()
 
 
-def _swap_user_kv(kv: ActorKv, generation: int, entries: list[tuple[bytes, bytes]]) -> None:
+def _swap_user_kv(
+    kv: ActorKv, generation: int, entries: list[tuple[bytes, bytes]], name: str, key: str
+) -> None:
     """Replace the namespace's `ctx.kv` entries with `entries`, fenced by the import's
-    generation."""
-    kv.delete_range(USER_PREFIX, prefix_end(USER_PREFIX), fence=generation)
-    for batch in batches(entries, kv.limits):
-        kv.write(put=batch, fence=generation)
+    generation; a lost takeover is `ImportInterrupted`, which says the database was swapped."""
+    try:
+        kv.delete_range(USER_PREFIX, prefix_end(USER_PREFIX), fence=generation)
+        for batch in batches(entries, kv.limits):
+            kv.write(put=batch, fence=generation)
+    except FenceMismatch as e:
+        raise ImportInterrupted(
+            f"actor {name!r} with key {key!r} was taken over by another instance (a call woke "
+            "it) after its database was replaced, before its ctx.kv entries were: it holds the "
+            f"imported database with the ctx.kv entries it had ({e}); import again to replace "
+            "both"
+        ) from e
 
 
 def _drop_new(kv: ActorKv, index: ActorKv, aid: str, generation: int, error: BaseException) -> None:

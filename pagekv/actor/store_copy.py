@@ -65,6 +65,7 @@ from pagekv.actor.checksum import (
     other_entries,
 )
 from pagekv.actor.errors import ActorError
+from pagekv.actor.exporter import copy_pages
 from pagekv.actor.frozen import FROZEN_MAX_BYTES, FrozenNamespace, frozen_if_small
 from pagekv.actor.index import ActorRecord, list_actors, records_of
 from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
@@ -428,8 +429,7 @@ def _snapshot_copy(source: ActorKv, destination: ActorKv) -> tuple[int, int, str
         destination.drop(fence=fence)
         target = open_database(destination)
         try:
-            with target.connection.backup("main", snapshot.connection, "main") as backup:
-                backup.step(-1)
+            copy_pages(target.connection, snapshot.connection)
             return target.generation, database_digest(snapshot.connection)
         finally:
             target.close()

@@ -36,12 +36,13 @@ from pagekv.actor import (
 )
 from pagekv.actor.checksum import namespace_checksum
 from pagekv.actor.exporter import MANIFEST
+from pagekv.actor.importer import ImportInterrupted
 from pagekv.actor.index import actor_id, records_of
 from pagekv.actor.internal import SCHEMA_VERSION
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.store_copy import COPY_PREFIX, copy_store
 from pagekv.actor.user_kv import USER_PREFIX
-from pagekv.kv import MemoryStore, open_kv
+from pagekv.kv import FenceMismatch, MemoryStore, open_kv
 from pagekv.vfs import SnapshotExpired, open_database
 from pagekv.vfs.format import base_key
 
@@ -656,3 +657,78 @@ async def test_export_all_writes_only_inside_its_directory(tmp_path: Path) -> No
         import_actor(target, entry["name"], entry["key"], root / entry["file"])
         kv = target.namespace(actor_id("actors.json", entry["key"]))
         assert kv.get([USER_PREFIX + b"k"]) == [b"v"]
+
+
+class _TakenOverAt:
+    """A store on which another instance takes actor `aid` over at the first call of `method`
+    on its namespace that `when` accepts (fault injection: a call wakes the actor elsewhere
+    while an import writes it)."""
+
+    def __init__(self, inner: MemoryStore, aid: str, method: str, when: Any) -> None:
+        self.inner, self.aid, self.method, self.when, self.fired = inner, aid, method, when, 0
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def namespace(self, name: str) -> Any:
+        kv = self.inner.namespace(name)
+        if name != self.aid:
+            return kv
+        store = self
+
+        class _Kv:
+            def __getattr__(self, attr: str) -> Any:
+                found = getattr(kv, attr)
+                if attr != store.method:
+                    return found
+
+                def hooked(*args: Any, **kwargs: Any) -> Any:
+                    if not store.fired and store.when(*args, **kwargs):
+                        store.fired += 1
+                        kv.takeover()
+                    return found(*args, **kwargs)
+
+                return hooked
+
+        return _Kv()
+
+
+def _big_file(tmp_path: Path) -> Path:
+    path = tmp_path / "big.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE big(b)")
+        db.executemany("INSERT INTO big VALUES (randomblob(4000))", [()] * 1500)
+    return path
+
+
+def test_an_import_whose_actor_is_taken_over_while_it_writes_fails_clearly(
+    tmp_path: Path,
+) -> None:
+    """Another instance takes the namespace over while the import stages its pages (6 MiB: the
+    slow path): the import is refused, one typed error that says so, and nothing is left."""
+    inner = MemoryStore()
+    aid = actor_id("plain", "x")
+    store = _TakenOverAt(inner, aid, "write", lambda **kw: bool(kw.get("put")))
+    with pytest.raises(ImportInterrupted, match=r"taken over .* while it was imported") as caught:
+        import_actor(store, "plain", "x", _big_file(tmp_path))  # type: ignore[arg-type]
+    assert store.fired == 1 and isinstance(caught.value.__cause__, FenceMismatch)
+    assert "nothing of the import is visible" in str(caught.value)
+    assert not getattr(caught.value, "__notes__", None), "no drop of another's namespace tried"
+    assert records_of(inner.namespace(REGISTRY_NAMESPACE), aid) == []
+
+
+def test_a_replace_whose_actor_wakes_between_its_database_and_its_ctx_kv_says_so(
+    tmp_path: Path,
+) -> None:
+    """The one window --replace has: a call wakes the actor after the database's swap, before
+    its `ctx.kv` entries'. The import fails saying which half it swapped."""
+    path = tmp_path / "o.sqlite"
+    export_actor(_orders(["src"]), "order", "src", path)
+    inner = _orders(["live"])
+    aid = actor_id("order", "live")
+    store = _TakenOverAt(inner, aid, "delete_range", lambda start, end, **kw: start == USER_PREFIX)
+    with pytest.raises(ImportInterrupted, match="after its database was replaced") as caught:
+        import_actor(store, "order", "live", path, replace=True)  # type: ignore[arg-type]
+    assert store.fired == 1 and isinstance(caught.value.__cause__, FenceMismatch)
+    with open_database(inner.namespace(aid), read_only=True) as db:
+        assert db.execute("SELECT item FROM lines").fetchall() == [("item-0",)]
