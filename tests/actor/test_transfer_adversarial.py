@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from pagekv.actor.importer import ImportInterrupted
 from pagekv.actor.index import actor_id, records_of
 from pagekv.actor.internal import SCHEMA_VERSION
 from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.actor.store_copy import COPY_PREFIX, copy_store
+from pagekv.actor.store_copy import COPY_MARKER, COPY_PREFIX, copy_store
 from pagekv.actor.user_kv import USER_PREFIX
 from pagekv.kv import FenceMismatch, MemoryStore, open_kv
 from pagekv.vfs import SnapshotExpired, open_database
@@ -281,7 +282,7 @@ def _orders(keys: list[str]) -> MemoryStore:
     return store
 
 
-def _content(store: MemoryStore) -> dict[str, tuple[str, list[tuple[str, float]]]]:
+def _content(store: Any) -> dict[str, tuple[str, list[tuple[str, float]]]]:
     """Each namespace that holds anything: its checksum and its records in the index."""
     index = store.namespace(REGISTRY_NAMESPACE)
     names = [n for n in store.actor_ids() if n != REGISTRY_NAMESPACE]
@@ -732,3 +733,54 @@ def test_a_replace_whose_actor_wakes_between_its_database_and_its_ctx_kv_says_so
     assert store.fired == 1 and isinstance(caught.value.__cause__, FenceMismatch)
     with open_database(inner.namespace(aid), read_only=True) as db:
         assert db.execute("SELECT item FROM lines").fetchall() == [("item-0",)]
+
+
+def test_a_copy_into_postgres_killed_again_and_again_ends_verified(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    """`pagekv copy` (2 threads) into a real PostgreSQL, SIGKILLed as soon as it marked the
+    destination, then after 5 and after 20 namespaces, each time resumed by a new process:
+    the last run verifies every namespace, and the destination equals the source."""
+    source_url = (tmp_path / "src").resolve().as_uri()
+    keys = [f"k-{i:02}" for i in range(40)]
+    with open_kv(source_url) as source:
+
+        async def make() -> None:
+            async with Registry([order], kv=source).run() as client:
+                for key in keys:
+                    await fill(client, key, items=1)
+
+        anyio.run(make)
+        expected = _content(source)
+    target_url = postgres_server.store_url(str(tmp_path / "pg"))
+    command = [sys.executable, "-m", "pagekv", "copy", "--from", source_url, "--to", target_url]
+    killed_at = []
+    for done in (0, 5, 20):
+        child = subprocess.Popen([*command, "--threads", "2"], cwd=ROOT, stderr=subprocess.PIPE)
+        try:
+            with open_kv(target_url) as target:
+                index = target.namespace(REGISTRY_NAMESPACE)
+                deadline = time.monotonic() + 60
+                while True:
+                    assert child.poll() is None, "the copy ended before the kill"
+                    assert time.monotonic() < deadline, "the copy did not get there in 60 s"
+                    marked = index.get([COPY_MARKER])[0] is not None
+                    copied = len(index.list(prefix=COPY_PREFIX))
+                    if marked and copied >= done:
+                        break
+                    time.sleep(0.002)
+                child.send_signal(signal.SIGKILL)
+                assert child.wait() == -signal.SIGKILL
+                killed_at.append(len(index.list(prefix=COPY_PREFIX)))
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert killed_at[0] < killed_at[-1] < len(keys), killed_at
+    last = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert last.returncode == 0, last.stderr
+    assert f"{len(keys)} verified" in last.stdout
+    with open_kv(target_url) as target:
+        assert _content(target) == expected
+        index = target.namespace(REGISTRY_NAMESPACE)
+        assert index.get([COPY_MARKER]) == [None] and index.list(prefix=COPY_PREFIX) == []
