@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from pagekv.actor import ActorError
 from pagekv.actor.exporter import Exported, export_actor, export_all
-from pagekv.actor.importer import import_actor
+from pagekv.actor.importer import import_prepared, prepare_import
 from pagekv.actor.store_copy import THREADS, CopyProgress, check_source, copy_store
 from pagekv.cli_args import add_store_argument, kv_url, positive_int
 from pagekv.kv import KvError, open_kv, redact_url
@@ -88,18 +88,17 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    """The file is checked and converted before the store is opened: a refused file leaves no
+    store made where none was."""
     try:
-        store = open_kv(args.kv)
+        with prepare_import(args.file, *args.actor, state=args.state) as prepared:
+            store = open_kv(args.kv)
+            try:
+                imported = import_prepared(store, prepared, replace=args.replace)
+            finally:
+                store.close()
     except _FAILURES as e:
         return _fail("import", e)
-    try:
-        imported = import_actor(
-            store, *args.actor, args.file, replace=args.replace, state=args.state
-        )
-    except _FAILURES as e:
-        return _fail("import", e)
-    finally:
-        store.close()
     if args.json:
         print(json.dumps(asdict(imported)))
         return 0

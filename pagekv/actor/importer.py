@@ -42,6 +42,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -52,7 +54,7 @@ from pagekv.actor.errors import ActorError, ActorExists
 from pagekv.actor.exporter import USER_KV_TABLE, copy_pages
 from pagekv.actor.index import ActorRecord, actor_id, records_of
 from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
-from pagekv.actor.inspect import ListableStore
+from pagekv.actor.inspect import ListableStore, open_index
 from pagekv.actor.internal import (
     MIGRATIONS,
     PREFIX,
@@ -122,15 +124,20 @@ class Imported:
 
 
 @dataclass(frozen=True)
-class _Prepared:
-    """A working copy ready to be written: checked, converted, named as the actor."""
+class PreparedImport:
+    """A working copy of a file ready to be written as actor `(name, key)`: checked,
+    converted, named as the actor (`prepare_import`)."""
 
+    name: str
+    key: str
     path: Path
     pages: int
     kv_entries: list[tuple[bytes, bytes]]
     created: float | None
     due: float | None
     converted: tuple[str, ...]
+    limits: KvLimits
+    """The limits its `ctx.kv` entries were checked against."""
 
 
 def import_actor(
@@ -145,46 +152,75 @@ def import_actor(
     """Create actor `(name, key)` on `store` from the SQLite file at `path` (see the module's
     docstring). `ActorExists` if it exists, unless `replace`; `state` is the state of an actor
     made from a file with no internal tables (an export has its own)."""
+    limits: KvLimits = getattr(store, "limits", None) or KvLimits()
+    with prepare_import(path, name, key, state=state, limits=limits) as prepared:
+        return import_prepared(store, prepared, replace=replace)
+
+
+@contextmanager
+def prepare_import(
+    path: str | os.PathLike[str],
+    name: str,
+    key: str,
+    *,
+    state: Any = None,
+    limits: KvLimits | None = None,
+) -> Iterator[PreparedImport]:
+    """Check and convert the file at `path` into a private working copy, without a store:
+    `ImportRefused` (and the rest of the file's refusals) before a store is even opened, so a
+    tool that would create the store can refuse first. The copy is removed on leaving."""
+    checked = limits or KvLimits()
+    check_name(checked, actor_id(name, key))
+    with tempfile.TemporaryDirectory(prefix="pagekv-import-") as work:
+        yield _prepare(Path(path), Path(work), name, key, state, checked)
+
+
+def import_prepared(store: KvStore, prepared: PreparedImport, *, replace: bool = False) -> Imported:
+    """`import_actor` of a file `prepare_import` checked and converted."""
+    name, key = prepared.name, prepared.key
     aid = actor_id(name, key)
     limits: KvLimits = getattr(store, "limits", None) or KvLimits()
-    check_name(limits, aid)
-    with tempfile.TemporaryDirectory(prefix="pagekv-import-") as work:
-        prepared = _prepare(Path(path), Path(work), name, key, state, limits)
+    if limits != prepared.limits:
+        check_name(limits, aid)
+        for stored, value in prepared.kv_entries:
+            _check_entry(limits, stored, value)
+    index = open_index(store)
+    existed = index is not None and bool(records_of(index, aid))
+    if existed and not replace:
+        raise ActorExists(f"actor {name!r} with key {key!r} already exists (use replace)")
+    _check_quota(store, aid, prepared, limits)
+    if index is None:
         index = store.namespace(REGISTRY_NAMESPACE)
-        Ownership(index, TOOL_REGISTRY, None).check_fits(aid)
-        existed = bool(records_of(index, aid))
-        if existed and not replace:
-            raise ActorExists(f"actor {name!r} with key {key!r} already exists (use replace)")
-        _check_quota(store, aid, prepared, limits)
-        kv = store.namespace(aid)
-        database = open_database(kv)
+    Ownership(index, TOOL_REGISTRY, None).check_fits(aid)
+    kv = store.namespace(aid)
+    database = open_database(kv)
+    try:
+        generation = database.generation
+        if records_of(index, aid) and not existed:  # created since the first look
+            if not replace:
+                raise ActorExists(f"actor {name!r} with key {key!r} was created meanwhile")
+            existed = True
         try:
-            generation = database.generation
-            if records_of(index, aid) and not existed:  # created since the first look
-                if not replace:
-                    raise ActorExists(f"actor {name!r} with key {key!r} was created meanwhile")
-                existed = True
-            try:
-                _swap(database, prepared, name, key)
-                _swap_user_kv(kv, generation, prepared.kv_entries, name, key)
-                enroll(
-                    index,
-                    aid,
-                    name,
-                    key,
-                    generation,
-                    created=prepared.created,
-                    due=prepared.due,
-                    fresh=False,
-                )
-            except ImportInterrupted:
-                raise  # the namespace is another instance's now: nothing of it is the import's
-            except BaseException as e:
-                if not existed:
-                    _drop_new(kv, index, aid, generation, e)
-                raise
-        finally:
-            database.close()
+            _swap(database, prepared)
+            _swap_user_kv(kv, generation, prepared)
+            enroll(
+                index,
+                aid,
+                name,
+                key,
+                generation,
+                created=prepared.created,
+                due=prepared.due,
+                fresh=False,
+            )
+        except ImportInterrupted:
+            raise  # the namespace is another instance's now: nothing of it is the import's
+        except BaseException as e:
+            if not existed:
+                _drop_new(kv, index, aid, generation, e)
+            raise
+    finally:
+        database.close()
     record = ActorRecord(name, key, prepared.created or time.time(), generation)
     return Imported(
         record,
@@ -198,7 +234,7 @@ def import_actor(
 
 def _prepare(
     source: Path, work: Path, name: str, key: str, state: Any, limits: KvLimits
-) -> _Prepared:
+) -> PreparedImport:
     """Copy `source` into `work` (`_read`), check and convert it."""
     if not source.exists():
         raise ImportRefused(f"{source}: no such file")
@@ -267,7 +303,7 @@ def _convert(
     key: str,
     state: Any,
     limits: KvLimits,
-) -> _Prepared:
+) -> PreparedImport:
     converted = []
     mode = connection.execute("PRAGMA journal_mode").fetchall()[0][0]
     if mode.lower() == "wal":
@@ -287,13 +323,16 @@ def _convert(
     meta = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
     created = meta.get("created_at")
     pages = connection.execute("PRAGMA page_count").fetchall()[0][0]
-    return _Prepared(
+    return PreparedImport(
+        name,
+        key,
         copy,
         pages,
         kv_entries,
         created if isinstance(created, int | float) else None,
         _due(connection, source),
         tuple(converted),
+        limits,
     )
 
 
@@ -402,18 +441,21 @@ def _take_user_kv(
                 f"{source}: {USER_KV_TABLE} holds a key or value that is not a non-empty blob"
             )
         stored = USER_PREFIX + user_key
-        if len(stored) > limits.max_key_bytes:
-            raise KeyTooLarge(
-                f"ctx.kv key of {len(stored)} bytes", len(stored), limits.max_key_bytes
-            )
-        if len(value) > limits.max_value_bytes:
-            raise ValueTooLarge(
-                f"ctx.kv value of {len(value)} bytes", len(value), limits.max_value_bytes
-            )
+        _check_entry(limits, stored, value)
         entries.append((stored, value))
     with connection:
         connection.execute(f"DROP TABLE {USER_KV_TABLE}")
     return entries
+
+
+def _check_entry(limits: KvLimits, stored: bytes, value: bytes) -> None:
+    """A `ctx.kv` entry that the store would refuse is refused before anything is written."""
+    if len(stored) > limits.max_key_bytes:
+        raise KeyTooLarge(f"ctx.kv key of {len(stored)} bytes", len(stored), limits.max_key_bytes)
+    if len(value) > limits.max_value_bytes:
+        raise ValueTooLarge(
+            f"ctx.kv value of {len(value)} bytes", len(value), limits.max_value_bytes
+        )
 
 
 def _due(connection: apsw.Connection, source: Path) -> float | None:
@@ -430,7 +472,7 @@ def _due(connection: apsw.Connection, source: Path) -> float | None:
     return due
 
 
-def _check_quota(store: KvStore, aid: str, prepared: _Prepared, limits: KvLimits) -> None:
+def _check_quota(store: KvStore, aid: str, prepared: PreparedImport, limits: KvLimits) -> None:
     """Refuse, before anything is written, a database that cannot fit the actor's quota: its
     pages as the deltas of one commit, its `ctx.kv` entries, and what the namespace holds
     already (an old database stays until the commit). The store enforces the exact sum."""
@@ -446,7 +488,7 @@ def _check_quota(store: KvStore, aid: str, prepared: _Prepared, limits: KvLimits
         )
 
 
-def _swap(database: Database, prepared: _Prepared, name: str, key: str) -> None:
+def _swap(database: Database, prepared: PreparedImport) -> None:
     """The working copy's pages into the namespace, in one transaction (one visible step). A
     storage failure is raised as the store's own typed error, a lost takeover as
     `ImportInterrupted`."""
@@ -457,9 +499,9 @@ def _swap(database: Database, prepared: _Prepared, name: str, key: str) -> None:
         cause = database.take_last_kv_error()
         if isinstance(cause, FenceMismatch):
             raise ImportInterrupted(
-                f"actor {name!r} with key {key!r} was taken over by another instance (a call "
-                f"woke it) while it was imported: nothing of the import is visible ({cause}); "
-                "stop its callers and import again"
+                f"actor {prepared.name!r} with key {prepared.key!r} was taken over by another "
+                "instance (a call woke it) while it was imported: nothing of the import is "
+                f"visible ({cause}); stop its callers and import again"
             ) from cause
         if cause is not None:
             raise cause from e
@@ -468,21 +510,19 @@ def _swap(database: Database, prepared: _Prepared, name: str, key: str) -> None:
         source.close()
 
 
-def _swap_user_kv(
-    kv: ActorKv, generation: int, entries: list[tuple[bytes, bytes]], name: str, key: str
-) -> None:
+def _swap_user_kv(kv: ActorKv, generation: int, prepared: PreparedImport) -> None:
     """Replace the namespace's `ctx.kv` entries with `entries`, fenced by the import's
     generation; a lost takeover is `ImportInterrupted`, which says the database was swapped."""
     try:
         kv.delete_range(USER_PREFIX, prefix_end(USER_PREFIX), fence=generation)
-        for batch in batches(entries, kv.limits):
+        for batch in batches(prepared.kv_entries, kv.limits):
             kv.write(put=batch, fence=generation)
     except FenceMismatch as e:
         raise ImportInterrupted(
-            f"actor {name!r} with key {key!r} was taken over by another instance (a call woke "
-            "it) after its database was replaced, before its ctx.kv entries were: it holds the "
-            f"imported database with the ctx.kv entries it had ({e}); import again to replace "
-            "both"
+            f"actor {prepared.name!r} with key {prepared.key!r} was taken over by another "
+            "instance (a call woke it) after its database was replaced, before its ctx.kv "
+            f"entries were: it holds the imported database with the ctx.kv entries it had ({e}); "
+            "import again to replace both"
         ) from e
 
 

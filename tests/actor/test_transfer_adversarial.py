@@ -784,3 +784,18 @@ def test_a_copy_into_postgres_killed_again_and_again_ends_verified(
         assert _content(target) == expected
         index = target.namespace(REGISTRY_NAMESPACE)
         assert index.get([COPY_MARKER]) == [None] and index.list(prefix=COPY_PREFIX) == []
+
+
+def test_a_refused_import_makes_no_store(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database at all")
+    store = tmp_path / "new-store"
+    refused = _cli("import", "--kv", store.resolve().as_uri(), "plain/x", str(junk))
+    assert refused.returncode == 1 and "is not a SQLite database" in refused.stderr
+    assert not store.exists(), "no store made for a file it refused"
+    good = tmp_path / "good.sqlite"
+    with sqlite3.connect(good) as db:
+        db.execute("CREATE TABLE t(v)")
+    imported = _cli("import", "--kv", store.resolve().as_uri(), "plain/x", str(good))
+    assert imported.returncode == 0, imported.stderr
+    assert store.is_dir()
