@@ -31,8 +31,12 @@ record, a database no record names: an import treats an actor without a record a
 `replace=True` imports over an existing actor: the takeover fences off any live instance (its
 next write fails and it is torn down; its registry wakes the actor again on the next call, on
 the new database). The database's swap is the one visible step; the actor's `ctx.kv` entries
-are swapped right after it, under the same generation, before any instance can wake on it.
-The quota must hold both databases until the commit (and compaction) frees the old one.
+are swapped right after it, under the same generation. An instance that wakes meanwhile (a
+call) takes the namespace over in turn, and the import's next write is refused:
+`ImportInterrupted`, which says whether the database had been swapped (between the two swaps
+the actor holds the new database with its old `ctx.kv` entries; no KV batch can hold both, as
+the database's commit is the VFS's own). The quota must hold both databases until the commit
+(and compaction) frees the old one.
 """
 
 from __future__ import annotations
