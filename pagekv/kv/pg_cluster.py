@@ -9,7 +9,9 @@ run as root, so when this process is root the server's commands run as the `post
 `ReplicatedPair` is the high-availability set-up the README documents, on loopback: a primary and
 a streaming standby made with `pg_basebackup -R`, commits waiting for the standby
 (`synchronous_standby_names = '*'`), failover by killing the primary and `pg_ctl promote`, and the
-old primary rebuilt as the new standby with `pg_rewind`.
+old primary rebuilt as the new standby with `pg_rewind`. `TempCluster.freeze()` stops every
+process of a server with SIGSTOP, as a frozen VM would leave it: its connections stay open, and
+nothing on it answers or times out.
 
 Binaries are looked up in `$PAGEKV_PG_BIN` if set (only there), else on `PATH`, then in the newest
 `/usr/lib/postgresql/*/bin` (Debian keeps them off `PATH`), then `/usr/local/pgsql/bin`.
@@ -122,6 +124,8 @@ class TempCluster:
             self._runas = ["runuser", "-u", "postgres", "--"]
         self._initialized = False
         self.running = False
+        self.frozen: list[int] = []
+        """The processes `freeze()` stopped (the postmaster first), until `thaw()`."""
 
     @property
     def url(self) -> str:
@@ -181,7 +185,9 @@ class TempCluster:
         self.running = True
 
     def stop(self, mode: str = "fast") -> None:
-        """Stop the server: `fast` (clean) or `immediate` (like a crash: WAL replay on start)."""
+        """Stop the server: `fast` (clean) or `immediate` (like a crash: WAL replay on start).
+        A frozen one is thawed first (a stopped process would never act on the request)."""
+        self.thaw()
         if self.running:
             self._run(
                 str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"
@@ -195,14 +201,18 @@ class TempCluster:
         are gone (they hold the shared memory a later start or `pg_rewind` needs). The lock files
         the postmaster leaves (data directory, socket) are removed then, with its socket: their
         PID may still name an exited process not yet reaped, which a new postmaster would take
-        for a live one.
+        for a live one. A frozen server's backends, stopped, would notice nothing: they are
+        killed too, in the one instant, so that none of them runs again (as a fenced host: the
+        standby promoted in its place must be the only primary).
         """
         if not self.running:
             return
         lock_file = self.datadir / "postmaster.pid"
-        pid = int(lock_file.read_text().split()[0])
+        pid = self._postmaster()
         children = _children(pid)
-        os.kill(pid, signal.SIGKILL)
+        for process in (pid, *children) if self.frozen else (pid,):
+            os.kill(process, signal.SIGKILL)
+        self.thaw()
         self.running = False
         deadline = time.monotonic() + 60
         for process in (pid, *children):
@@ -213,6 +223,29 @@ class TempCluster:
         lock_file.unlink()
         for leftover in self.root.glob(f".s.PGSQL.{self.port}*"):
             leftover.unlink()
+
+    def freeze(self) -> None:
+        """SIGSTOP every process of the running server: the postmaster first, so that it forks
+        no more, then each of its children. Returns once all of them are stopped. The kernel
+        still accepts and acknowledges TCP connections to it; nothing answers them."""
+        if self.frozen or not self.running:
+            raise ClusterError("freeze needs a running server that is not frozen")
+        pid = self._postmaster()
+        self.frozen = [pid]
+        _stop(pid)
+        for child in _children(pid):
+            self.frozen.append(child)
+            _stop(child)
+
+    def thaw(self) -> None:
+        """SIGCONT what `freeze()` stopped (a process that has exited since is skipped)."""
+        frozen, self.frozen = self.frozen, []
+        for process in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process, signal.SIGCONT)
+
+    def _postmaster(self) -> int:
+        return int((self.datadir / "postmaster.pid").read_text().split()[0])
 
     def replica(self) -> TempCluster:
         """A new node (own directory and port, not started) streaming from this running one:
@@ -275,6 +308,18 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP `pid` and wait until it is stopped (`T`) or gone: the signal is delivered
+    asynchronously. A backend that exited meanwhile is gone already."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while _state(pid) not in ("T", "t", "", "Z"):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"process {pid} did not stop")
+        time.sleep(0.001)
+
+
 def _state(pid: int) -> str:
     """A process's state letter (`Z`: exited, not yet reaped), or "" if it is gone."""
     try:
@@ -294,6 +339,8 @@ class ReplicatedPair:
     A failover is `fail_over()` (the primary stopped with `-m immediate` or SIGKILLed, the standby
     promoted; roles swap) then `rebuild_standby()` (the old primary rewound and started as the new
     primary's standby). With synchronous replication the new primary's commits wait until then.
+    A frozen primary (`primary.freeze()`) fails over with `fail_over("frozen")`: the standby is
+    promoted first, then the old primary killed where it stands.
     """
 
     def __init__(
@@ -348,7 +395,9 @@ class ReplicatedPair:
 
     def fail_over(self, how: str = "immediate") -> None:
         """Lose the primary (`immediate`: `pg_ctl stop -m immediate`; `kill`: SIGKILL of the
-        postmaster) and promote the standby. The old primary is left stopped, as the standby."""
+        postmaster; `frozen`: it was frozen, and every process of it is SIGKILLed once the standby
+        is promoted, as a cluster manager fences a host it cannot reach) and promote the standby.
+        The old primary is left stopped, as the standby."""
         if self.standby is None or not self.standby.running:
             raise ClusterError("no running standby to fail over to")
         match how:
@@ -356,9 +405,14 @@ class ReplicatedPair:
                 self.primary.stop("immediate")
             case "kill":
                 self.primary.kill()
+            case "frozen":
+                if not self.primary.frozen:
+                    raise ClusterError("fail_over('frozen') needs a frozen primary")
             case _:
-                raise ValueError(f"how must be 'immediate' or 'kill', not {how!r}")
+                raise ValueError(f"how must be 'immediate', 'kill' or 'frozen', not {how!r}")
         self.standby.promote()
+        if how == "frozen":
+            self.primary.kill()
         self.primary, self.standby = self.standby, self.primary
 
     def rebuild_standby(self) -> float:

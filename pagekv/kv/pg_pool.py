@@ -3,13 +3,21 @@
 Why not `psycopg_pool`: it reconnects from background threads with an exponential backoff that
 starts at 1 s and doubles, so after a failover the first request could wait seconds past the
 moment the new primary accepts writes. Here a request that finds no idle connection makes one
-itself, in its own thread, retrying with a short bounded backoff (`RETRY_FIRST` doubling to
-`RETRY_MOST`) until its deadline: a request resumes at most `RETRY_MOST` (plus one connection)
-after a server is back, and when it gives up it says why the last attempt failed.
+itself, retrying with a short bounded backoff (`RETRY_FIRST` doubling to `RETRY_MOST`) until its
+deadline: a request resumes at most `RETRY_MOST` (plus one connection) after a server is back,
+and when it gives up it says why the last attempt failed.
+
+Each attempt runs in a thread of its own, which the request waits for only until its deadline:
+libpq gives each host `connect_timeout` (at least 2 s), so one attempt on a URL of hosts that
+accept connections and never answer would otherwise overrun the deadline by that much per host.
+An attempt given up on keeps the pool slot of its request until it ends, and then gives its
+connection to the idle ones (the next request takes it) or, having failed, frees the slot.
 
 Invariants:
 
-- At most `max_size` connections exist (idle, lent out, or being connected) at any time.
+- At most `max_size` connections exist (idle, lent out, or being connected, by a request or by
+  an attempt its request gave up on) at any time.
+- `getconn` returns or raises by its deadline, whatever the servers do.
 - A connection handed out was idle with nothing to read, or is new: an idle connection with bytes
   waiting has been closed or told to terminate by its server (a restart or a failover sends
   exactly that), so it is discarded *before* anything is sent on it.
@@ -27,7 +35,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import psycopg
@@ -63,6 +71,22 @@ class PoolCounts:
     connected: int = 0
     failed: int = 0
     discarded: int = 0
+
+
+@dataclass(eq=False)
+class _Attempt(Generic[_Conn]):
+    """One connection attempt, made in a thread of its own (guarded by the pool's lock).
+    `given_up`: its request stopped waiting, so the attempt owns the request's slot."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    conn: _Conn | None = None
+    error: BaseException | None = None
+    given_up: bool = False
+
+
+class _AttemptRunsOn(Exception):
+    """A request gave up on the connection attempt it was waiting for, whose slot is the
+    attempt's now."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +218,8 @@ class ConnectionPool(Generic[_Conn]):
                 conn.close()
         try:
             return self._new_connection(waited, deadline)
+        except _AttemptRunsOn:
+            raise NoConnection(waited, self.last_error) from None
         except BaseException:
             with self._cond:
                 self._size -= 1
@@ -205,7 +231,7 @@ class ConnectionPool(Generic[_Conn]):
         delay = RETRY_FIRST
         while True:
             try:
-                conn = self._connect()
+                conn = self._attempt(deadline)
             except psycopg.OperationalError as e:
                 with self._cond:
                     self.last_error = e
@@ -224,6 +250,53 @@ class ConnectionPool(Generic[_Conn]):
                 conn.close()
                 raise PoolClosed
             return conn
+
+    def _attempt(self, deadline: float) -> _Conn:
+        """One `connect()`, in a thread of its own, waited for until `deadline`; past it
+        `_AttemptRunsOn` (the attempt keeps the slot: see `_run_attempt`)."""
+        attempt: _Attempt[_Conn] = _Attempt()
+        threading.Thread(
+            target=self._run_attempt, args=(attempt,), name="pagekv-pg-connect", daemon=True
+        ).start()
+        attempt.done.wait(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            if not attempt.done.is_set():
+                attempt.given_up = True
+                self.last_error = TimeoutError(
+                    "a connection attempt was still waiting for a server to answer "
+                    "(libpq waits connect_timeout for each host)"
+                )
+                raise _AttemptRunsOn
+        if attempt.error is not None:
+            raise attempt.error
+        assert attempt.conn is not None
+        return attempt.conn
+
+    def _run_attempt(self, attempt: _Attempt[_Conn]) -> None:
+        conn: _Conn | None = None
+        error: BaseException | None = None
+        try:
+            conn = self._connect()
+        except BaseException as e:  # handed to the request, or recorded if it gave up
+            error = e
+        with self._cond:
+            attempt.conn, attempt.error = conn, error
+            attempt.done.set()
+            if not attempt.given_up:
+                return
+            if conn is not None and not self._closed:
+                self._idle.append(conn)
+                self.counts.connected += 1
+                self.last_error = None
+                self._cond.notify()
+                return
+            self._size -= 1
+            if error is not None:
+                self.counts.failed += 1
+                self.last_error = error
+            self._cond.notify()
+        if conn is not None:
+            conn.close()
 
     def putconn(self, conn: _Conn) -> None:
         """Give back a connection from `getconn`; an unusable one is closed and its slot freed."""

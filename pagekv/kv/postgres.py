@@ -35,6 +35,11 @@ Why it is built this way:
   timeline, which a promotion changes; a fenced write of a namespace taken over on another
   timeline is refused unsent (`FailedOver`, a `FenceMismatch`), so an instance reopens instead
   of writing on top of a state that may have lost its last commits (see `PostgresNamespace`).
+- **Every request has a deadline in the client** (`request_timeout_ms`, see `pg_deadline`): a
+  server that stops answering with its connections open (frozen), or a commit waiting for a
+  synchronous standby that is gone, would otherwise hold a request for good. Past the deadline
+  the connection's socket is shut down under the blocked call and the connection discarded; an
+  abandoned read is `KvUnavailable`, an abandoned write `KvIndeterminate` (it may have committed).
 - **Pooled, bounded connections, any number of hosts.** A pool per store (`pg_pool`) makes
   connections on demand, retrying with a bounded backoff until `pool_timeout`; connect, TCP and
   pool-wait timeouts all default to finite values so that a dead server surfaces as an error
@@ -52,8 +57,11 @@ upgraded in place under an advisory lock, and a newer one is refused.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+import socket
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -61,11 +69,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+from psycopg.pq.abc import PGcancelConn
 
 from pagekv.kv.errors import FenceMismatch, KvError, KvIndeterminate, KvUnavailable
 from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
+from pagekv.kv.pg_deadline import Deadlines, Request
 from pagekv.kv.pg_pool import ConnectionPool, HostOrder, NoConnection, PoolClosed
 from pagekv.kv.redact import redact_url
 
@@ -235,7 +245,12 @@ class PostgresOptions:
     once. `pool_timeout`: seconds a request waits for a connection — retrying every host while a
     failover is under way — before `KvUnavailable`. `statement_timeout_ms`: server-side limit per
     statement (a timed-out statement is rolled back, so it is `KvUnavailable`, never applied; a
-    commit waiting for a synchronous standby is not a statement any more, and waits on).
+    commit waiting for a synchronous standby is not a statement any more, and it does not cover
+    that wait). `request_timeout_ms`: the client's own limit per request, from sending it to its
+    answer (a server that stops answering enforces nothing): past it the request is abandoned,
+    a read as `KvUnavailable`, a write as `KvIndeterminate`. By default 5 s more than
+    `statement_timeout_ms` (or than its default where that is 0, off), so that on a server that
+    answers, the server's limit ends a slow statement first and rolls it back.
     """
 
     schema: str = "pagekv"
@@ -243,6 +258,7 @@ class PostgresOptions:
     pool_max: int = 16
     pool_timeout: float = 10.0
     statement_timeout_ms: int = 60_000
+    request_timeout_ms: int = 65_000
     libpq: dict[str, str] = field(default_factory=dict)
 
 
@@ -263,7 +279,7 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
                     if not _SCHEMA_NAME.match(value):
                         raise ValueError("expected an identifier of letters, digits and _")
                     known["schema"] = value
-                case "pool_min" | "pool_max" | "statement_timeout_ms":
+                case "pool_min" | "pool_max" | "statement_timeout_ms" | "request_timeout_ms":
                     known[name] = int(value)
                 case "pool_timeout":
                     known[name] = float(value)
@@ -278,6 +294,10 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
                     libpq[name] = value
         except ValueError as e:
             raise ValueError(f"bad option {name}={value!r} for {_where(url)}: {e}") from None
+    statement_timeout_ms = known.get("statement_timeout_ms", _DEFAULT_STATEMENT_TIMEOUT_MS)
+    known.setdefault(
+        "request_timeout_ms", (statement_timeout_ms or _DEFAULT_STATEMENT_TIMEOUT_MS) + 5_000
+    )
     options = PostgresOptions(**known, libpq=libpq)
     if not 0 <= options.pool_min <= options.pool_max or options.pool_max < 1:
         raise ValueError(f"need 0 <= pool_min <= pool_max and pool_max >= 1 for {_where(url)}")
@@ -285,11 +305,17 @@ def parse_postgres_url(url: str) -> tuple[str, PostgresOptions]:
         raise ValueError(
             f"pool_timeout must be > 0 and statement_timeout_ms >= 0 for {_where(url)}"
         )
+    if options.request_timeout_ms <= 0:
+        raise ValueError(
+            f"request_timeout_ms must be > 0 (every request has a deadline), not "
+            f"{options.request_timeout_ms}, for {_where(url)}"
+        )
     base = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq), ""))
     return base, options
 
 
 _WRITABLE_SESSIONS = ("read-write", "primary")
+_DEFAULT_STATEMENT_TIMEOUT_MS = PostgresOptions.statement_timeout_ms
 
 # The timeline the server writes its WAL on: the first 8 hex digits of the current WAL file's
 # name. Promoting a standby starts a new one; restarting a server keeps it. (Unprivileged.)
@@ -347,6 +373,7 @@ class PostgresStore:
         # autocommit: each request is one statement, committed by the server at its Sync.
         kwargs["autocommit"] = True
         self._connect_kwargs = kwargs
+        self._deadlines = Deadlines(opts.request_timeout_ms / 1000)
         self._pool: ConnectionPool[_Connection] = ConnectionPool(
             self._connect,
             min_size=opts.pool_min,
@@ -364,26 +391,64 @@ class PostgresStore:
             else:
                 self._require_schema()
         except BaseException:
-            self._pool.close()
+            self.close()
             raise
 
     # --- connections ---------------------------------------------------------------------
 
     def _connect(self) -> _Connection:
         """One new connection, to the host that answered last if it still takes writes, else to
-        the next one that does; it records the commits the server warns were not replicated."""
+        the next one that does; it records the commits the server warns were not replicated.
+        Its first request, which learns the timeline, has the deadline of any other: a server
+        that froze after accepting it fails the attempt (`OperationalError`, retried)."""
         conn = _Connection.connect(self._hosts.conninfo(), **self._connect_kwargs)
         try:
-            ((walfile,),) = conn.execute(_TIMELINE).fetchall()
+            conn.pagekv_host = f"{conn.info.host}:{conn.info.port}"
+            conn.pagekv_socket = socket.socket(fileno=os.dup(conn.pgconn.socket))
+            conn.pagekv_cancel = _cancel_connection(conn)
+            with self._deadline(conn):
+                ((walfile,),) = conn.execute(_TIMELINE).fetchall()
         except BaseException:
             conn.close()
             raise
         conn.pagekv_timeline = int(walfile[:8], 16)
         self._hosts.answered(conn)
-        conn.pagekv_host = f"{conn.info.host}:{conn.info.port}"
         conn.pagekv_unreplicated = []
         conn.add_notice_handler(partial(_note_unreplicated, conn.pagekv_unreplicated))
         return conn
+
+    @contextmanager
+    def _deadline(self, conn: _Connection) -> Iterator[Request]:
+        """Run requests on `conn` under the deadline; an error of an abandoned one becomes
+        `_Abandoned` (an `OperationalError`), and the connection is closed."""
+        request = self._deadlines.start(conn.pagekv_socket, conn.pagekv_cancel)
+        try:
+            yield request
+        except psycopg.Error as e:
+            if self._deadlines.finish(request):
+                raise _Abandoned(self._no_answer(conn)) from e
+            raise
+        finally:
+            if self._deadlines.finish(request):
+                conn.close()
+
+    @contextmanager
+    def _lent(self) -> Iterator[tuple[_Connection, Request]]:
+        """A pooled connection (see `_acquire`) for requests under the deadline, given back
+        after them; closed instead if one of them was abandoned."""
+        conn = self._acquire()
+        try:
+            with self._deadline(conn) as request:
+                yield conn, request
+        finally:
+            self._pool.putconn(conn)
+
+    def _no_answer(self, conn: _Connection) -> str:
+        return (
+            f"no answer from PostgreSQL at {conn.pagekv_host} ({self.where}) within "
+            f"{self._deadlines.timeout:g} s (request_timeout_ms): the request was abandoned and "
+            "its connection closed"
+        )
 
     def _acquire(self) -> _Connection:
         """A pooled connection that was idle and healthy, or a new one; else `KvUnavailable`
@@ -422,13 +487,14 @@ class PostgresStore:
         Invariant: on an autocommit connection one `execute` is one implicit transaction, so an
         error reported on a connection that is still usable means it was rolled back.
         """
-        conn = self._acquire()
-        try:
+        with self._lent() as (conn, request):
             if timeline is not None and conn.pagekv_timeline != timeline:
                 raise _OtherTimeline(conn.pagekv_timeline, f"{conn.pagekv_host} ({self.where})")
             try:
                 rows = _cursor(conn).execute(query, params).fetchall()
             except psycopg.Error as e:
+                if self._deadlines.finish(request):
+                    raise self._abandoned(op, conn, write) from e
                 broken = conn.broken or conn.closed
                 if write and broken:
                     raise KvIndeterminate(
@@ -451,8 +517,16 @@ class PostgresStore:
                         f"({warning}): a failover may undo it"
                     )
             return rows, conn.pagekv_timeline
-        finally:
-            self._pool.putconn(conn)
+
+    def _abandoned(self, op: str, conn: _Connection, write: bool) -> KvError:
+        """The error of a request abandoned at its deadline: a write may have committed."""
+        if write:
+            return KvIndeterminate(
+                f"{op}: {self._no_answer(conn)}. It may or may not have been applied: the server "
+                "may have stopped answering, or the commit may be waiting for a synchronous "
+                "standby (with none streaming, every commit waits)"
+            )
+        return KvUnavailable(f"{op}: {self._no_answer(conn)}; nothing was written")
 
     # --- schema ---------------------------------------------------------------------------
 
@@ -463,43 +537,35 @@ class PostgresStore:
             version = self._schema_version_fast()
             if version == SCHEMA_VERSION:
                 return
-            conn = self._acquire()
-            try:
-                with conn.transaction():
-                    # One creator/upgrader at a time, across every host sharing the server.
+            with self._lent() as (conn, _), conn.transaction():
+                # One creator/upgrader at a time, across every host sharing the server.
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"pagekv schema {schema}",),
+                )
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(self._sql.s))
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {}.schema_version (version int NOT NULL)"
+                    ).format(self._sql.s)
+                )
+                rows = conn.execute(
+                    sql.SQL("SELECT version FROM {}.schema_version").format(self._sql.s)
+                ).fetchall()
+                version = rows[0][0] if rows else 0
+                self._refuse_newer(version)
+                for step in range(version, SCHEMA_VERSION):
+                    conn.execute(sql.SQL(_MIGRATIONS[step]).format(s=self._sql.s))
+                if not rows:
                     conn.execute(
-                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                        (f"pagekv schema {schema}",),
+                        sql.SQL("INSERT INTO {}.schema_version VALUES (%s)").format(self._sql.s),
+                        (SCHEMA_VERSION,),
                     )
-                    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(self._sql.s))
+                elif version != SCHEMA_VERSION:
                     conn.execute(
-                        sql.SQL(
-                            "CREATE TABLE IF NOT EXISTS {}.schema_version (version int NOT NULL)"
-                        ).format(self._sql.s)
+                        sql.SQL("UPDATE {}.schema_version SET version = %s").format(self._sql.s),
+                        (SCHEMA_VERSION,),
                     )
-                    rows = conn.execute(
-                        sql.SQL("SELECT version FROM {}.schema_version").format(self._sql.s)
-                    ).fetchall()
-                    version = rows[0][0] if rows else 0
-                    self._refuse_newer(version)
-                    for step in range(version, SCHEMA_VERSION):
-                        conn.execute(sql.SQL(_MIGRATIONS[step]).format(s=self._sql.s))
-                    if not rows:
-                        conn.execute(
-                            sql.SQL("INSERT INTO {}.schema_version VALUES (%s)").format(
-                                self._sql.s
-                            ),
-                            (SCHEMA_VERSION,),
-                        )
-                    elif version != SCHEMA_VERSION:
-                        conn.execute(
-                            sql.SQL("UPDATE {}.schema_version SET version = %s").format(
-                                self._sql.s
-                            ),
-                            (SCHEMA_VERSION,),
-                        )
-            finally:
-                self._pool.putconn(conn)
         except psycopg.Error as e:
             raise KvUnavailable(
                 f"cannot set up the pagekv schema {schema!r} on PostgreSQL at {self.where}: {e}"
@@ -528,15 +594,13 @@ class PostgresStore:
 
     def _schema_version_fast(self) -> int | None:
         """The stored version in one round trip, or None if the schema is not there yet."""
-        conn = self._acquire()
         try:
-            rows = conn.execute(
-                sql.SQL("SELECT version FROM {}.schema_version").format(self._sql.s)
-            ).fetchall()
+            with self._lent() as (conn, _):
+                rows = conn.execute(
+                    sql.SQL("SELECT version FROM {}.schema_version").format(self._sql.s)
+                ).fetchall()
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return None
-        finally:
-            self._pool.putconn(conn)
         version = rows[0][0] if rows else None
         if version is not None:
             self._refuse_newer(version)
@@ -562,9 +626,11 @@ class PostgresStore:
         return [r[0] for r in rows]
 
     def close(self) -> None:
-        """Close every pooled connection; later requests raise `KvUnavailable`."""
+        """Close every pooled connection; later requests raise `KvUnavailable`. A request
+        still in flight keeps its deadline."""
         self._closed = True
         self._pool.close()
+        self._deadlines.close()
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -602,15 +668,41 @@ class _OtherTimeline(Exception):
     where: str
 
 
+class _Abandoned(psycopg.OperationalError):
+    """A request of the store's own (the schema's, a new connection's first) was abandoned at
+    its deadline."""
+
+
 class _Connection(psycopg.Connection[Any]):
-    """A pooled connection: its one cursor, the host it reached and that server's timeline, and
-    the warnings of not replicated commits the server sent since the last request
-    (`_note_unreplicated`)."""
+    """A pooled connection: its one cursor, the host it reached and that server's timeline, the
+    warnings of not replicated commits the server sent since the last request
+    (`_note_unreplicated`), and for its requests' deadlines (`pg_deadline`) a socket on a
+    duplicate of libpq's descriptor and the cancel connection of its backend.
+
+    The duplicate is closed with the connection: it holds the TCP connection open until then.
+    """
 
     pagekv_cursor: psycopg.Cursor[Any] | None = None
     pagekv_host: str = ""
     pagekv_timeline: int = 0
     pagekv_unreplicated: list[str]
+    pagekv_socket: socket.socket
+    pagekv_cancel: PGcancelConn | None = None
+
+    def close(self) -> None:
+        super().close()
+        sock = getattr(self, "pagekv_socket", None)
+        if sock is not None:
+            sock.close()
+
+
+def _cancel_connection(conn: _Connection) -> PGcancelConn | None:
+    """A cancel connection for `conn`'s backend, made now while this thread owns `conn` (it
+    is used after the request is abandoned, from another thread); None before libpq 17, where
+    a cancel cannot be bounded in time, and so is not sent."""
+    if not psycopg.capabilities.has_cancel_safe():
+        return None
+    return conn.pgconn.cancel_conn()
 
 
 def _cursor(conn: _Connection) -> psycopg.Cursor[Any]:

@@ -22,15 +22,30 @@ What must hold, and where it is shown:
   synchronous wait was cancelled) is reported indeterminate
   (`test_a_commit_whose_replication_wait_was_cancelled_is_indeterminate`);
 - a host that accepts connections but never answers (a dead machine) costs `connect_timeout`
-  once, not at every reconnection (`test_a_hanging_host_is_tried_once_then_passed_over`).
+  once, not at every reconnection (`test_a_hanging_host_is_tried_once_then_passed_over`);
+- every request has a client-side deadline (`request_timeout_ms`): on a frozen server (every
+  process SIGSTOPped, its connections open) a read in flight returns `KvUnavailable` and a
+  write `KvIndeterminate` at its deadline, with no thread, descriptor or pool slot left behind
+  (`test_a_frozen_server_fails_each_request_at_its_deadline`); a frozen primary fails over
+  under load with every writer's outstanding request returned at its deadline and nothing
+  acknowledged lost (`test_a_frozen_primary_fails_over_within_the_deadline_under_load`); a
+  commit whose synchronous standby is gone fails indeterminate instead of waiting for good, and
+  the server's wait is cancelled
+  (`test_a_commit_whose_synchronous_standby_is_gone_fails_at_its_deadline`);
+- a connection attempt never holds a request past its `pool_timeout`; it runs on, and its
+  connection joins the pool or its slot is freed
+  (`test_a_connection_attempt_given_up_at_pool_timeout_joins_the_pool_later`,
+  `test_a_connection_attempt_that_fails_after_its_request_gave_up_frees_its_slot`).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -44,6 +59,7 @@ from test_postgres import run_in_thread
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.kv import FenceMismatch, KvError, KvIndeterminate, KvUnavailable, open_kv
 from pagekv.kv.pg_cluster import ReplicatedPair, TempCluster, find_pg_bin
+from pagekv.kv.pg_pool import ConnectionPool, NoConnection
 from pagekv.kv.postgres import FailedOver, PostgresStore, parse_postgres_url
 from pagekv.vfs import Database, open_database
 
@@ -316,7 +332,8 @@ class Writer:
     (its outcome unknown: the database died and was reopened); `refused`: ids whose commit
     raised `KvUnavailable` (nothing was applied, the database lived on) or `FailedOver`
     (nothing was sent, the database died and was reopened); `ack_times`: when each
-    acknowledgement arrived; `errors`: the KV errors met, by type name.
+    acknowledgement arrived; `errors`: the KV errors met, by type name, and `failures` each of
+    them with when it was raised.
     """
 
     index: int
@@ -326,6 +343,7 @@ class Writer:
     unknown: set[int] = field(default_factory=set)
     refused: set[int] = field(default_factory=set)
     errors: dict[str, int] = field(default_factory=dict)
+    failures: list[tuple[float, str]] = field(default_factory=list)
     failed: BaseException | None = None
 
     @property
@@ -347,6 +365,7 @@ class Writer:
     def _count(self, error: BaseException | None) -> None:
         name = type(error).__name__
         self.errors[name] = self.errors.get(name, 0) + 1
+        self.failures.append((time.monotonic(), name))
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -594,3 +613,264 @@ async def test_an_actor_serves_on_after_a_failover(
     (actor_id,) = [a for a in store.actor_ids() if a.startswith("tally/rows")]
     with open_database(store.namespace(actor_id), read_only=True) as snap:
         assert snap.execute("SELECT n FROM adds").fetchall() == [(n,) for n in range(8)]
+
+
+# --- a server that stops answering: every request has a deadline --------------------------
+
+
+@contextmanager
+def frozen(node: TempCluster) -> Iterator[None]:
+    """`node` frozen (every process SIGSTOPped) for the block and thawed after it, whatever
+    happens in it: a failing test leaves no stopped server behind. A node killed in the block
+    (`fail_over("frozen")`) is thawed already."""
+    node.freeze()
+    try:
+        yield
+    finally:
+        node.thaw()
+
+
+def pg_threads() -> list[threading.Thread]:
+    """The threads of the PostgreSQL store: deadline watchdogs, cancels, connection attempts."""
+    return [t for t in threading.enumerate() if t.name.startswith("pagekv-pg-")]
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def assert_no_slot_leaked(store: PostgresStore) -> None:
+    """Every connection the pool counts is idle (nothing is lent out or being connected)."""
+    pool = store._pool
+    with pool._cond:
+        assert pool._size == len(pool._idle), (pool._size, len(pool._idle))
+
+
+@pytest.fixture(scope="module")
+def lone_server(postgres_server: PostgresServer) -> Iterator[TempCluster]:
+    """A server of this module's own, to freeze (`TempCluster.destroy` thaws it first)."""
+    if find_pg_bin() is None:
+        pytest.skip("needs PostgreSQL binaries to start servers of its own")
+    with TempCluster() as cluster:
+        yield cluster
+
+
+def test_request_timeout_ms_defaults_to_a_little_above_the_statement_timeout() -> None:
+    def parsed(query: str) -> int:
+        return parse_postgres_url(f"postgresql://u@db1,db2/app?{query}")[1].request_timeout_ms
+
+    assert parsed("") == 65_000
+    assert parsed("statement_timeout_ms=2000") == 7_000
+    assert parsed("statement_timeout_ms=0") == 65_000  # the server's limit off; the client's not
+    assert parsed("statement_timeout_ms=2000&request_timeout_ms=500") == 500
+    for bad in ("0", "-1"):
+        with pytest.raises(ValueError, match=f"request_timeout_ms must be > 0.*not {bad}"):
+            parse_postgres_url(f"postgresql://u:s3cret@db1/app?request_timeout_ms={bad}")
+    with pytest.raises(ValueError, match=r"bad option request_timeout_ms='1\.5'") as info:
+        open_kv("postgresql://u:s3cret@db1/app?request_timeout_ms=1.5")
+    assert "s3cret" not in str(info.value)
+
+
+def test_a_frozen_server_fails_each_request_at_its_deadline(lone_server: TempCluster) -> None:
+    """SIGSTOP of every process of the server: the kernel keeps the connections open and
+    acknowledges what is sent, and nothing answers. A read, a small write and a write of nearly
+    a whole batch (976 KiB) in flight each return once their deadline passes: the read
+    `KvUnavailable`, the writes `KvIndeterminate` (each may have been applied, and was: the
+    server ran them when it was thawed). Each connection is discarded, its pool slot freed; a
+    cancel is sent for each; and once the store is closed no thread or descriptor of it is left."""
+    fds = open_fds()
+    store = open_kv(f"{lone_server.url}?schema=frozen&request_timeout_ms=500&pool_min=3&pool_max=3")
+    assert isinstance(store, PostgresStore)
+    ns = store.namespace("a")
+    gen = ns.takeover()
+    ns.put({b"k": b"before"}, fence=gen)
+    big = {b"big-%03d" % i: os.urandom(7600) for i in range(128)}  # 128 entries, ~950 KiB
+    with frozen(lone_server):
+        requests = [
+            run_in_thread(lambda: ns.get([b"k"])),
+            run_in_thread(lambda: ns.put({b"k": b"during"}, fence=gen)),
+            run_in_thread(lambda: ns.put(big, fence=gen)),
+        ]
+        for thread, _ in requests:
+            thread.join(30)
+            assert not thread.is_alive(), "a request outlived its deadline on a frozen server"
+        assert store._deadlines.counts.abandoned == 3
+        assert_no_slot_leaked(store)
+        assert store._pool.counts.discarded == 3
+    (read,), (small,), (batch,) = (errors for _, errors in requests)
+    assert type(read) is KvUnavailable, read
+    assert "get: no answer from PostgreSQL" in str(read) and "nothing was written" in str(read)
+    for write in (small, batch):
+        assert type(write) is KvIndeterminate, write
+        assert "within 0.5 s (request_timeout_ms)" in str(write)
+        assert "may be waiting for a synchronous standby" in str(write)
+    assert ns.get([b"k"]) in ([b"before"], [b"during"])
+    wait_for(lambda: not [t for t in pg_threads() if t.name == "pagekv-pg-cancel"], "cancels")
+    counts = store._deadlines.counts
+    assert counts.cancelled + counts.cancel_failed == 3, counts
+    store.close()
+    wait_for(lambda: not pg_threads(), "the store's threads to end")
+    assert open_fds() == fds
+
+
+def test_a_connection_attempt_given_up_at_pool_timeout_joins_the_pool_later(
+    lone_server: TempCluster,
+) -> None:
+    """A request needing a new connection while the server is frozen gives up at its
+    `pool_timeout` (0.3 s) although libpq's attempt waits `connect_timeout` (2 s): the attempt
+    runs on in its thread, holding the request's pool slot; when the server is thawed it ends
+    with a connection, which the pool keeps for the next request (no new connection made)."""
+    store = open_kv(
+        f"{lone_server.url}?schema=frozen_connect&connect_timeout=2&pool_timeout=0.3"
+        "&pool_min=1&pool_max=2"
+    )
+    assert isinstance(store, PostgresStore)
+    ns = store.namespace("a")
+    held = store._pool.getconn()  # the one connection: the next request must make another
+    connected = store._pool.counts.connected
+    try:
+        with frozen(lone_server):
+            with pytest.raises(KvUnavailable, match=r"no connection within 0\.3 s") as info:
+                ns.get([b"k"])
+            assert "a connection attempt was still waiting" in str(info.value)
+            assert [t.name for t in pg_threads()].count("pagekv-pg-connect") == 1
+            assert store._pool._size == 2  # held + the attempt's
+        wait_for(lambda: len(store._pool._idle) == 1, "the attempt's connection to join the pool")
+        assert store._pool.counts.connected == connected + 1
+        assert ns.get([b"k"]) == [None]
+        assert store._pool.counts.connected == connected + 1  # it was the attempt's connection
+    finally:
+        store._pool.putconn(held)
+        store.close()
+
+
+def test_a_connection_attempt_that_fails_after_its_request_gave_up_frees_its_slot() -> None:
+    """A host that accepts TCP connections and never answers: the request gives up at its
+    0.3 s; the attempt fails later, at libpq's `connect_timeout`, and frees the slot."""
+    with socket.create_server(("127.0.0.1", 0), backlog=4) as hung:
+        conninfo = f"host=127.0.0.1 port={hung.getsockname()[1]} connect_timeout=2"
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            partial(psycopg.Connection.connect, conninfo), min_size=0, max_size=1, timeout=0.3
+        )
+        with pytest.raises(NoConnection, match="a connection attempt was still waiting"):
+            pool.getconn()
+        assert pool._size == 1 and pool.counts.failed == 0  # the attempt runs on
+        wait_for(lambda: pool._size == 0, "the attempt to fail and free its slot")
+        assert pool.counts.failed == 1
+        assert isinstance(pool.last_error, psycopg.errors.ConnectionTimeout)
+        with pytest.raises(NoConnection):  # the slot is usable again, for another attempt
+            pool.getconn()
+        pool.close()
+    wait_for(lambda: not pg_threads(), "the attempts' threads to end")
+
+
+def syncrep_waiters(node: TempCluster, application: str) -> list[tuple[Any, ...]]:
+    with admin(node) as conn:
+        return conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+            "AND wait_event = 'SyncRep'",
+            (application,),
+        ).fetchall()
+
+
+def test_a_commit_whose_synchronous_standby_is_gone_fails_at_its_deadline(
+    pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
+) -> None:
+    """The standby SIGKILLed for good: every commit waits for it, which `statement_timeout`
+    does not cover. The write returns `KvIndeterminate` at its 1 s deadline, saying the commit
+    may be waiting for a synchronous standby; reads go on; and the cancel sent for the
+    abandoned request ends the server's wait, so no backend is left holding the namespace's
+    row lock (the commit is then on the primary alone: indeterminate it was)."""
+    standby = pair.standby
+    assert standby is not None
+    store = open_store(
+        "lost_standby", application_name="pagekv-ha-lost", request_timeout_ms=1000, pool_max=2
+    )
+    ns = store.namespace("a")
+    gen = ns.takeover()
+    ns.put({b"k": b"before"}, fence=gen)
+    standby.kill()
+    try:
+        with pytest.raises(KvIndeterminate, match="may be waiting for a synchronous standby"):
+            ns.put({b"k": b"unreplicated"}, fence=gen)
+        assert store._deadlines.counts.abandoned == 1
+        assert ns.get([b"k"]) in ([b"before"], [b"unreplicated"])  # reads wait for no standby
+        wait_for(lambda: store._deadlines.counts.cancelled == 1, "the cancel to be taken")
+        wait_for(
+            lambda: not syncrep_waiters(pair.primary, "pagekv-ha-lost"), "the wait to be ended"
+        )
+        assert ns.get([b"k"]) == [b"unreplicated"]  # committed on the primary, not replicated
+        assert_no_slot_leaked(store)
+        with pytest.raises(KvIndeterminate):  # and the next commit waits the same way
+            ns.put({b"k": b"again"}, fence=gen)
+    finally:
+        standby.start()
+        pair.wait_for_standby()
+    ns.put({b"k": b"after"}, fence=gen)
+    assert ns.get([b"k"]) == [b"after"]
+    assert store._deadlines.counts.abandoned == 2
+
+
+def test_a_frozen_primary_fails_over_within_the_deadline_under_load(
+    pair: ReplicatedPair, open_store: Callable[..., PostgresStore]
+) -> None:
+    """Four writers committing; the primary frozen mid-load (every process SIGSTOPped, its
+    connections open). With a 1 s deadline each writer's outstanding request returns, as
+    `KvIndeterminate` (a write) or `KvUnavailable` (a read), its database dies and reopens;
+    then the standby is promoted, the old primary killed where it stands, rebuilt as the new
+    standby, and the writers go on. No acknowledged commit is lost, none was acknowledged while
+    the new primary had no standby, every database is intact, and the deadline never fired
+    before the freeze."""
+    store = open_store(
+        "frozen_failover", request_timeout_ms=1000, pool_max=8, pool_timeout=30, connect_timeout=2
+    )
+    writers = [Writer(i, store) for i in range(4)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=w.run, args=(stop,)) for w in writers]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(partial(all_acked, writers, [20] * len(writers)), "every writer to commit")
+        assert store._deadlines.counts.abandoned == 0  # a healthy server under load
+        with frozen(pair.primary):
+            frozen_at = time.monotonic()
+            acked_before = {w.index: set(w.acked) for w in writers}
+
+            def all_failed() -> bool:
+                return all(any(at > frozen_at for at, _ in w.failures) for w in writers)
+
+            wait_for(all_failed, "every writer's outstanding request to return", timeout=15)
+            first = [next((at, name) for at, name in w.failures if at > frozen_at) for w in writers]
+            assert {name for _, name in first} <= {"KvIndeterminate", "KvUnavailable"}, first
+            assert store._deadlines.counts.abandoned >= len(writers)
+            pair.fail_over("frozen")
+        promoted_at = time.monotonic()
+        standby_started_at = pair.rebuild_standby()
+        rebuilt_at = time.monotonic()
+        wait_for(partial(all_acked_after, writers, rebuilt_at), "every writer to go on")
+        assert all(
+            (w.first_ack_after(promoted_at) or rebuilt_at) > standby_started_at for w in writers
+        )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    for w in writers:
+        assert w.failed is None, f"{w.actor}: {w.failed!r}"
+        assert set(w.errors) <= {"KvIndeterminate", "KvUnavailable", "FailedOver"}, w.errors
+        stored = w.stored()  # integrity_check ok
+        assert not acked_before[w.index] - stored, f"{w.actor} lost acknowledged commits"
+        assert not set(w.acked) - stored, f"{w.actor} lost acknowledged commits"
+        assert not stored - set(w.acked) - w.unknown, "a refused commit was applied"
+    assert_no_slot_leaked(store)
+    returned = [at - frozen_at for at, _ in first]
+    resumed = [(w.first_ack_after(promoted_at) or 0) - frozen_at for w in writers]
+    print(
+        f"\nfrozen primary, deadline 1 s: every outstanding request returned "
+        f"{min(returned):.2f}-{max(returned):.2f} s after the freeze ({[n for _, n in first]}); "
+        f"promoted {promoted_at - frozen_at:.2f} s, "
+        f"standby rebuilt {rebuilt_at - frozen_at:.2f} s, "
+        f"every writer committing {max(resumed):.2f} s after the freeze; "
+        f"{sum(len(w.acked) for w in writers)} acknowledged, 0 lost, "
+        f"{store._deadlines.counts.abandoned} requests abandoned"
+    )
