@@ -37,8 +37,9 @@ source's namespace of the same name from this one's), and copies the others agai
 scratch (the destination namespace is taken over and dropped first); the namespaces the
 source does not have (any more) are emptied and their index entries removed
 (`CopyResult.removed`). So a resume, even from another source, ends with a copy of the source
-it ran from. A destination that holds anything else is refused: a copy goes into an empty
-store.
+it ran from. The marker names the process that runs the copy: a second copy into the store
+while that one runs (on this host) is refused. A destination that holds anything else is
+refused: a copy goes into an empty store.
 
 **Verifying.** At the end the checksum of the logical content of every destination namespace
 (`checksum.py`: schema, rows, `ctx.kv` entries) is compared with the source's, taken when it
@@ -48,6 +49,8 @@ it again). A copy that verified and saw nothing change removes its marker and pr
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -268,20 +271,43 @@ def _open_destination(destination: KvStore) -> tuple[ActorKv, dict[str, dict[str
     names = destination.actor_ids()  # type: ignore[attr-defined]
     index = destination.namespace(REGISTRY_NAMESPACE)
     _refuse_served(index, "destination", "copy into a store nothing serves")
-    if index.get([COPY_MARKER])[0] is not None:
+    marker = index.get([COPY_MARKER])[0]
+    if marker is not None:
+        _refuse_running(cbor2.loads(marker))
         entries = {
             key[len(COPY_PREFIX) :].decode(): cbor2.loads(value)
             for key, value in scan(index, COPY_PREFIX, prefix_end(COPY_PREFIX))
         }
-        return index, entries
-    others = [n for n in names if n != REGISTRY_NAMESPACE]
-    if others or list_actors(index, limit=1):
-        raise CopyRefused(
-            f"the destination store is not empty ({len(others)} namespace(s)"
-            f"{', e.g. ' + others[0] if others else ''}); copy into an empty store"
-        )
-    index.put([(COPY_MARKER, cbor2.dumps({"started": time.time()}))])
-    return index, {}
+    else:
+        others = [n for n in names if n != REGISTRY_NAMESPACE]
+        if others or list_actors(index, limit=1):
+            raise CopyRefused(
+                f"the destination store is not empty ({len(others)} namespace(s)"
+                f"{', e.g. ' + others[0] if others else ''}); copy into an empty store"
+            )
+        entries = {}
+    mine = {"started": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
+    index.put([(COPY_MARKER, cbor2.dumps(mine))])
+    return index, entries
+
+
+def _refuse_running(marker: dict[str, Any]) -> None:
+    """`CopyRefused` if the copy that wrote `marker` still runs: two copies into one store
+    take each other's namespaces over and leave index entries of both. Only a process of this
+    host can be seen to run; a copy from another host that still runs is not detected."""
+    pid, host = marker.get("pid"), marker.get("host")
+    if host != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return  # it was interrupted: this copy resumes it
+    except PermissionError:
+        pass  # a process of another user's runs under that pid
+    raise CopyRefused(
+        f"another copy into this store is running (pid {pid} on {host}); let it finish, or "
+        "stop it and copy again to resume it"
+    )
 
 
 def _each(threads: int, items: list[str], fn: Callable[[str], None]) -> None:

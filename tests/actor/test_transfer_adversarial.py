@@ -272,14 +272,17 @@ class _InterruptedKv:
 
 def _orders(keys: list[str]) -> MemoryStore:
     store = MemoryStore()
+    _populate_orders(store, keys)
+    return store
 
+
+def _populate_orders(store: Any, keys: list[str]) -> None:
     async def make() -> None:
         async with Registry([order], kv=store).run() as client:
             for key in keys:
                 await fill(client, key, items=1)
 
     anyio.run(make)
-    return store
 
 
 def _content(store: Any) -> dict[str, tuple[str, list[tuple[str, float]]]]:
@@ -744,13 +747,7 @@ def test_a_copy_into_postgres_killed_again_and_again_ends_verified(
     source_url = (tmp_path / "src").resolve().as_uri()
     keys = [f"k-{i:02}" for i in range(40)]
     with open_kv(source_url) as source:
-
-        async def make() -> None:
-            async with Registry([order], kv=source).run() as client:
-                for key in keys:
-                    await fill(client, key, items=1)
-
-        anyio.run(make)
+        _populate_orders(source, keys)
         expected = _content(source)
     target_url = postgres_server.store_url(str(tmp_path / "pg"))
     command = [sys.executable, "-m", "pagekv", "copy", "--from", source_url, "--to", target_url]
@@ -799,3 +796,38 @@ def test_a_refused_import_makes_no_store(tmp_path: Path) -> None:
     imported = _cli("import", "--kv", store.resolve().as_uri(), "plain/x", str(good))
     assert imported.returncode == 0, imported.stderr
     assert store.is_dir()
+
+
+def test_a_second_copy_into_a_store_a_running_copy_fills_is_refused(tmp_path: Path) -> None:
+    """Two copies into one store would take each other's namespaces over and leave index
+    entries of both: the second is refused while the first runs, and resumes it once the
+    first is gone (SIGKILLed here)."""
+    source_url = (tmp_path / "src").resolve().as_uri()
+    target_url = (tmp_path / "dst").resolve().as_uri()
+    with open_kv(source_url) as source:
+        _populate_orders(source, [f"k-{i:02}" for i in range(20)])
+        expected = _content(source)
+    slow = f"{target_url}?flush_delay_ms=5"
+    command = [sys.executable, "-m", "pagekv", "copy", "--from", source_url, "--to"]
+    first = subprocess.Popen([*command, slow, "--threads", "1"], cwd=ROOT, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "dst").exists() or not _copied(target_url):
+            assert first.poll() is None and time.monotonic() < deadline, "it copied nothing"
+            time.sleep(0.01)
+        second = subprocess.run([*command, target_url], cwd=ROOT, capture_output=True, text=True)
+        assert first.poll() is None, "the first ran all through the second"
+        assert second.returncode == 1, second.stderr
+        assert f"another copy into this store is running (pid {first.pid}" in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    resumed = subprocess.run([*command, target_url], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    with open_kv(target_url) as target:
+        assert _content(target) == expected
+
+
+def _copied(url: str) -> int:
+    with open_kv(url) as target:
+        return len(target.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX))
