@@ -52,34 +52,63 @@ ROOT = Path(__file__).resolve().parents[2]
 _ACCOUNTS = 50
 
 
-class _Overtaken:
-    """A store whose namespace `name` lets its busy writer commit once more before each
-    `list` the copy makes (fault injection: a writer faster than every read of the copy)."""
+class _Hooked:
+    """A store whose namespace `name` runs `hook(*args, **kwargs)` before each call of one of
+    its `methods` (fault injection); `fired` counts the calls the hook acted on (it said so by
+    returning True)."""
 
-    def __init__(self, inner: MemoryStore, name: str, committed: threading.Event) -> None:
-        self.inner, self.name, self.committed = inner, name, committed
-        self.waits = 0
+    def __init__(self, inner: MemoryStore, name: str, methods: tuple[str, ...], hook: Any) -> None:
+        self.inner, self.name, self.methods, self.hook = inner, name, methods, hook
+        self.fired = 0
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)
 
     def namespace(self, name: str) -> Any:
         kv = self.inner.namespace(name)
-        return _OvertakenKv(kv, self) if name == self.name else kv
+        return _HookedKv(kv, self) if name == self.name else kv
 
 
-class _OvertakenKv:
-    def __init__(self, inner: Any, store: _Overtaken) -> None:
+class _HookedKv:
+    def __init__(self, inner: Any, store: _Hooked) -> None:
         self.inner, self.store = inner, store
 
     def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
+        found = getattr(self.inner, attr)
+        if attr not in self.store.methods:
+            return found
 
-    def list(self, **kwargs: Any) -> list[tuple[bytes, bytes]]:
-        self.store.committed.clear()
-        assert self.store.committed.wait(10), "the writer stopped committing"
-        self.store.waits += 1
-        return self.inner.list(**kwargs)  # type: ignore[no-any-return]
+        def hooked(*args: Any, **kwargs: Any) -> Any:
+            if self.store.hook(*args, **kwargs):
+                self.store.fired += 1
+            return found(*args, **kwargs)
+
+        return hooked
+
+
+def _overtaken(inner: MemoryStore, name: str, committed: threading.Event) -> _Hooked:
+    """`name` lets its busy writer commit once more before each `list` the copy makes (a
+    writer faster than every read of the copy)."""
+
+    def wait(**_: Any) -> bool:
+        committed.clear()
+        assert committed.wait(10), "the writer stopped committing"
+        return True
+
+    return _Hooked(inner, name, ("list",), wait)
+
+
+def _once(hook: Any) -> Any:
+    """`hook` run at the first call it accepts (it returns True) only."""
+    done = []
+
+    def first(*args: Any, **kwargs: Any) -> bool:
+        if done or not hook(*args, **kwargs):
+            return False
+        done.append(True)
+        return True
+
+    return first
 
 
 def _bank(kv: Any) -> None:
@@ -140,7 +169,7 @@ def test_a_namespace_that_keeps_changing_is_copied_from_a_snapshot(
     kv = inner.namespace("bank/main")
     _bank(kv)
     committed, stop = threading.Event(), threading.Event()
-    source = _Overtaken(inner, "bank/main", committed)
+    source = _overtaken(inner, "bank/main", committed)
     commits = [0]
 
     def write() -> None:
@@ -155,7 +184,7 @@ def test_a_namespace_that_keeps_changing_is_copied_from_a_snapshot(
     finally:
         stop.set()
         writer.join()
-    assert source.waits >= store_copy.RAW_ATTEMPTS, "the writer overtook every raw copy"
+    assert source.fired >= store_copy.RAW_ATTEMPTS, "the writer overtook every raw copy"
     assert len(snapshot_copies) == 1
     assert result.snapshots == ["bank/main"] and result.changed == ["bank/main"]
     assert result.verified == 1
@@ -186,7 +215,7 @@ def test_a_big_namespace_a_writer_keeps_rewriting_is_copied_from_one_list(
     with open_database(kv) as db:
         db.compact()  # a compacted head: the writer's commits rewrite base pages in place
     committed, stop = threading.Event(), threading.Event()
-    source = _Overtaken(inner, "bank/main", committed)
+    source = _overtaken(inner, "bank/main", committed)
     writer = threading.Thread(target=lambda: [None for _ in _busy(kv, stop, committed)])
     writer.start()
     target = MemoryStore()
@@ -238,36 +267,17 @@ def test_a_copy_that_fails_names_the_namespace(tmp_path: Path) -> None:
     assert failed.stderr.strip().endswith("(while copying namespace 'bad/b')"), failed.stderr
 
 
-class _Interrupted:
-    """A destination store whose registry namespace fails the write of the progress entry of
-    `at` (fault injection: a copy interrupted there)."""
+def _interrupted(inner: MemoryStore, at: str) -> _Hooked:
+    """A destination whose registry namespace fails the write of the progress entry of `at`
+    (a copy interrupted there)."""
+    key = COPY_PREFIX + at.encode()
 
-    def __init__(self, inner: MemoryStore, at: str) -> None:
-        self.inner, self.key, self.fired = inner, COPY_PREFIX + at.encode(), 0
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    def namespace(self, name: str) -> Any:
-        kv = self.inner.namespace(name)
-        return _InterruptedKv(kv, self) if name == REGISTRY_NAMESPACE else kv
-
-
-class _InterruptedKv:
-    def __init__(self, inner: Any, store: _Interrupted) -> None:
-        self.inner, self.store = inner, store
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    def write(self, *, put: Any = (), delete: Any = (), fence: Any = None) -> None:
-        if self.store.key in dict(put):
-            self.store.fired += 1
+    def interrupt(*args: Any, **kwargs: Any) -> bool:
+        if key in dict(kwargs.get("put", args[0] if args else ())):
             raise KeyboardInterrupt
-        self.inner.write(put=put, delete=delete, fence=fence)
+        return False
 
-    def put(self, entries: Any, *, fence: Any = None) -> None:
-        self.write(put=entries, fence=fence)
+    return _Hooked(inner, REGISTRY_NAMESPACE, ("write", "put"), interrupt)
 
 
 def _orders(keys: list[str]) -> MemoryStore:
@@ -310,10 +320,9 @@ def test_a_copy_resumed_from_another_source_ends_a_copy_of_that_source() -> None
             == store_copy._fingerprint(second.namespace(n))[:2]
         ), "what the old resume compared"
     target = MemoryStore()
-    interrupted = _Interrupted(target, "order/only-first")
     with pytest.raises(KeyboardInterrupt):
-        copy_store(first, interrupted, threads=1)  # type: ignore[arg-type]
-    assert interrupted.fired == 1
+        copy_store(first, _interrupted(target, "order/only-first"), threads=1)  # type: ignore[arg-type]
+    assert COPY_PREFIX + b"order/b" in dict(target.namespace(REGISTRY_NAMESPACE).list())
     result = copy_store(second, target)
     assert (result.copied, result.skipped, result.verified) == (2, 0, 2)
     assert result.removed == ["order/only-first"]
@@ -327,9 +336,8 @@ def test_a_store_without_a_registry_is_copied_and_resumed() -> None:
             db.execute("CREATE TABLE t(v)")
             db.execute("INSERT INTO t VALUES (?)", (name,))
     target = MemoryStore()
-    interrupted = _Interrupted(target, "raw/b")
     with pytest.raises(KeyboardInterrupt):
-        copy_store(source, interrupted, threads=1)  # type: ignore[arg-type]
+        copy_store(source, _interrupted(target, "raw/b"), threads=1)  # type: ignore[arg-type]
     result = copy_store(source, target)
     assert (result.copied, result.skipped, result.removed) == (1, 1, [])
     assert _content(target) == _content(source)
@@ -365,39 +373,20 @@ async def test_a_live_copy_reports_an_actor_that_wrote_only_ctx_kv_after_its_cop
     assert copied == [b"before"], "the state it was copied in"
 
 
-class _CreatedFirst:
-    """A store on which a registry creates actor `aid`, and serves a call of it, just before
-    the first takeover of its namespace (fault injection: a server that creates the actor an
-    import is about to create, between the import's look at the index and its takeover)."""
+def _created_first(inner: MemoryStore, aid: str) -> _Hooked:
+    """A registry creates actor `aid`, and serves a call of it, just before the first takeover
+    of its namespace (a server that creates the actor an import is about to create, between
+    the import's look at the index and its takeover)."""
 
-    def __init__(self, inner: MemoryStore, aid: str) -> None:
-        self.inner, self.aid, self.fired = inner, aid, 0
+    def create() -> bool:
+        async def serve() -> None:
+            async with Registry([order], kv=inner).run() as client:
+                await client.get_or_create("order", "race").add("acknowledged")
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
+        anyio.run(serve)
+        return True
 
-    def namespace(self, name: str) -> Any:
-        kv = self.inner.namespace(name)
-        return _CreatedFirstKv(kv, self) if name == self.aid else kv
-
-
-class _CreatedFirstKv:
-    def __init__(self, inner: Any, store: _CreatedFirst) -> None:
-        self.inner, self.store = inner, store
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    def takeover(self) -> int:
-        if not self.store.fired:
-            self.store.fired += 1
-
-            async def create() -> None:
-                async with Registry([order], kv=self.store.inner).run() as client:
-                    await client.get_or_create("order", "race").add("acknowledged")
-
-            anyio.run(create)
-        return self.inner.takeover()  # type: ignore[no-any-return]
+    return _Hooked(inner, aid, ("takeover",), _once(create))
 
 
 def test_an_import_that_loses_the_race_to_create_the_actor_leaves_it_whole(
@@ -406,7 +395,7 @@ def test_an_import_that_loses_the_race_to_create_the_actor_leaves_it_whole(
     path = tmp_path / "o.sqlite"
     export_actor(_orders(["src"]), "order", "src", path)
     inner = MemoryStore()
-    store = _CreatedFirst(inner, actor_id("order", "race"))
+    store = _created_first(inner, actor_id("order", "race"))
     with pytest.raises(ActorExists, match="created meanwhile"):
         import_actor(store, "order", "race", path)  # type: ignore[arg-type]
     assert store.fired == 1
@@ -418,35 +407,28 @@ def test_an_import_that_loses_the_race_to_create_the_actor_leaves_it_whole(
     assert anyio.run(view)["items"] == ["acknowledged"], "the server's actor, as it made it"
 
 
-class _DestroyedFirst:
-    """A store on which a registry destroys actor `aid` as soon as its namespace is opened
-    (fault injection: destroyed between an export's look at the index and its read)."""
+def _destroyed_first(inner: MemoryStore, aid: str) -> _Hooked:
+    """A registry destroys actor `aid` at the first look at its namespace's size (between an
+    export's look at the index and its read)."""
 
-    def __init__(self, inner: MemoryStore, aid: str) -> None:
-        self.inner, self.aid, self.fired = inner, aid, 0
+    def destroy() -> bool:
+        async def serve() -> None:
+            async with Registry([order], kv=inner).run() as client:
+                await client.registry.destroy(*aid.split("/"))
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
+        anyio.run(serve)
+        return True
 
-    def namespace(self, name: str) -> Any:
-        if name == self.aid and not self.fired:
-            self.fired += 1
-
-            async def destroy() -> None:
-                async with Registry([order], kv=self.inner).run() as client:
-                    await client.registry.destroy(*name.split("/"))
-
-            anyio.run(destroy)
-        return self.inner.namespace(name)
+    return _Hooked(inner, aid, ("used_bytes",), _once(destroy))
 
 
 def test_an_actor_destroyed_while_it_is_exported_is_not_found(tmp_path: Path) -> None:
-    store = _DestroyedFirst(_orders(["gone"]), actor_id("order", "gone"))
+    store = _destroyed_first(_orders(["gone"]), actor_id("order", "gone"))
     path = tmp_path / "gone.sqlite"
     with pytest.raises(ActorNotFound, match="destroyed while it was exported"):
         export_actor(store, "order", "gone", path)  # type: ignore[arg-type]
     assert store.fired == 1 and list(tmp_path.iterdir()) == [], "no file, no temporary file"
-    store = _DestroyedFirst(_orders(["gone", "kept"]), actor_id("order", "gone"))
+    store = _destroyed_first(_orders(["gone", "kept"]), actor_id("order", "gone"))
     exported = export_all(store, tmp_path / "all")  # type: ignore[arg-type]
     assert [e.actor.key for e in exported] == ["kept"]
     manifest = json.loads((tmp_path / "all" / MANIFEST).read_text())
@@ -663,38 +645,18 @@ async def test_export_all_writes_only_inside_its_directory(tmp_path: Path) -> No
         assert kv.get([USER_PREFIX + b"k"]) == [b"v"]
 
 
-class _TakenOverAt:
-    """A store on which another instance takes actor `aid` over at the first call of `method`
-    on its namespace that `when` accepts (fault injection: a call wakes the actor elsewhere
-    while an import writes it)."""
+def _taken_over_at(inner: MemoryStore, aid: str, method: str, when: Any) -> _Hooked:
+    """Another instance takes actor `aid` over at the first call of `method` on its namespace
+    that `when` accepts (a call wakes the actor elsewhere while an import writes it)."""
+    kv = inner.namespace(aid)
 
-    def __init__(self, inner: MemoryStore, aid: str, method: str, when: Any) -> None:
-        self.inner, self.aid, self.method, self.when, self.fired = inner, aid, method, when, 0
+    def take(*args: Any, **kwargs: Any) -> bool:
+        if not when(*args, **kwargs):
+            return False
+        kv.takeover()
+        return True
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    def namespace(self, name: str) -> Any:
-        kv = self.inner.namespace(name)
-        if name != self.aid:
-            return kv
-        store = self
-
-        class _Kv:
-            def __getattr__(self, attr: str) -> Any:
-                found = getattr(kv, attr)
-                if attr != store.method:
-                    return found
-
-                def hooked(*args: Any, **kwargs: Any) -> Any:
-                    if not store.fired and store.when(*args, **kwargs):
-                        store.fired += 1
-                        kv.takeover()
-                    return found(*args, **kwargs)
-
-                return hooked
-
-        return _Kv()
+    return _Hooked(inner, aid, (method,), _once(take))
 
 
 def _big_file(tmp_path: Path) -> Path:
@@ -712,7 +674,7 @@ def test_an_import_whose_actor_is_taken_over_while_it_writes_fails_clearly(
     slow path): the import is refused, one typed error that says so, and nothing is left."""
     inner = MemoryStore()
     aid = actor_id("plain", "x")
-    store = _TakenOverAt(inner, aid, "write", lambda **kw: bool(kw.get("put")))
+    store = _taken_over_at(inner, aid, "write", lambda **kw: bool(kw.get("put")))
     with pytest.raises(ImportInterrupted, match=r"taken over .* while it was imported") as caught:
         import_actor(store, "plain", "x", _big_file(tmp_path))  # type: ignore[arg-type]
     assert store.fired == 1 and isinstance(caught.value.__cause__, FenceMismatch)
@@ -730,7 +692,9 @@ def test_a_replace_whose_actor_wakes_between_its_database_and_its_ctx_kv_says_so
     export_actor(_orders(["src"]), "order", "src", path)
     inner = _orders(["live"])
     aid = actor_id("order", "live")
-    store = _TakenOverAt(inner, aid, "delete_range", lambda start, end, **kw: start == USER_PREFIX)
+    store = _taken_over_at(
+        inner, aid, "delete_range", lambda start, end, **kw: start == USER_PREFIX
+    )
     with pytest.raises(ImportInterrupted, match="after its database was replaced") as caught:
         import_actor(store, "order", "live", path, replace=True)  # type: ignore[arg-type]
     assert store.fired == 1 and isinstance(caught.value.__cause__, FenceMismatch)
