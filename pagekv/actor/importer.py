@@ -286,7 +286,7 @@ def _read(source: Path, copy: Path, *, wal: bool) -> None:
         finally:
             target.close()
     except apsw.ReadOnlyError as e:
-        if e.extendedresult != apsw.SQLITE_READONLY_ROLLBACK:
+        if getattr(e, "extendedresult", None) != apsw.SQLITE_READONLY_ROLLBACK:  # not stubbed
             raise
         shutil.copyfile(source, copy)
         try:
