@@ -13,8 +13,8 @@ descriptor that the connection keeps for this); the thread blocked in libpq then
 connection end as if the server had died, and psycopg raises `OperationalError` with the
 connection broken. That needs nothing from the server, so it works on a frozen one. The store
 reports the request as abandoned and discards the connection. Then a cancel request is sent, in
-a thread of its own and bounded by the same timeout (libpq's `PGcancelConn`, made when the
-connection was): a live server ends the statement or its wait for a standby, and the backend,
+a thread of its own, for up to `CANCEL_TIMEOUT` (libpq's `PGcancelConn`, made when the connection
+was): a live server ends the statement or its wait for a standby, and the backend,
 finding its client gone, exits and releases its locks, instead of holding them and a connection
 slot until a lost standby returns. A frozen server never takes the cancel, which is then given up.
 
@@ -44,6 +44,10 @@ import psycopg
 from psycopg import pq
 from psycopg.pq.abc import PGcancelConn
 
+CANCEL_TIMEOUT = 5.0
+"""Seconds a cancel request may take: a new connection and one packet, which a server that
+answers at all takes in milliseconds (a request's own timeout may be shorter than a connection)."""
+
 
 @dataclass(eq=False)
 class Request:
@@ -59,7 +63,7 @@ class Request:
 @dataclass
 class DeadlineCounts:
     """`abandoned` requests; of the cancels sent for them, `cancelled` the server took and
-    `cancel_failed` it did not (refused, or no answer within the timeout), the last of which
+    `cancel_failed` it did not (refused, or no answer within `CANCEL_TIMEOUT`), the last of which
     says why in `last_cancel_error`."""
 
     abandoned: int = 0
@@ -88,7 +92,8 @@ class Deadlines:
         with self._cond:
             request = Request(sock, cancel, time.monotonic() + self.timeout)
             self._busy.add(request)
-            if self._thread is None:
+            # the first request, or one after a fork or a watchdog that died of an error
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._watch, name="pagekv-pg-deadlines", daemon=True
                 )
@@ -110,16 +115,10 @@ class Deadlines:
             self._cond.notify()
 
     def _watch(self) -> None:
-        try:
-            self._watch_until_closed()
-        finally:
-            with self._cond:
-                self._thread = None  # the next `start` starts another, if this one failed
-
-    def _watch_until_closed(self) -> None:
         while True:
             with self._cond:
                 if self._closed and not self._busy:
+                    self._thread = None  # under the lock: a later `start` starts another
                     return
                 now = time.monotonic()
                 expired = [r for r in self._busy if r.deadline <= now]
@@ -142,8 +141,8 @@ class Deadlines:
 
     def _cancel(self, cancel: PGcancelConn) -> None:
         """Send the cancel request of an abandoned request's backend, giving up after
-        `timeout`; the outcome goes to `counts`."""
-        error = _send_cancel(cancel, time.monotonic() + self.timeout)
+        `CANCEL_TIMEOUT`; the outcome goes to `counts`."""
+        error = _send_cancel(cancel, time.monotonic() + CANCEL_TIMEOUT)
         with self._cond:
             if error:
                 self.counts.cancel_failed += 1
