@@ -7,16 +7,17 @@ nothing) and does not cover a commit's wait for its standby; keepalives and `tcp
 notice only a peer whose kernel stopped answering. So every request gets a deadline here, in the
 client.
 
-How: one watchdog thread per store knows the requests in flight. When one outlives its deadline
-the watchdog shuts its connection's socket down (`shutdown(2)`, through a duplicate of libpq's
-descriptor that the connection keeps for this); the thread blocked in libpq then sees the
-connection end as if the server had died, and psycopg raises `OperationalError` with the
-connection broken. That needs nothing from the server, so it works on a frozen one. The store
-reports the request as abandoned and discards the connection. Then a cancel request is sent, in
-a thread of its own, for up to `CANCEL_TIMEOUT` (libpq's `PGcancelConn`, made when the connection
-was): a live server ends the statement or its wait for a standby, and the backend,
-finding its client gone, exits and releases its locks, instead of holding them and a connection
-slot until a lost standby returns. A frozen server never takes the cancel, which is then given up.
+How: one watchdog thread per store knows the requests in flight. When one outlives its deadline the
+watchdog shuts its connection's socket down (`shutdown(2)`, through a duplicate of libpq's
+descriptor that the connection keeps for this); the thread blocked in libpq, waiting to read or to
+send, then sees the connection end as if the server had died: psycopg raises `OperationalError`
+("consuming input failed: server closed the connection unexpectedly"), the connection is broken, and
+libpq closes its own descriptor. That needs nothing from the server, so it works on a frozen one.
+The store reports the request as abandoned and discards the connection. Then a cancel request is
+sent, in a thread of its own, for up to `CANCEL_TIMEOUT` (libpq's `PGcancelConn`, made when the
+connection was): a live server ends the statement or its wait for a standby, and the backend,
+finding its client gone, exits and releases its locks, instead of holding them and a connection slot
+until a lost standby returns. A frozen server never takes the cancel, which is then given up.
 
 Invariants:
 
