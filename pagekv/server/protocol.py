@@ -124,18 +124,22 @@ def _tag_floats(value: Any) -> Any:
     return value
 
 
+_SELF_DESCRIBED = b"\xd9\xd9\xf7"
+
+
 def decode(data: bytes, media_type: str) -> Any:
     """Decode a body; raises `BodyError` naming what is wrong: also for bytes after the CBOR
     value (as JSON refuses trailing data) and for a JSON string with a lone surrogate, which
     is no text (`"\\ud800"`: it could be neither stored nor sent back)."""
     try:
         if media_type == CBOR:
-            stream = io.BytesIO(data)
+            # the self-describe tag (RFC 8949 §3.4.6) marks a body as CBOR and means nothing
+            # more; cbor2 would decode what it wraps as immutable (frozendict, tuples)
+            stream = io.BytesIO(data[3:] if data.startswith(_SELF_DESCRIBED) else data)
             value = cbor2.CBORDecoder(stream).decode()
-            if stream.tell() != len(data):
-                raise BodyError(
-                    f"malformed CBOR body: {len(data) - stream.tell()} bytes after the value"
-                )
+            left = len(stream.getbuffer()) - stream.tell()
+            if left:
+                raise BodyError(f"malformed CBOR body: {left} bytes after the value")
             return value
         value = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
         if _SURROGATE_ESCAPE.search(data):  # a pair is fine: only then look at every string

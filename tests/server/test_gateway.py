@@ -316,6 +316,22 @@ async def test_cbor_requests_and_answers(served: Served) -> None:
     assert as_json.json() == {"result": {"$bytes": "AgE="}}
 
 
+async def test_a_self_described_cbor_body_is_the_value_it_wraps(served: Served) -> None:
+    """Tag 55799 only marks a body as CBOR: the call takes the map inside (cbor2 would make
+    it an immutable map, which the body check refused as not an object)."""
+    headers = {"content-type": "application/cbor"}
+    tagged = cbor2.dumps(cbor2.CBORTag(55799, {"args": [4]}))
+    assert tagged.startswith(b"\xd9\xd9\xf7")
+    async with served.http() as http:
+        answer = await http.post(ADD, params={"key": "t"}, content=tagged, headers=headers)
+        trailing = await http.post(
+            ADD, params={"key": "t"}, content=tagged + b"\x00", headers=headers
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["rows"] == [4]
+    assert trailing.status_code == 400 and "1 bytes after the value" in trailing.text
+
+
 async def test_bodies_over_the_limit_are_413_naming_it() -> None:
     async with serving(max_body_bytes=1000) as served, served.http() as http:
         big = json.dumps({"args": ["x" * 2000]}).encode()
