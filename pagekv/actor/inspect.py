@@ -149,8 +149,21 @@ def read_snapshot(
 ) -> T:
     """`fn(database)` on a fresh snapshot, reopened while the writer rewrites (in place) or
     compacts away a page the snapshot had not read yet: `SNAPSHOT_ATTEMPTS` opens in all.
-    `max_bytes` caps any one value (see `snapshot`): one over it is `AnswerTooLarge`."""
-    return read_namespace(store.namespace(record.actor_id), fn, max_bytes=max_bytes)
+    `max_bytes` caps any one value (see `snapshot`): one over it is `AnswerTooLarge`.
+
+    `ActorNotFound` if the namespace holds no database although the index records the actor:
+    it was destroyed, and its destroyer stopped (a crash) before it deleted the record, which
+    the actor's next wake does; a created actor always wrote its database."""
+
+    def read(database: Database) -> T:
+        if not database.connection.execute("PRAGMA page_count").fetchall()[0][0]:
+            raise ActorNotFound(
+                f"no actor {record.name!r} with key {record.key!r}: it was destroyed (its "
+                "record in the index goes at its next call)"
+            )
+        return fn(database)
+
+    return read_namespace(store.namespace(record.actor_id), read, max_bytes=max_bytes)
 
 
 def read_namespace(kv: ActorKv, fn: Callable[[Database], T], *, max_bytes: int | None = None) -> T:

@@ -1,5 +1,6 @@
 """A destroy cut short by SIGKILL between the drop of the actor's data and the removal of its
-registry entries: from outside, the actor must be gone, not half there.
+registry entries: from outside, the actor must be gone, not half there (the inspector's
+reads say not found too).
 
 The child process destroys the `phoenix` actor (which has a schedule pending) and is killed by a
 test hook at exactly that point. Afterwards a registry on the same store must answer `get` with
@@ -18,9 +19,10 @@ import anyio
 import pytest
 from actor_defs import phoenix
 
-from pagekv.actor import ActorNotFound, Registry
+from pagekv.actor import ActorNotFound, Registry, inspect
 from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
 from pagekv.kv import open_kv
+from pagekv.vfs import Database
 
 pytestmark = pytest.mark.anyio
 
@@ -47,6 +49,10 @@ anyio.run(main)
 """
 
 
+def inspect_state(database: Database) -> object:
+    return inspect.read_state(database.connection)
+
+
 def _index_entries(url: str) -> list[bytes]:
     store = open_kv(url)
     try:
@@ -70,6 +76,12 @@ async def test_a_destroy_killed_after_the_drop_leaves_the_actor_gone(tmp_path: P
     )
     assert child.returncode == -9 and child.stdout == "dropped\n", child.stderr
     assert _index_entries(url), "the hook did not fire before the index was cleaned"
+    with open_kv(url, create=False) as store:  # what the inspector and pagekv ui read
+        index = inspect.open_index(store)
+        assert index is not None
+        record = inspect.find_actor(index, "phoenix", "k")  # still recorded
+        with pytest.raises(ActorNotFound, match="it was destroyed"):
+            inspect.read_snapshot(store, record, inspect_state)
     os.environ["PHOENIX_LOG"] = str(log)
     try:
         async with Registry([phoenix], kv=url).run() as client:
