@@ -23,7 +23,14 @@ from typing import Any, TextIO
 
 from pagekv.actor import ActorError
 from pagekv.actor.exporter import Exported, export_actor, export_all
-from pagekv.actor.importer import import_prepared, prepare_import
+from pagekv.actor.importer import (
+    Imported,
+    ImportStopped,
+    import_all,
+    import_prepared,
+    prepare_import,
+    read_manifest,
+)
 from pagekv.actor.store_copy import THREADS, CopyProgress, check_source, copy_store
 from pagekv.cli_args import add_store_argument, kv_url, positive_int
 from pagekv.kv import KvError, open_kv, redact_url
@@ -90,6 +97,14 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     """The file is checked and converted before the store is opened: a refused file leaves no
     store made where none was."""
+    if args.all is not None:
+        return _import_all(args)
+    if args.actor is None or args.file is None:
+        print(
+            "pagekv import: name the actor (NAME/KEY) and its FILE, or pass --all DIR",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with prepare_import(args.file, *args.actor, state=args.state) as prepared:
             store = open_kv(args.kv)
@@ -102,12 +117,46 @@ def _import(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(imported)))
         return 0
+    _print_imported(imported)
+    return 0
+
+
+def _import_all(args: argparse.Namespace) -> int:
+    """`--all DIR`: the manifest is read before the store is opened (a directory that is no
+    export makes no store)."""
+    if args.actor is not None or args.file is not None or args.state is not None:
+        print("pagekv import: --all DIR takes no NAME/KEY, FILE or --state", file=sys.stderr)
+        return 2
+    imported: list[Imported] = []
+    try:
+        read_manifest(args.all)
+        store = open_kv(args.kv)
+        try:
+            imported = import_all(store, args.all, replace=args.replace)
+        finally:
+            store.close()
+    except ImportStopped as e:
+        imported = e.imported
+        for done in imported if not args.json else []:
+            _print_imported(done)
+        return _fail("import", e)
+    except _FAILURES as e:
+        return _fail("import", e)
+    if args.json:
+        print(json.dumps([asdict(i) for i in imported]))
+        return 0
+    for done in imported:
+        _print_imported(done)
+    print(f"{len(imported)} actor(s) imported from {args.all}")
+    return 0
+
+
+def _print_imported(imported: Imported) -> None:
     how = "replaced" if imported.replaced else "created"
     kv = f", {imported.kv_entries} ctx.kv entries" if imported.kv_entries else ""
     print(f"imported {imported.actor.actor_id} ({how}): {imported.pages} pages{kv}")
     for change in imported.converted:
         print(f"  converted: {change}")
-    return 0
 
 
 class _ProgressLine:
@@ -221,11 +270,18 @@ def add_import_command(commands: Any, summary: str) -> None:
         description=(
             "Create an actor from a SQLite file (an export, or any SQLite database). Refused if "
             "the actor exists, unless --replace, which takes it over and swaps its database in "
-            "one step. A failed import leaves no actor behind."
+            "one step. A failed import leaves no actor behind. --all DIR imports every actor "
+            "an export --all wrote there."
         ),
     )
-    parser.add_argument("actor", type=_actor, help="NAME/KEY of the actor to create")
-    parser.add_argument("file", type=Path, help="the SQLite file")
+    parser.add_argument("actor", nargs="?", type=_actor, help="NAME/KEY of the actor to create")
+    parser.add_argument("file", nargs="?", type=Path, help="the SQLite file")
+    parser.add_argument(
+        "--all",
+        type=Path,
+        metavar="DIR",
+        help="import every actor an `export --all -o DIR` wrote (its actors.json)",
+    )
     add_store_argument(parser)
     parser.add_argument(
         "--replace", action="store_true", help="replace the actor's database if it exists"

@@ -17,7 +17,14 @@ from pagekv.actor.errors import (
     UserError,
 )
 from pagekv.actor.exporter import Exported, export_actor, export_all
-from pagekv.actor.importer import Imported, ImportRefused, SchemaTooNew, import_actor
+from pagekv.actor.importer import (
+    Imported,
+    ImportRefused,
+    ImportStopped,
+    SchemaTooNew,
+    import_actor,
+    import_all,
+)
 from pagekv.actor.registry import ActorHandle, Client, Registry, actor_id
 from pagekv.actor.store_copy import (
     CopyMismatch,
@@ -44,6 +51,7 @@ __all__ = [
     "CopyResult",
     "Exported",
     "ImportRefused",
+    "ImportStopped",
     "Imported",
     "InvalidArguments",
     "NotOwner",
@@ -59,4 +67,5 @@ __all__ = [
     "export_actor",
     "export_all",
     "import_actor",
+    "import_all",
 ]

@@ -42,6 +42,7 @@ the database's commit is the VFS's own). The quota must hold both databases unti
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -55,7 +56,7 @@ from typing import Any, Final
 import apsw
 
 from pagekv.actor.errors import ActorError, ActorExists
-from pagekv.actor.exporter import USER_KV_TABLE, copy_pages
+from pagekv.actor.exporter import MANIFEST, USER_KV_TABLE, copy_pages
 from pagekv.actor.index import ActorRecord, actor_id, records_of
 from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
 from pagekv.actor.inspect import ListableStore, open_index
@@ -77,6 +78,7 @@ from pagekv.kv import (
     ActorKv,
     FenceMismatch,
     KeyTooLarge,
+    KvError,
     KvLimits,
     KvStore,
     StorageQuotaExceeded,
@@ -159,6 +161,75 @@ def import_actor(
     limits: KvLimits = getattr(store, "limits", None) or KvLimits()
     with prepare_import(path, name, key, state=state, limits=limits) as prepared:
         return import_prepared(store, prepared, replace=replace)
+
+
+class ImportStopped(ActorError):
+    """`import_all` stopped at an actor it could not import; `imported` are the ones before
+    it, each whole (the cause says why that one failed)."""
+
+    def __init__(self, message: str, imported: list[Imported]) -> None:
+        super().__init__(message)
+        self.imported = imported
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> list[tuple[str, str, Path]]:
+    """The actors an `export_all` directory lists in its manifest: `(name, key, file)`, each
+    file inside `directory`, each actor once; `ImportRefused` naming what is wrong otherwise
+    (a hand-edited manifest must not make an import read a file elsewhere)."""
+    root = Path(directory)
+    try:
+        listed = json.loads((root / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ImportRefused(f"{root} holds no {MANIFEST}: it is no export --all") from None
+    except (OSError, ValueError) as e:
+        raise ImportRefused(f"{root / MANIFEST} cannot be read as JSON: {e}") from None
+    if not isinstance(listed, list):
+        raise ImportRefused(f"{root / MANIFEST} must be a list of actors")
+    inside, seen, entries = root.resolve(), set(), []
+    for n, entry in enumerate(listed):
+        fields = entry if isinstance(entry, dict) else {}
+        name, key, file = fields.get("name"), fields.get("key"), fields.get("file")
+        if not (isinstance(name, str) and isinstance(key, str) and isinstance(file, str)):
+            raise ImportRefused(f"{MANIFEST} entry {n} needs string name, key and file")
+        path = root / file
+        if not path.resolve().is_relative_to(inside):
+            raise ImportRefused(f"{MANIFEST} entry {n} names a file outside {root}: {file!r}")
+        if (name, key) in seen:
+            raise ImportRefused(f"{MANIFEST} lists actor {name!r} with key {key!r} twice")
+        seen.add((name, key))
+        entries.append((name, key, path))
+    return entries
+
+
+def import_all(
+    store: KvStore, directory: str | os.PathLike[str], *, replace: bool = False
+) -> list[Imported]:
+    """Import every actor an `export_all` wrote to `directory`, in its manifest's order. Each
+    actor is one `import_actor`, with all it guarantees; the whole is not one step. Nothing is
+    imported if the manifest is malformed or, without `replace`, if any actor it lists exists
+    already (`ActorExists` naming them); an import that fails stops the rest (`ImportStopped`,
+    saying which actors were imported before it)."""
+    entries = read_manifest(directory)
+    index = open_index(store)
+    if not replace and index is not None:
+        there = [actor_id(n, k) for n, k, _ in entries if records_of(index, actor_id(n, k))]
+        if there:
+            shown = ", ".join(there[:5]) + (f" and {len(there) - 5} more" if len(there) > 5 else "")
+            raise ActorExists(
+                f"{len(there)} actor(s) of the export exist already ({shown}); nothing was "
+                "imported (use replace)"
+            )
+    imported: list[Imported] = []
+    for name, key, path in entries:
+        try:
+            imported.append(import_actor(store, name, key, path, replace=replace))
+        except (ActorError, KvError, OSError) as e:
+            raise ImportStopped(
+                f"the import of {actor_id(name, key)} from {path} failed ({e}); "
+                f"{len(imported)} of the {len(entries)} actor(s) were imported before it",
+                imported,
+            ) from e
+    return imported
 
 
 @contextmanager

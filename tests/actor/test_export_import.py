@@ -5,6 +5,7 @@ leaves no actor behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -26,10 +27,13 @@ from pagekv.actor import (
     ActorExists,
     ActorNotFound,
     ImportRefused,
+    ImportStopped,
     Registry,
     SchemaTooNew,
     export_actor,
+    export_all,
     import_actor,
+    import_all,
 )
 from pagekv.actor.checksum import namespace_checksum
 from pagekv.actor.exporter import USER_KV_TABLE, export_record
@@ -466,3 +470,81 @@ def test_the_cli_exports_and_imports(tmp_path: Path) -> None:
     assert not (tmp_path / "x.sqlite").exists()
     usage = run("export", "--kv", url, "-o", str(out))
     assert usage.returncode == 2
+
+
+async def test_import_all_restores_an_export_all_and_refuses_before_writing(
+    tmp_path: Path,
+) -> None:
+    """`export_all` then `import_all` into another store gives every actor back, equal;
+    an export whose actors exist, or a manifest pointing out of its directory, imports
+    nothing; a bad file stops the import there, saying what was imported before it."""
+    source = MemoryStore()
+    keys = ["a", "b/with slash", ".hidden"]
+    async with Registry([order], kv=source).run() as client:
+        for key in keys:
+            await fill(client, key)
+    export_all(source, tmp_path / "all")
+    target = MemoryStore()
+    imported = import_all(target, tmp_path / "all")
+    assert sorted(i.actor.key for i in imported) == sorted(keys)
+    for key in keys:
+        aid = actor_id("order", key)
+        assert namespace_checksum(target.namespace(aid)) == namespace_checksum(
+            source.namespace(aid)
+        )
+
+    before = {aid: namespace_checksum(target.namespace(aid)) for aid in target.actor_ids()}
+    with pytest.raises(ActorExists, match=r"3 actor.*nothing was imported"):
+        import_all(target, tmp_path / "all")
+    assert {aid: namespace_checksum(target.namespace(aid)) for aid in before} == before
+    assert len(import_all(target, tmp_path / "all", replace=True)) == 3
+
+    manifest = tmp_path / "all" / "actors.json"
+    entries = json.loads(manifest.read_text())
+    fresh = MemoryStore()
+    for bad, match in [
+        ([*entries, {**entries[0], "file": "../../etc/passwd"}], "outside"),
+        ([*entries, entries[0]], "twice"),
+        ({"not": "a list"}, "must be a list"),
+        ([{"name": "order"}], "needs string name, key and file"),
+    ]:
+        manifest.write_text(json.dumps(bad))
+        with pytest.raises(ImportRefused, match=match):
+            import_all(fresh, tmp_path / "all")
+        _nothing_stored(fresh)
+    (tmp_path / "all" / entries[1]["file"]).write_bytes(b"not a database" * 500)
+    manifest.write_text(json.dumps(entries))
+    with pytest.raises(ImportStopped, match="1 of the 3 actor") as stopped:
+        import_all(fresh, tmp_path / "all")
+    assert [i.actor.key for i in stopped.value.imported] == [entries[0]["key"]]
+    assert isinstance(stopped.value.__cause__, ImportRefused)
+    assert [r.key for r in list_actors(fresh.namespace(REGISTRY_NAMESPACE), limit=10)] == [
+        entries[0]["key"]
+    ]
+
+
+def test_the_cli_imports_an_export_all(tmp_path: Path) -> None:
+    url = (tmp_path / "store").resolve().as_uri()
+    with open_kv(url) as store:
+        _exported(tmp_path, store)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pagekv", *args], cwd=ROOT, capture_output=True, text=True
+        )
+
+    assert run("export", "--kv", url, "--all", "-o", str(tmp_path / "all")).returncode == 0
+    other = (tmp_path / "other").resolve().as_uri()
+    restored = run("import", "--kv", other, "--all", str(tmp_path / "all"))
+    assert restored.returncode == 0, restored.stderr
+    assert "imported order/src (created)" in restored.stdout
+    assert "1 actor(s) imported from" in restored.stdout
+    again = run("import", "--kv", other, "--all", str(tmp_path / "all"))
+    assert again.returncode == 1 and "nothing was imported" in again.stderr
+    nowhere = run("import", "--kv", (tmp_path / "none").as_uri(), "--all", str(tmp_path))
+    assert nowhere.returncode == 1 and "no actors.json" in nowhere.stderr
+    assert not (tmp_path / "none").exists()  # refused before the store was opened
+    both = run("import", "--kv", other, "order/x", "--all", str(tmp_path / "all"))
+    assert both.returncode == 2
+    neither = run("import", "--kv", other)
+    assert neither.returncode == 2 and "--all DIR" in neither.stderr
