@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -548,3 +549,23 @@ def test_the_cli_imports_an_export_all(tmp_path: Path) -> None:
     assert both.returncode == 2
     neither = run("import", "--kv", other)
     assert neither.returncode == 2 and "--all DIR" in neither.stderr
+
+
+def test_the_sqlite3_shell_opens_an_export(tmp_path: Path) -> None:
+    """The file is one that SQLite's own shell opens, checks and queries, not only Python's
+    binding of it (Debian's `sqlite3` package; skipped without it, failed under CI)."""
+    shell = shutil.which("sqlite3")
+    if shell is None:
+        message = "the sqlite3 shell is not installed (apt-get install -y sqlite3)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    path = _exported(tmp_path)
+    shown = subprocess.run(
+        [shell, "-readonly", str(path), "PRAGMA integrity_check;", "SELECT item FROM lines;"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == ["ok", "item-0", "item-1", "item-2"]
