@@ -17,7 +17,7 @@ from pagekv.cli_args import kv_url, positive_int, positive_seconds
 from pagekv.fuzz.processes import DEFAULT_WRITERS, Backend, fuzz_processes, load_kv_factory
 from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.session import FuzzConfig, execute, fuzz, load_replay
-from pagekv.fuzz.steps import EVENTS, PROCESS_EVENTS, Step, to_json
+from pagekv.fuzz.steps import EVENTS, FILE_ONLY_EVENTS, PROCESS_EVENTS, Step, to_json
 from pagekv.kv import ActorKv, KvLimits, open_kv, redact_url
 from pagekv.testing.subject import Subject, UsageError
 
@@ -48,7 +48,7 @@ def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None
     p.add_argument(
         "--faults",
         help=f"comma-separated disruptions to inject (default all: {','.join(EVENTS)}; "
-        f"with --processes: {','.join(PROCESS_EVENTS)}, no disk with --kv-factory)",
+        f"with --processes: {','.join(PROCESS_EVENTS)}, only crash with --kv-factory)",
     )
     p.add_argument("--steps", type=positive_int, default=40, help="steps per run (default 40)")
     p.add_argument(
@@ -144,10 +144,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _events(faults: str | None, processes: bool, factory: bool) -> frozenset[str]:
-    """The disruptions asked for, all known ones by default. `disk` fills a `file:` store's
-    files (RLIMIT_FSIZE), so a factory's store goes without it."""
+    """The disruptions asked for, all known ones by default. `disk`, `future`, `shm` and
+    `stop` act on a `file:` store's files, so a factory's store goes without them."""
     known = PROCESS_EVENTS if processes else EVENTS
-    default = [e for e in known if not (factory and e == "disk")]
+    default = [e for e in known if not (factory and e in FILE_ONLY_EVENTS)]
     asked = faults if faults is not None else ",".join(default)
     events = frozenset(e for e in asked.split(",") if e)
     if not events:
@@ -156,10 +156,11 @@ def _events(faults: str | None, processes: bool, factory: bool) -> frozenset[str
     if unknown:
         mode = " with --processes" if processes else ""
         _usage(f"unknown --faults {sorted(unknown)}{mode}; known: {', '.join(known)}")
-    if factory and "disk" in events:
+    file_only = sorted(events & set(FILE_ONLY_EVENTS)) if factory else []
+    if file_only:
         _usage(
-            "--faults disk fills a file: store's files up (RLIMIT_FSIZE) and is for --kv file: "
-            "only; with --kv-factory, --processes injects crash"
+            f"--faults {','.join(file_only)} acts on a file: store's own files and is for --kv "
+            "file: only; with --kv-factory, --processes injects crash"
         )
     return events
 

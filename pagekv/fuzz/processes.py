@@ -16,6 +16,20 @@ it folds often), and goes on committing. Writes past the limit are cut short, th
 error must be a typed KV error, and the parent checks the store as after a kill: a commit
 acknowledged over a short write would be missing.
 
+Three more events act on a `file:` store from another process, as a user or another program might
+(`_Disruption`), each in one life in as many as there are events:
+
+- `future`: once the child has committed a few times, the parent writes a newer pagekv's log
+  header (a valid one of format 9) under it, holding the log's lock as that pagekv would. The
+  child's next commits must be refused with `FormatTooNew` (it ends at the first) and the log
+  must not change by a byte; the parent then puts the header back and checks the store.
+- `shm`: the parent deletes `kv.shm`, or moves a copy of it over it, and starts a second writer
+  process, which maps a new one, beside the child. Both go on; the second writer's acknowledged
+  writes are checked with the child's actors.
+- `stop`: before the child starts, a writer process of four threads is SIGSTOPped at a moment it
+  holds the flusher lock (and not the log's), and stays stopped until the store is checked. The
+  child must commit beside it (flushing around it), and its acknowledged writes must be there.
+
 The store is a `file:` URL's, or a user's backend (`Backend`): a store factory each process calls
 with the one location they share. The parent opens a factory's store only between child lives,
 as a backend may let a single process at a time open a location.
@@ -23,11 +37,15 @@ as a backend may let a single process at a time open a location.
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import os
 import random
 import resource
 import select
+import shutil
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -36,14 +54,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import apsw
+from crc32c import crc32c
 
 from pagekv.fuzz.oracle import Oracle, digest, run_txn
 from pagekv.fuzz.runner import Coverage, FuzzFailure
-from pagekv.fuzz.steps import PROCESS_EVENTS, StepGenerator, Txn
-from pagekv.kv import FileStore, KvError, KvStore, open_kv
+from pagekv.fuzz.steps import FILE_ONLY_EVENTS, PROCESS_EVENTS, StepGenerator, Txn
+from pagekv.kv import FileStore, FormatTooNew, KvError, KvStore, open_kv
+from pagekv.kv.file_log import flock_holders
 from pagekv.vfs import Database, open_database
 
 
@@ -109,13 +129,14 @@ def child_main(argv: list[str]) -> None:
     """Entry point of the child: each writer, a thread on its own actor, commits its transactions
     `START..` and acknowledges each with the number of compactions it has finished and the
     store's `flush_counts()` so far (`ack W N COMPACTIONS WRITES FLUSHES`, `W` the writer's index);
-    `done W` when its sequence is over. `disk` is `-`, or `AFTER:SEED`: fill the disk after the
-    child's `AFTER`th commit (of any writer), at a point drawn from `SEED`; the first commit that
-    fails then prints `fault W N WHERE typed|untyped ...` and ends the child. Any other error
-    prints `error W ...` and ends it too. The store is `Backend.args`, the writers
-    `ACTOR:SEED:START` arguments."""
+    `done W` when its sequence is over. `disk` is `-`; or `AFTER:SEED`: fill the disk after the
+    child's `AFTER`th commit (of any writer), at a point drawn from `SEED`; or `future`: a newer
+    log format is coming. Then the first commit that fails prints `fault W N WHERE typed|untyped
+    ...` (`WHERE` is `log` or `fold`, or `future`, where typed means `FormatTooNew`) and ends
+    the child. Any other error prints `error W ...` and ends it too. The store is
+    `Backend.args`, the writers `ACTOR:SEED:START` arguments."""
     url, factory, location, count, max_blob, disk, *writers = argv
-    if disk != "-" and "log_kib=" not in url:
+    if disk not in ("-", "future") and "log_kib=" not in url:
         url += ("&" if "?" in url else "?") + f"log_kib={_FOLDING_LOG_KIB}"
     store = Backend.from_args(url, factory, location).open()
     lives = []
@@ -129,7 +150,7 @@ def child_main(argv: list[str]) -> None:
         )
         lives.append((db, _transactions(int(seed), int(count), int(max_blob)), int(start)))
     fill = _Fill(store, disk)
-    if disk != "-":  # here: only the main thread may set a handler
+    if fill.after >= 0:  # here: only the main thread may set a handler
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     _say("ready")
     threads = [
@@ -153,8 +174,11 @@ class _Fill:
 
     def __init__(self, store: KvStore, disk: str) -> None:
         self.store = store
-        self.after = int(disk.split(":")[0]) if disk != "-" else -1
-        self.seed = int(disk.split(":")[1]) if disk != "-" else 0
+        fills = disk not in ("-", "future")
+        self.after = int(disk.split(":")[0]) if fills else -1
+        self.seed = int(disk.split(":")[1]) if fills else 0
+        self.future = disk == "future"
+        """A newer pagekv's log header may come: a commit it refuses ends the child."""
         self.filled = False
         self.where = ""
         self.commits = 0
@@ -184,11 +208,16 @@ def _writer(w: int, store: KvStore, db: Database, txns: list[Txn], start: int, f
             try:
                 run_txn(db.connection, txns[n])
             except apsw.Error as e:
-                if not fill.filled:
+                if not fill.filled and not fill.future:
                     raise
                 cause = db.take_last_kv_error()
-                typed = "typed" if isinstance(cause, KvError) else "untyped"
-                _say(f"fault {w} {n} {fill.where} {typed} {cause!r} {e!r}")
+                if fill.future:
+                    typed = "typed" if isinstance(cause, FormatTooNew) else "untyped"
+                    where = "future"
+                else:
+                    typed = "typed" if isinstance(cause, KvError) else "untyped"
+                    where = fill.where
+                _say(f"fault {w} {n} {where} {typed} {cause!r} {e!r}".replace("\n", " "))
                 os._exit(0)  # the child ends at its first failed commit, whoever made it
             fill.committed()
             flushed = counts() if counts is not None else None
@@ -234,8 +263,9 @@ def fuzz_processes(
         raise ValueError("--processes needs a durable store shared between processes (file://)")
     if not events or not events <= set(PROCESS_EVENTS):
         raise ValueError(f"events must be some of {PROCESS_EVENTS}, got {sorted(events)}")
-    if "disk" in events and backend.factory is not None:
-        raise ValueError("the disk event fills a file: store's files; a factory's store has none")
+    file_only = sorted(events & set(FILE_ONLY_EVENTS))
+    if file_only and backend.factory is not None:
+        raise ValueError(f"events {file_only} act on a file: store's files; a factory's has none")
     if writers < 1:
         raise ValueError(f"writers must be at least 1, got {writers}")
     rng = random.Random(seed)
@@ -300,6 +330,8 @@ class _Life:
     errors: list[str]
     flushes: tuple[int, int] = (0, 0)
     """The store's writes and flushes in the child, as of its latest acknowledgement."""
+    killed: bool = False
+    """Whether the parent ended the life with SIGKILL (not the child itself, nor its end)."""
 
 
 def _run(
@@ -320,47 +352,70 @@ def _run(
         name = f"pagekv-fuzz-processes/{seed}/{stamp}" + (f"/w{w}" if writers > 1 else "")
         actors.append(_Actor(name, actor_seed, _transactions(actor_seed, count, max_blob)))
     committed_before = coverage.commits
-    fills = "disk" in events
+    kinds = [e for e in PROCESS_EVENTS if e in events]
     while time.monotonic() < deadline:
         live = [a for a in actors if a.done < len(a.txns)]
         if not live:
             break
-        disk = "-"
-        if fills and ("crash" not in events or rng.random() < 1 / 3):
-            disk = f"{rng.randrange(4 * len(live))}:{rng.randrange(2**32)}"
+        kind = rng.choice(kinds)
+        disk, disruption = "-", None
         # A life that fills the disk ends by itself unless crashes are wanted too.
-        kill_after = rng.uniform(0.0, 0.3) if disk == "-" or "crash" in events else 60.0
-        life = _run_child(parent.backend, live, count, max_blob, disk, kill_after)
-        if life.errors:
-            raise FuzzFailure(live[0].done, f"a child's writer failed: {life.errors[0]}")
-        if not life.faults:
-            coverage.crashes += 1
-        else:
-            for fault in life.faults:
-                if fault.split()[4] != "typed":
-                    raise FuzzFailure(
-                        live[0].done, f"the disk filled up with an untyped error: {fault}"
-                    )
-            coverage.faults[f"disk-{life.faults[0].split()[3]}"] += 1
-            coverage.failed_commits += len(life.faults)
-        coverage.compactions += sum(life.compactions.values())
-        coverage.store_writes += life.flushes[0]
-        coverage.store_flushes += life.flushes[1]
+        kill_after = rng.uniform(0.0, 0.3)
+        if kind == "disk":
+            disk = f"{rng.randrange(4 * len(live))}:{rng.randrange(2**32)}"
+            kill_after = kill_after if "crash" in events else 60.0
+        elif kind != "crash":
+            disruption = _disruption(kind, parent, f"pagekv-fuzz-processes/{seed}/{stamp}", rng)
+            disk = "future" if kind == "future" else "-"
+            kill_after = disruption.kill_after
         try:
-            with parent.opened() as store:
-                for w, actor in enumerate(live):
-                    _verify(store, actor, life.acked.get(w, actor.done - 1))
-                    coverage.verifications += 1
-        except FuzzFailure:
-            raise
-        except Exception as e:  # a store that fails to reopen, a database that fails to open
-            raise FuzzFailure(
-                live[0].done, f"checking the store after the child ended: {type(e).__name__}: {e}"
-            ) from e
+            life = _run_child(parent.backend, live, count, max_blob, disk, kill_after, disruption)
+            if disruption is not None:
+                disruption.finish(life)
+            _tally(life, disruption, live[0].done, coverage)
+            try:
+                with parent.opened() as store:
+                    for w, actor in enumerate(live):
+                        _verify(store, actor, life.acked.get(w, actor.done - 1))
+                        coverage.verifications += 1
+                    if disruption is not None:
+                        disruption.verify(store)
+            except FuzzFailure:
+                raise
+            except Exception as e:  # a store that fails to reopen, a database that fails to open
+                raise FuzzFailure(
+                    live[0].done,
+                    f"checking the store after the child ended: {type(e).__name__}: {e}",
+                ) from e
+        finally:
+            if disruption is not None:
+                disruption.close()
         coverage.commits = coverage.steps = committed_before + sum(a.done for a in actors)
     with parent.opened() as store:
         for actor in actors:
             store.namespace(actor.name).drop()
+
+
+def _tally(life: _Life, disruption: _Disruption | None, at: int, coverage: Coverage) -> None:
+    """Count what a child life did; raise `FuzzFailure` for what it must not have done."""
+    if life.errors:
+        raise FuzzFailure(at, f"a child's writer failed: {life.errors[0]}")
+    if disruption is not None and disruption.fired:
+        coverage.faults[disruption.name] += 1
+    if not life.faults:
+        coverage.crashes += 1
+    else:
+        for fault in life.faults:
+            if fault.split()[4] != "typed":
+                where = fault.split()[3]
+                what = "a newer log format" if where == "future" else "the disk filled up"
+                raise FuzzFailure(at, f"{what}, and an untyped error: {fault}")
+        if disruption is None:
+            coverage.faults[f"disk-{life.faults[0].split()[3]}"] += 1
+        coverage.failed_commits += len(life.faults)
+    coverage.compactions += sum(life.compactions.values())
+    coverage.store_writes += life.flushes[0]
+    coverage.store_flushes += life.flushes[1]
 
 
 def _verify(store: KvStore, actor: _Actor, acked: int) -> None:
@@ -395,35 +450,320 @@ def _verify(store: KvStore, actor: _Actor, acked: int) -> None:
 _CHILD = "import sys; from pagekv.fuzz.processes import child_main; child_main(sys.argv[1:])"
 """The child's program. Not `-m pagekv.fuzz.processes`: the package imports this module first,
 and running it again as `__main__` made Python warn on every child's start."""
+_LIVENESS_S: Final = 30.0
+"""How long a life waits for a commit that must come (`_Disruption.needs_commits`), or for a
+side writer to start: far beyond any healthy pace, so only a stuck store runs into it."""
+
+
+class _Disruption:
+    """What another process does to a `file:` store during one child life: `begin` before
+    the child starts; `during` once the child has acknowledged `after` commits (None: never),
+    after which the child runs `runs_for` more seconds (or ends by itself); `finish` after it
+    ended; `verify` with the actors' check; `close` whatever happened. `needs_commits`: the
+    child must commit while it lasts, or the store is stuck. `fired` says whether it acted."""
+
+    name = ""
+    after: int | None = None
+    runs_for = _LIVENESS_S
+    kill_after = _LIVENESS_S
+    needs_commits = False
+
+    def __init__(self, backend: Backend, directory: Path, side_name: str) -> None:
+        self.backend = backend
+        self.directory = directory
+        self.side_name = side_name
+        self.side: _SideWriter | None = None
+        self.fired = False
+
+    def begin(self) -> None:
+        """Before the child starts."""
+
+    def during(self) -> None:
+        """Once the child has acknowledged `after` commits."""
+
+    def finish(self, life: _Life) -> None:
+        """After the child ended, before the store is checked."""
+
+    def verify(self, store: KvStore) -> None:
+        """The side writer's acknowledged writes are there; its namespaces go."""
+        if self.side is not None:
+            self.side.kill()
+            self.side.check(store)
+            self.side.drop(store)
+
+    def close(self) -> None:
+        if self.side is not None:
+            self.side.kill()
+
+
+class _FutureHeader(_Disruption):
+    """A newer pagekv upgrades the log under the child: its header, of format 9, goes into the
+    slot that does not hold the newest one, with a larger `hseq`, under the log's lock. The
+    child must refuse it (`FormatTooNew`), and not one byte of the log may change after it."""
+
+    name = "future-header"
+
+    def __init__(self, backend: Backend, directory: Path, side_name: str, rng: random.Random):
+        super().__init__(backend, directory, side_name)
+        self.after = rng.randrange(1, 6)
+        self.slot = -1
+        self.original = b""
+        self.image = b""
+
+    def during(self) -> None:
+        log = self.directory / "kv.log"
+        with _log_locked(log) as fd:
+            raw = os.pread(fd, 2 * _SLOT, 0)
+            hseqs = [struct.unpack_from("<Q", raw, at + 8)[0] for at in (0, _SLOT)]
+            newest = 0 if hseqs[0] > hseqs[1] else 1
+            self.slot = 1 - newest
+            self.original = raw[self.slot * _SLOT : (self.slot + 1) * _SLOT]
+            header = bytearray(raw[newest * _SLOT : newest * _SLOT + _HEADER_CRC_AT + 4])
+            header[:8] = b"pkvlog9\0"
+            header[8:16] = struct.pack("<Q", hseqs[newest] + 1)
+            crc = crc32c(bytes(header[:_HEADER_CRC_AT]))
+            header[_HEADER_CRC_AT:] = struct.pack("<I", crc)
+            os.pwrite(fd, header, self.slot * _SLOT)
+            self.image = log.read_bytes()
+        self.fired = True
+
+    def finish(self, life: _Life) -> None:
+        if not self.fired:
+            if life.killed:
+                raise FuzzFailure(-1, f"the child made no {self.after} commits in a life")
+            return
+        log = self.directory / "kv.log"
+        if log.read_bytes() != self.image:
+            raise FuzzFailure(-1, "the log changed after a newer pagekv's header was written")
+        if life.killed:
+            raise FuzzFailure(
+                -1, f"the child went on for {self.runs_for:g} s past a newer log format"
+            )
+        with _log_locked(log) as fd:
+            os.pwrite(fd, self.original, self.slot * _SLOT)
+
+
+class _ShmMoved(_Disruption):
+    """`kv.shm` is deleted, or a copy of it moved over it (no look at its contents can tell),
+    while the child uses it; then a side writer opens the store, and maps a new one."""
+
+    def __init__(self, backend: Backend, directory: Path, side_name: str, rng: random.Random):
+        super().__init__(backend, directory, side_name)
+        self.after = rng.randrange(1, 6)
+        self.replace = rng.random() < 0.5
+        self.name = "shm-replaced" if self.replace else "shm-deleted"
+        self.runs_for = rng.uniform(0.2, 0.6)
+
+    def during(self) -> None:
+        shm = self.directory / "kv.shm"
+        if self.replace:
+            copy = shm.with_name("kv.shm.fuzz-copy")
+            shutil.copy(shm, copy)
+            os.replace(copy, shm)
+        else:
+            shm.unlink()
+        self.side = _SideWriter(self.backend, self.side_name, 1)
+        self.fired = True
+
+    def finish(self, life: _Life) -> None:
+        if not self.fired and life.killed:
+            raise FuzzFailure(-1, f"the child made no {self.after} commits in a life")
+
+
+class _StoppedFlusher(_Disruption):
+    """A side writer of four threads (so that it flushes for a group, under the flusher lock)
+    is SIGSTOPped at a moment it holds the flusher lock and not the log's, before the child
+    starts, and stays stopped until its own check. The child must commit beside it."""
+
+    name = "stopped-flusher"
+    needs_commits = True
+
+    def __init__(self, backend: Backend, directory: Path, side_name: str, rng: random.Random):
+        super().__init__(backend, directory, side_name)
+        self.kill_after = rng.uniform(0.2, 0.6)
+
+    def begin(self) -> None:
+        side = self.side = _SideWriter(self.backend, self.side_name, 4)
+        pid = side.process.pid
+        shm, log = self.directory / "kv.shm", self.directory / "kv.log"
+        deadline = time.monotonic() + _LIVENESS_S
+        while time.monotonic() < deadline:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.001)  # for the signal to land
+            if pid in flock_holders(shm) and pid not in flock_holders(log):
+                self.fired = True
+                return
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(random.uniform(0, 0.002))
+        raise FuzzFailure(-1, "a side writer never held the flusher lock in 30 s")
+
+    def finish(self, life: _Life) -> None:
+        if not life.acked:
+            raise FuzzFailure(
+                -1,
+                f"no commit in {_LIVENESS_S:g} s beside a writer stopped holding the flusher lock",
+            )
+
+
+def _disruption(kind: str, parent: _ParentStore, run_name: str, rng: random.Random) -> _Disruption:
+    """The disruption of a life of `kind` (`future`, `shm`, `stop`) on the parent's store."""
+    store = parent.held
+    assert isinstance(store, FileStore), "these events are for file: stores"
+    side_name = f"{run_name}/{kind}-{rng.randrange(2**32)}"
+    kinds: dict[str, type[_FutureHeader] | type[_ShmMoved] | type[_StoppedFlusher]] = {
+        "future": _FutureHeader,
+        "shm": _ShmMoved,
+        "stop": _StoppedFlusher,
+    }
+    return kinds[kind](parent.backend, store.path, side_name, rng)
+
+
+_SLOT: Final = 512
+_HEADER_CRC_AT: Final = 65
+"""The log's header slots (`docs/FORMAT.md`): two of 512 bytes; in format 3, the CRC of a
+header's first 65 bytes follows them."""
+
+
+@contextmanager
+def _log_locked(log: Path) -> Iterator[int]:
+    """A descriptor of `log`, under the log's exclusive `flock`, as a pagekv writing it holds."""
+    fd = os.open(log, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+_SIDE = "import sys; from pagekv.fuzz.processes import side_main; side_main(sys.argv[1:])"
+
+
+def side_main(argv: list[str]) -> None:
+    """Entry point of a side writer: `THREADS` threads, each putting keys `%08d` counting up
+    into namespace `NAME/T` of the store, and printing `ack T I` after each; `ready` once the
+    store and its namespaces are open. Runs until it is killed; an error prints `error T ...`
+    and ends it. The store is `Backend.args`, then `NAME THREADS`."""
+    url, factory, location, name, threads = argv
+    store = Backend.from_args(url, factory, location).open()
+    namespaces = [store.namespace(f"{name}/{t}") for t in range(int(threads))]
+
+    def write(t: int) -> None:
+        try:
+            for i in itertools.count():
+                namespaces[t].put({b"%08d" % i: b"side"})
+                _say(f"ack {t} {i}")
+        except BaseException as e:
+            _say(f"error {t} {e!r}".replace("\n", " "))
+            os._exit(3)
+
+    for t in range(len(namespaces)):
+        threading.Thread(target=write, args=(t,), daemon=True).start()
+    _say("ready")
+    threading.Event().wait()
+
+
+class _SideWriter:
+    """A side writer process (`side_main`) and the lines it printed, read by a thread."""
+
+    def __init__(self, backend: Backend, name: str, threads: int) -> None:
+        self.name = name
+        self.threads = threads
+        command = [sys.executable, "-c", _SIDE, *backend.args(), name, str(threads)]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            raise FuzzFailure(-1, f"a side writer failed to start (exit {self.process.wait()})")
+        self._reader = threading.Thread(target=self._read, args=(self.process.stdout,))
+        self._reader.start()
+
+    def _read(self, stdout: IO[str]) -> None:
+        for line in stdout:
+            self.lines.append(line.strip())
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._reader.join()
+
+    def check(self, store: KvStore) -> None:
+        """Each thread's namespace holds the keys it acknowledged, and at most one more."""
+        errors = [line for line in self.lines if line.startswith("error")]
+        if errors:
+            raise FuzzFailure(-1, f"a side writer failed: {errors[0]}")
+        acked = dict.fromkeys(range(self.threads), -1)
+        for line in self.lines:
+            _, thread, index = line.split()
+            acked[int(thread)] = int(index)
+        for t, last in acked.items():
+            keys = [k for k, _ in store.namespace(f"{self.name}/{t}").list()]
+            if keys != [b"%08d" % i for i in range(len(keys))] or not (
+                last + 1 <= len(keys) <= last + 2
+            ):
+                raise FuzzFailure(
+                    -1,
+                    f"side writer {self.name}/{t} acknowledged {last + 1} writes, and "
+                    f"{len(keys)} are there (first {keys[:1]}, last {keys[-1:]})",
+                )
+
+    def drop(self, store: KvStore) -> None:
+        for t in range(self.threads):
+            store.namespace(f"{self.name}/{t}").drop()
 
 
 def _run_child(
-    backend: Backend, actors: list[_Actor], count: int, max_blob: int, disk: str, kill_after: float
+    backend: Backend,
+    actors: list[_Actor],
+    count: int,
+    max_blob: int,
+    disk: str,
+    kill_after: float,
+    disruption: _Disruption | None = None,
 ) -> _Life:
     """Start a child running one writer per actor from where each is, SIGKILL it after
     `kill_after` seconds (unless a full disk or the end of every sequence ended it first), and
-    return what it reported (`child_main`)."""
+    return what it reported (`child_main`). A `disruption` begins before the child starts and
+    acts once the child has acknowledged `disruption.after` commits; the child then runs for
+    `disruption.runs_for` more seconds."""
+    if disruption is not None:
+        disruption.begin()
     specs = [f"{a.name}:{a.seed}:{a.done}" for a in actors]
     command = [sys.executable, "-c", _CHILD, *backend.args(), str(count), str(max_blob), disk]
     command += specs
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     life = _Life(acked={}, compactions={}, faults=[], errors=[])
+    acks = 0
     try:
         if child.stdout.readline().strip() != "ready":
             raise FuzzFailure(actors[0].done, f"child failed to start (exit {child.wait()})")
         kill_at = time.monotonic() + kill_after
+        waited = False
         while True:
             remaining = kill_at - time.monotonic()
             if remaining <= 0:
+                if disruption is not None and disruption.needs_commits and not acks and not waited:
+                    waited = True  # no commit yet: give the child every chance to make one
+                    kill_at = time.monotonic() + _LIVENESS_S
+                    continue
+                life.killed = True
                 break
             ready, _, _ = select.select([child.stdout], [], [], remaining)
             if not ready:
-                break
+                continue
             line = child.stdout.readline()
             if not line or line.strip() == "done":
                 break
             _parse(line, life)
+            if not line.startswith("ack "):
+                continue
+            acks += 1
+            if waited:
+                kill_at, waited = time.monotonic() + kill_after, False
+            if disruption is not None and acks == disruption.after:
+                disruption.during()
+                kill_at = time.monotonic() + disruption.runs_for
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
         for line in child.stdout:

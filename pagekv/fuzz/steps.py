@@ -93,9 +93,14 @@ Step = Txn | InjectFault | Latency | Crash | Takeover | Compact | Reopen | Recre
 EVENTS = ("fail", "indeterminate", "latency", "crash", "takeover", "compact", "quota", "recreate")
 """Names for `--faults`: which kinds of disruption a run may include. `quota` runs some runs
 under a small storage quota (a run property, not a step: `session.run_quota`)."""
-PROCESS_EVENTS = ("crash", "disk")
-"""Names for `--faults` with `--processes`: SIGKILL of a committing child, and the disk filling
-up under it (`RLIMIT_FSIZE`: short writes, then `EFBIG`, in the log and in folds)."""
+PROCESS_EVENTS = ("crash", "disk", "future", "shm", "stop")
+"""Names for `--faults` with `--processes`: SIGKILL of a committing child, the disk filling up
+under it (`RLIMIT_FSIZE`: short writes, then `EFBIG`, in the log and in folds), and what another
+process does to a `file:` store under it: a newer pagekv's log header (`future`), `kv.shm`
+deleted or replaced before a second writer opens the store (`shm`), a writer stopped while it
+holds the flusher lock (`stop`)."""
+FILE_ONLY_EVENTS = ("disk", "future", "shm", "stop")
+"""The `--processes` events that act on a `file:` store's own files."""
 
 
 def to_json(step: Step) -> dict[str, Any]:

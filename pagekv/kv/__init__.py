@@ -8,6 +8,7 @@ from pagekv.kv.api import ACTOR_KV_METHODS, ActorKv, FlushCounts, KvStore
 from pagekv.kv.errors import (
     BatchTooLarge,
     FenceMismatch,
+    FormatTooNew,
     InvalidArgument,
     InvalidKey,
     KeyTooLarge,
@@ -17,6 +18,8 @@ from pagekv.kv.errors import (
     LimitError,
     NameTooLarge,
     StorageQuotaExceeded,
+    StoreDamaged,
+    StoreRefused,
     TooManyEntries,
     ValueTooLarge,
 )
@@ -77,6 +80,7 @@ __all__ = [
     "FileStore",
     "FiredFault",
     "FlushCounts",
+    "FormatTooNew",
     "InjectedIndeterminate",
     "InjectedUnavailable",
     "InvalidArgument",
@@ -95,6 +99,8 @@ __all__ = [
     "PostgresNamespace",
     "PostgresStore",
     "StorageQuotaExceeded",
+    "StoreDamaged",
+    "StoreRefused",
     "TooManyEntries",
     "ValueTooLarge",
     "WriteBatch",

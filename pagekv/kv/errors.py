@@ -79,3 +79,35 @@ class KvUnavailable(KvError):
 
 class KvIndeterminate(KvError):
     """The request was sent but its outcome is unknown: it may or may not have been applied."""
+
+
+class StoreRefused(KvUnavailable):
+    """A store's file that this pagekv cannot read safely: it refuses the store rather than
+    take the file for absent or empty and write over it, so nothing was read or written.
+    `path` names the file."""
+
+    def __init__(self, path: object, message: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{path}: {message}")
+
+
+class FormatTooNew(StoreRefused):
+    """A file in a format newer than this pagekv reads (written by a newer pagekv). `kind` says
+    which structure (`log`, `kv.shm`, `schema`), `found` the version found as the file names it,
+    `newest` the newest version of that kind this pagekv reads (it reads every one from 1)."""
+
+    def __init__(self, path: object, kind: str, found: str, newest: int) -> None:
+        self.kind = kind
+        self.found = found
+        self.newest = newest
+        readable = "1" if newest == 1 else f"1-{newest}"
+        super().__init__(
+            path,
+            f"{kind} format {found}; this pagekv reads {kind} formats {readable} "
+            "(open it with the newer pagekv that wrote it)",
+        )
+
+
+class StoreDamaged(StoreRefused):
+    """A file that does not check out where nothing explains it (not a torn write a crash can
+    leave): continuing would mean guessing, and a guess could drop acknowledged writes."""

@@ -64,9 +64,19 @@ from typing import Any, Final, assert_never
 import apsw
 
 from pagekv.kv.api import FlushCounts
-from pagekv.kv.errors import KvIndeterminate, KvUnavailable
+from pagekv.kv.errors import FormatTooNew, KvIndeterminate, KvUnavailable, StoreDamaged
 from pagekv.kv.fence import check_fence
-from pagekv.kv.file_log import DATA_START, LogFile, LogHeader, lock_holders, os_reason
+from pagekv.kv.file_log import (
+    ALIGN,
+    DATA_START,
+    LOG_FORMAT,
+    LogFile,
+    LogHeader,
+    SlotState,
+    lock_holders,
+    os_reason,
+    processes_holding,
+)
 from pagekv.kv.file_records import (
     MAX_KEY_BYTES,
     MAX_NAME_BYTES,
@@ -85,8 +95,10 @@ from pagekv.kv.limits import KvLimits, WriteBatch, check_name, check_quota
 from pagekv.kv.namespace import KvNamespace
 from pagekv.kv.sorted_keys import SortedKeys
 
-_SCHEMA_VERSION: Final = 3
-"""3: the log holds namespace creations (older versions would refuse the log as damaged)."""
+_SCHEMA_VERSION: Final = 4
+"""3: the log holds namespace creations (older versions would refuse the log as damaged).
+4: log format 3 (record nonces, the store's identity and `kv.shm`'s in the header), `kv.shm`
+format 1, and the `store` table (older versions would take the new log header for no log)."""
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS namespaces (
         id INTEGER PRIMARY KEY,
@@ -102,6 +114,8 @@ _SCHEMA: Final = (
     ) WITHOUT ROWID""",
     "CREATE TABLE IF NOT EXISTS log_state (epoch INTEGER NOT NULL)",
     "INSERT INTO log_state(epoch) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM log_state)",
+    "CREATE TABLE IF NOT EXISTS store (id BLOB NOT NULL)",
+    "INSERT INTO store(id) SELECT randomblob(16) WHERE NOT EXISTS (SELECT 1 FROM store)",
 )
 _UPSERT_ROWS: Final = 64
 """Rows per statement when a fold writes the base: one statement of many rows cost 45 % less
@@ -136,6 +150,16 @@ writers that have just been woken by one flush are about to write again, and one
 alone would hold the lock through its own flush while the others queue behind it."""
 _MAX_GAPS: Final = 16
 """Reads that would query more gaps between hidden ranges than this read the span at once."""
+_FLUSHER_PATIENCE: Final = 10
+_MIN_FLUSHER_WAIT_S: Final = 0.01
+"""A process waits for another's flush at most this many of its own average flushes, and at
+least this long, past the moment the other took the flusher lock; then it flushes itself, so
+that a stopped flusher delays the others by that much once, not by every flush."""
+
+
+class _NeedsExclusive(Exception):
+    """Raised by a catch-up under the shared lock that must write (`FileStore._adopt_shm`): the
+    section takes the exclusive lock and catches up again."""
 
 
 class _Ranges:
@@ -353,6 +377,8 @@ class FileStore:
         self._grouping_until = 0.0  # `time.monotonic()` until which writes leave flushes to groups
         self._header_bytes: bytes | None = None  # None: re-read the header and the base
         self._changes: int | None = None  # the log's change counter when last caught up
+        self._stamp = -1  # the log's `header_stamp` when last caught up
+        self._exclusive_held = False  # under `_lock`: the section holds the log's exclusive lock
         self._header: LogHeader | None = None
         self._live = False  # whether the header's epoch is the one records go to
         self._offset = DATA_START
@@ -360,22 +386,31 @@ class FileStore:
         self._broken: str | None = None  # why the store refuses requests until reopened
         self._sections = (_Section(self, exclusive=False), _Section(self, exclusive=True))
         try:
-            self._log = LogFile(self.path / "kv.log", flush_delay_ms / 1000)
-        except OSError as e:
-            raise KvUnavailable(f"cannot open the log of the file store at {self.path}: {e}") from e
-        try:
             self._db = apsw.Connection(str(self.path / "kv.sqlite3"))
         except apsw.Error as e:
-            self._log.close()
             raise KvUnavailable(f"cannot open the file store at {self.path}: {e}") from e
         try:
-            self._open()
+            self._store_id = self._open_base()
+            self._log = LogFile(self.path / "kv.log", flush_delay_ms / 1000)
+        except OSError as e:
+            self._db.close()
+            raise KvUnavailable(f"cannot open the log of the file store at {self.path}: {e}") from e
+        except BaseException:
+            self._db.close()
+            raise
+        try:
+            self._open_log()
         except BaseException:
             self.close()
             raise
 
-    def _open(self) -> None:
-        """Check and upgrade the base, open the log and replay it, so damage shows at open."""
+    def _open_base(self) -> bytes:
+        """Check the base and upgrade its schema; return the store's identity.
+
+        Before the log is opened, so that an upgrade can tell that no other process has the
+        log open (one that has is an older pagekv, or a copy or backup tool in the middle of
+        reading it): this process's own open of the log would look like one.
+        """
         try:
             self._db.set_busy_timeout(min(int(self.lock_timeout * 1000), 2**31 - 1))
             # One statement per execute: APSW runs a multi-statement string lazily, so a second
@@ -401,19 +436,43 @@ class FileStore:
             # Written only when the schema is older, so a store on a full disk still opens.
             if self._db.execute("PRAGMA user_version").get != _SCHEMA_VERSION:
                 with self._transaction() as db:
-                    version = db.execute("PRAGMA user_version").get
-                    if version > _SCHEMA_VERSION:
-                        raise RuntimeError(
-                            f"{self.path} holds KV schema version {version}; this pagekv reads "
-                            f"up to {_SCHEMA_VERSION}"
-                        )
-                    for statement in _SCHEMA:
-                        db.execute(statement)
-                    db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+                    self._upgrade(db, db.execute("PRAGMA user_version").get)
+            store_id: bytes = self._db.execute("SELECT id FROM store").get
+            return store_id
         except apsw.Error as e:
             raise KvUnavailable(
                 f"cannot open the file store at {self.path}: {_describe(e, self.path)}"
             ) from e
+
+    def _upgrade(self, db: apsw.Connection, version: int) -> None:
+        """Bring the base from schema `version` to this build's, inside a base transaction.
+
+        The version fences older builds: one that reads a newer version refuses the store at
+        open. One that has the store open already does not look again, and would misread the
+        new log, so the upgrade of a store that had a log (schema 2 on) waits until no other
+        process has it open. The log itself is upgraded at the first exclusive section (this
+        open's): an epoch of an older log format is folded, and the next is of this build's.
+        """
+        if version == _SCHEMA_VERSION:
+            return  # another process upgraded it first
+        if version > _SCHEMA_VERSION:
+            raise FormatTooNew(self.path / "kv.sqlite3", "schema", str(version), _SCHEMA_VERSION)
+        if version >= 2:
+            holders = processes_holding([self.path / "kv.log", self.path / "kv.shm"])
+            if holders:
+                raise KvUnavailable(
+                    f"cannot upgrade the file store at {self.path} from schema version {version} "
+                    f"to {_SCHEMA_VERSION} while other processes have it open: "
+                    f"{', '.join(holders)}; stop them first (an older pagekv would misread what "
+                    "this one writes); nothing was changed"
+                )
+        for statement in _SCHEMA:
+            db.execute(statement)
+        db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+
+    def _open_log(self) -> None:
+        """Check `kv.shm` and replay the log, so damage shows at open. Nothing is written unless
+        `kv.shm` must be rebuilt: an older log format is folded at the first write."""
         with self._section(exclusive=False):
             # What the log holds now is durable, whatever `kv.shm` says (it may come from a copy
             # of the directory, or from before a reboot).
@@ -440,11 +499,22 @@ class FileStore:
     # -- catching up with the log ------------------------------------------------------------
 
     def _catch_up(self) -> None:
-        """Apply the records appended since this process last looked; follow a new epoch."""
-        changes = self._log.changes()
-        if changes != self._changes:
+        """Apply the records appended since this process last looked; follow a new epoch.
+
+        Looks at `kv.shm`'s change counter and at the log header's stamp: the counter alone
+        would miss the records of processes that share another `kv.shm` (this one was deleted
+        or replaced), but those wrote a header naming theirs before anything else.
+        """
+        log = self._log
+        if not log.shm_intact():
+            self._adopt_shm()
+        ident, changes, stamp = log.shm_ident, log.changes(), log.header_stamp()
+        if changes != self._changes or stamp != self._stamp:
             self._follow()
-            self._changes = changes
+            if log.shm_ident == ident:
+                self._changes, self._stamp = changes, stamp
+            else:
+                self._changes = None
 
     def _follow(self) -> None:
         try:
@@ -463,15 +533,35 @@ class FileStore:
         sealed = self._live and self._header is not None and self._header.sealed
         if trusted and raw == self._header_bytes and not sealed:
             return
-        old, header = self._header, log.decode_header(raw)
+        old, slots = self._header, log.decode_header(raw)
+        header = slots.header
+        if header is not None and header.format >= 3:
+            if header.store != self._store_id:
+                raise StoreDamaged(
+                    log.path,
+                    f"the log belongs to another store ({header.store.hex()}), not to the "
+                    f"one in {self.path.name}/kv.sqlite3 ({self._store_id.hex()})",
+                )
+            if header.shm != log.shm_ident:
+                self._adopt_shm()
+                if header.shm != log.shm_ident:  # the one it names is gone: name the new one
+                    if not self._exclusive_held:
+                        raise _NeedsExclusive()
+                    header = replace(header, hseq=header.hseq + 1, shm=log.shm_ident)
+                    self._write_header(header)
+                    raw = self._log.header_bytes()
         self._header_bytes, self._header = raw, header
         folded = self._folded_epoch()
+        if slots.damaged:
+            self._check_fallback(header, folded)
         if header is not None and header.epoch > folded:
             if trusted and self._live and old is not None and header.salt == old.salt:
-                # Only sealed since, and not folded yet (its folder died before the base): the
-                # pending state still describes the epoch. Once the base holds the epoch, the
-                # pending state must go, or a lookup of a key's old size would find its new one.
-                self._sealed_is_durable(header)
+                # The same epoch, not folded yet (if sealed since, its folder died before the
+                # base), or only another `kv.shm` named: the pending state still describes the
+                # epoch. Once the base holds the epoch, the pending state must go, or a lookup
+                # of a key's old size would find its new one.
+                if header.sealed:
+                    self._sealed_is_durable(header)
                 return
             if header.epoch != folded + 1:
                 raise KvUnavailable(
@@ -497,12 +587,68 @@ class FileStore:
         """Apply the live epoch's records past the ones applied already."""
         log, header = self._log, self._header
         assert header is not None
-        while (found := log.read_record(self._offset, self._chain, self._seq + 1)) is not None:
+        fmt = header.format
+        while (found := log.read_record(self._offset, self._chain, self._seq + 1, fmt)) is not None:
             body, crc = found
-            self._replay(body)
+            self._replay(body, fmt)
             if header.chained:
                 self._chain = crc
         self._raise_log_pos(_position(header.epoch, self._seq))
+
+    def _check_fallback(self, header: LogHeader | None, folded: int) -> None:
+        """With a header slot that does not check out, the other one is the header only if
+        nothing shows that the bad one was newer and its epoch has records.
+
+        A torn header write is the one way a crash leaves a bad slot, and it happens before any
+        record of the epoch it starts; every new epoch clears the first record's sector before
+        its header (`_start_epoch`). So if the good slot's epoch is folded (a newer header must
+        have followed it), the first sector must be empty or a record of that folded epoch; a
+        record of anything else means the newer header was damaged after records were written
+        under it, and they cannot be read without its salt. Neither slot good: only an empty
+        log (a torn first header) can be read, as no log.
+        """
+        log = self._log
+        if header is None:
+            if not log.first_record_empty():
+                raise StoreDamaged(
+                    log.path,
+                    "both header slots are damaged, and records follow them; without the "
+                    "header they cannot be checked, so the store refuses to open rather than "
+                    "start the log over",
+                )
+            return
+        if header.epoch > folded or log.first_record_empty():
+            return
+        if log.read_record(DATA_START, log.salt_seed(header.salt), 1, header.format) is None:
+            raise StoreDamaged(
+                log.path,
+                f"header slot {1 - header.hseq % 2} is damaged, and the records after the "
+                f"headers are not of epoch {header.epoch} that the other slot names; they "
+                "cannot be checked without the damaged header, so the store refuses to open "
+                "rather than drop them",
+            )
+
+    def _adopt_shm(self) -> None:
+        """Share the `kv.shm` at the path, made this store's: at open, and when the one mapped
+        was overwritten or the log header names another.
+
+        The change counter, the durable mark and the flusher lock are only shared if every
+        process maps one file. A process that opens the store after `kv.shm` was deleted or
+        replaced maps a new one, and names it in the log header before it appends; the others
+        see the header change at their next operation and move to it here. A `kv.shm` that is
+        new, of a pagekv before its format, of another store or overwritten is rebuilt, and its
+        marks are set only after a flush. A rebuild needs the log's exclusive lock
+        (`_NeedsExclusive`); a look does not.
+        """
+        log = self._log
+        log.remap_shm()
+        if log.shm_state(self._store_id) is not SlotState.VALID:
+            if not self._exclusive_held:
+                raise _NeedsExclusive()
+            log.init_shm(self._store_id)
+            self._flush_under_lock()
+            log.reset_marks(self._log_pos)
+        self._changes = None
 
     def _sealed_is_durable(self, header: LogHeader) -> None:
         """A sealed epoch takes no more records, and its folder flushed the log as it sealed it,
@@ -528,7 +674,7 @@ class FileStore:
         if position > self._log_pos:
             self._log_pos = position
 
-    def _replay(self, body: bytes) -> None:
+    def _replay(self, body: bytes, fmt: int) -> None:
         try:
             record = decode(body)
         except ValueError as e:
@@ -538,17 +684,18 @@ class FileStore:
         else:
             pending = self._pending_for(record.ns)
             pending.apply(record)
-        self._offset += LogFile.record_size(body)
+        self._offset += LogFile.record_size(body, fmt)
         self._seq += 1
         header = self._header
         assert header is not None
         pending.last = _position(header.epoch, self._seq)
 
     def _make_writable(self) -> None:
-        """Ensure the header is live, unsealed and chained: finish an interrupted fold first,
-        and fold an older pagekv's unchained epoch before appending."""
+        """Ensure the header is live, unsealed and of this build's log format: finish an
+        interrupted fold first, and fold an older log format's epoch before appending (the
+        upgrade of the log; the base's schema version already fences older builds off)."""
         header = self._header
-        if self._live and header is not None and not header.sealed and header.chained:
+        if self._live and header is not None and not header.sealed and header.format == LOG_FORMAT:
             return
         if self._live:
             self._fold()
@@ -623,10 +770,12 @@ class FileStore:
             self._flush_under_lock()
             self._mark_durable(self._log_pos)
 
-    def _write_header(self, header: LogHeader) -> None:
-        self._grow(DATA_START)
+    def _write_header(self, header: LogHeader, new_epoch: bool = False) -> None:
+        self._grow(DATA_START + ALIGN)
         try:
             self._changes = self._log.bump()
+            if new_epoch:
+                self._log.clear_first_record()
             self._log.write_header(header)  # a flush: every record written so far is durable
         except OSError as e:
             self._broken = f"a header write to its log failed: {os_reason(e)}"
@@ -636,6 +785,7 @@ class FileStore:
             ) from e
         self._header = header
         self._header_bytes = self._log.header_bytes()
+        self._stamp = self._log.header_stamp()
         self._mark_durable(self._log_pos)
 
     def _fold(self) -> None:
@@ -696,7 +846,9 @@ class FileStore:
         hseq = previous.hseq + 1 if previous is not None else 1
         epoch = self._folded_epoch() + 1
         salt = os.urandom(8)
-        self._write_header(LogHeader(hseq, epoch, salt, sealed=False))
+        shm = self._log.shm_ident
+        header = LogHeader(hseq, epoch, salt, False, LOG_FORMAT, self._store_id, shm)
+        self._write_header(header, new_epoch=True)
         self._pending.clear()
         self._created.clear()
         self._live, self._offset, self._seq = True, DATA_START, 0
@@ -831,18 +983,21 @@ class FileStore:
         to write again, up to half a flush's time to append (`_gather`). Then one process of the
         host at a time flushes (the flusher lock on `kv.shm`), up to the last record any process
         has written; a process that finds the lock taken waits for that flush, whose end often
-        covers it, and else flushes next, for everything written meanwhile. A flusher that keeps
-        the lock past `lock_timeout` (a stopped process) is flushed around, never waited for.
+        covers it, and else flushes next, for everything written meanwhile. A flusher that has
+        held the lock for `_FLUSHER_PATIENCE` flushes (a stopped process) is flushed around:
+        `fdatasync` covers the file whoever wrote its pages, and once a holder is past its
+        time every later flush goes around it at once.
         """
         self._gather()
         want, log, writes = self._log_pos, self._log, self._writes
         self._covered, self._flushed_writes = writes - self._flushed_writes, writes
         before = target = 0
+        patience = max(_MIN_FLUSHER_WAIT_S, _FLUSHER_PATIENCE * self._flush_s)
+        patience = min(patience, self.lock_timeout)
         self._durable.release()
         try:
             locked, delay = log.try_lock_flusher(), _FIRST_POLL
-            deadline = time.monotonic() + self.lock_timeout
-            while not locked and not self._is_durable(want) and time.monotonic() < deadline:
+            while locked < 0 and not self._is_durable(want) and log.flusher_held_s() < patience:
                 time.sleep(delay)
                 delay = min(2 * delay, _MAX_POLL)
                 locked = log.try_lock_flusher()
@@ -860,8 +1015,8 @@ class FileStore:
                 log.raise_mark(end)
                 target = end
             finally:
-                if locked:
-                    log.unlock_flusher()
+                if locked >= 0:
+                    log.unlock_flusher(locked)
         finally:
             self._durable.acquire()
         if target - before > 1:  # several records, from this process or others
@@ -1007,6 +1162,7 @@ class _Section:
                 )
             try:
                 store._lock_waited = store._log.lock(self._exclusive, timeout)
+                store._exclusive_held = self._exclusive
             except TimeoutError as e:
                 raise KvUnavailable(
                     f"the file store {store.path} is locked: {e.strerror}; nothing was done"
@@ -1014,7 +1170,15 @@ class _Section:
             except OSError as e:
                 raise KvUnavailable(f"cannot lock {store._log.path}: {os_reason(e)}") from e
             try:
-                store._catch_up()
+                try:
+                    store._catch_up()
+                except _NeedsExclusive:
+                    store._log.lock(True, timeout)
+                    store._exclusive_held = True
+                    store._catch_up()
+                    if not self._exclusive:
+                        store._log.lock(False, timeout)
+                        store._exclusive_held = False
                 if self._exclusive:
                     store._make_writable()
             except OSError as e:

@@ -1,27 +1,44 @@
 """The `file://` store's write-ahead log: one preallocated file of checksummed, fsynced records.
 
-Layout of `kv.log` (integers little-endian):
+Layout of `kv.log` (integers little-endian), log format 3:
 
 - bytes 0-511 and 512-1023: two **header slots**, `magic:8 | hseq:u64 | epoch:u64 | salt:8 |
-  sealed:u8 | crc32c:u32` over the bytes before the CRC. The valid slot with the larger `hseq`
-  is the header; a new header goes to slot `hseq % 2`, so a torn header write leaves the previous
-  one readable. The magic says how records check out: `pkvlog2` chains them (below); `pkvlog1`,
-  written by pagekv before group commit, seeds every record with the salt alone.
+  sealed:u8 | store:16 | shm_dev:u64 | shm_ino:u64 | crc32c:u32` over the bytes before the CRC.
+  The valid slot with the larger `hseq` is the header; a new header goes to slot `hseq % 2`, so a
+  torn header write leaves the previous one readable. `store` is the store's identity (also in
+  the base), `shm_dev`/`shm_ino` name the `kv.shm` its processes share (below).
 - from byte 4096: **records**, each starting on a 512-byte boundary: `crc32c:u32 | length:u32 |
-  seq:u64 | body`, where the CRC covers the length, the sequence number and the body, seeded with
-  the previous record's CRC (the first record's with the CRC of the header's salt), and `seq`
-  counts from 1 in each epoch. The log ends at the first record that does not check out.
+  seq:u64 | nonce:u64 | body`, where the CRC covers the length, the sequence number, the nonce and
+  the body, seeded with the previous record's CRC (the first record's with the CRC of the
+  header's salt), `seq` counts from 1 in each epoch, and `nonce` is random per open store (per
+  `LogFile`). The log ends at the first record that does not check out.
+
+The magic says the format: `pkvlog3` is this one; `pkvlog2` (format 2) had no `store`, `shm_*`
+or record nonce; `pkvlog1` (format 1, before group commit) also seeded every record with the salt
+alone. This build reads all three and appends only to format 3 (an older epoch is folded first).
+A slot whose magic starts with `pkvlog` but names another version is a newer format, and the
+store refuses it (`FormatTooNew`) rather than take the log for absent and write over it.
 
 Why a salted CRC and a contiguous `seq`: after a crash the bytes past the last record can be a torn
 record or records of an earlier epoch (the file is reused, never truncated). Neither can pass for a
 record of the current epoch, and a stored value that happens to contain record-shaped bytes cannot
 either, because it cannot know the random salt. Why the chain: with group commit several records
 wait in the page cache for one flush, and a power loss can keep a later one and lose an earlier one.
-The replay stops at the hole; the record written there next differs from the lost one, so the
-stranded record after it no longer checks out and can never rejoin the log. Why 512-byte alignment:
-records are written with `O_DIRECT`, which needs sector-aligned offsets and lengths; on this ext4 a
-direct write of 4.3 KB took the same time at 512-byte and at 4 KiB alignment, and 512 wastes less of
-the log (a 100-byte write takes one sector, not one page).
+The replay stops at the hole. Why the nonce: the record written into the hole next must differ
+from the lost one, or the stranded record after it would check out again and rejoin the log; the
+same operation redone after a restart (a takeover to the same generation) has the same body, but
+not the same nonce. Why 512-byte alignment: records are written with `O_DIRECT`, which needs
+sector-aligned offsets and lengths; on this ext4 a direct write of 4.3 KB took the same time at
+512-byte and at 4 KiB alignment, and 512 wastes less of the log (a 100-byte write takes one
+sector, not one page).
+
+`kv.shm` (format 1), shared through memory by the processes that have the store open and never
+synced: `magic "pkvshm1\0" | store:16 | changes:u64 | durable:u64 | written:u64 |
+flusher_since:u64`. A `kv.shm` without the magic (new, from pagekv before format 1, or
+overwritten) or of another store is rebuilt under the log's exclusive lock; one of a newer format
+is refused. The log header names the `kv.shm` in use by device and inode, so a process that
+still maps one that was deleted or replaced sees, at its next operation, that the others moved
+to another one (`FileStore._adopt_shm`).
 
 Invariants: a record is acknowledged only once it is durable: written with `O_DSYNC`, or
 written to the page cache and covered by a later `sync`. A record is written durably at once only
@@ -31,6 +48,7 @@ a crash can tear or lose only records that were never acknowledged.
 
 from __future__ import annotations
 
+import enum
 import errno
 import fcntl
 import mmap
@@ -43,20 +61,39 @@ from typing import Final
 
 from crc32c import crc32c
 
+from pagekv.kv.errors import FormatTooNew
+
 DATA_START: Final = 4096
 ALIGN: Final = 512
-_MAGIC: Final = b"pkvlog1\0"
-_MAGIC_CHAINED: Final = b"pkvlog2\0"
+LOG_FORMAT: Final = 3
+"""The log format this build appends: `pkvlog3`. It reads formats 1 to 3."""
+_MAGIC_PREFIX: Final = b"pkvlog"
+_MAGICS: Final = {1: b"pkvlog1\0", 2: b"pkvlog2\0", 3: b"pkvlog3\0"}
+_FORMATS: Final = {magic: version for version, magic in _MAGICS.items()}
 _SLOT_SIZE: Final = 512
-_HEADER: Final = struct.Struct("<8sQQ8sB")
+_HEADER_OLD: Final = struct.Struct("<8sQQ8sB")
+"""Formats 1 and 2: magic, hseq, epoch, salt, sealed."""
+_HEADER: Final = struct.Struct("<8sQQ8sB16sQQ")
+"""Format 3: also the store's identity and the device and inode of its `kv.shm`."""
 _CRC: Final = struct.Struct("<I")
-_HEADER_BYTES: Final = _HEADER.size + _CRC.size
-_RECORD: Final = struct.Struct("<IIQ")
-_LENGTH_SEQ: Final = struct.Struct("<IQ")
+_HSEQ: Final = struct.Struct("<Q")
+_SLOT_BYTES: Final = 128
+"""The bytes of a slot that `header_bytes` compares: every known header, and room to spare."""
+_RECORD_OLD: Final = struct.Struct("<IIQ")
+"""Formats 1 and 2: crc, length, seq."""
+_RECORD: Final = struct.Struct("<IIQQ")
+"""Format 3: crc, length, seq, nonce."""
+_LENGTH_SEQ_NONCE: Final = struct.Struct("<IQQ")
+_SHM_MAGIC: Final = b"pkvshm1\0"
+_SHM_PREFIX: Final = b"pkvshm"
+SHM_FORMAT: Final = 1
+_STORE_ID_BYTES: Final = 16
 _COUNTER: Final = struct.Struct("<Q")
-_MARK_AT: Final = 8
-_WRITTEN_AT: Final = 16
-_SHARED_BYTES: Final = 24
+_CHANGES_AT: Final = 24
+_MARK_AT: Final = 32
+_WRITTEN_AT: Final = 40
+_FLUSHER_SINCE_AT: Final = 48
+_SHARED_BYTES: Final = 56
 _FIRST_EXTENT: Final = 256 * 1024
 _MAX_EXTENT: Final = 2 * 2**20
 _PADDING: Final = bytes(ALIGN)
@@ -70,30 +107,71 @@ _MAX_POLL: Final = 1e-3
 
 @dataclass(frozen=True, slots=True)
 class LogHeader:
-    """Which epoch the records belong to; `sealed` means a fold of it into the base has begun;
-    `chained` that each record's CRC is seeded with the previous one's (every epoch this pagekv
-    starts; an older pagekv's epoch is folded before anything is appended to it)."""
+    """Which epoch the records belong to; `sealed` means a fold of it into the base has begun.
+    `format` is the log format of the epoch's records (`LOG_FORMAT` for every epoch this build
+    starts; an older one is folded before anything is appended to it). `store` and `shm` (the
+    `kv.shm` in use, as device and inode) exist from format 3 on: empty and `(0, 0)` before."""
 
     hseq: int
     epoch: int
     salt: bytes
     sealed: bool
-    chained: bool = True
+    format: int = LOG_FORMAT
+    store: bytes = b""
+    shm: tuple[int, int] = (0, 0)
+
+    @property
+    def chained(self) -> bool:
+        """Whether each record's CRC is seeded with the previous one's (format 2 on)."""
+        return self.format >= 2
 
     def encode(self) -> bytes:
-        magic = _MAGIC_CHAINED if self.chained else _MAGIC
-        head = _HEADER.pack(magic, self.hseq, self.epoch, self.salt, self.sealed)
+        magic = _MAGICS[self.format]
+        if self.format < 3:
+            head = _HEADER_OLD.pack(magic, self.hseq, self.epoch, self.salt, self.sealed)
+        else:
+            dev, ino = self.shm
+            head = _HEADER.pack(
+                magic, self.hseq, self.epoch, self.salt, self.sealed, self.store, dev, ino
+            )
         return head + _CRC.pack(crc32c(head))
 
 
-def _decode_header(raw: bytes) -> LogHeader | None:
-    size = _HEADER.size
-    if len(raw) < _HEADER_BYTES or raw[:8] not in (_MAGIC, _MAGIC_CHAINED):
-        return None
+class SlotState(enum.Enum):
+    EMPTY = "empty"
+    """Never written: all zeros."""
+    VALID = "valid"
+    DAMAGED = "damaged"
+    """Written, but it does not check out: torn by a crash during a header write, or damaged."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderSlots:
+    """What the two header slots hold: `header` the valid one with the larger `hseq` (None if
+    neither is valid), `damaged` whether a slot that is not empty failed its check."""
+
+    header: LogHeader | None
+    damaged: bool
+
+
+def _decode_slot(raw: bytes, path: Path) -> tuple[SlotState, LogHeader | None]:
+    """One slot's state and header; raises `FormatTooNew` for a newer format's magic."""
+    magic = raw[:8]
+    version = _FORMATS.get(magic)
+    if version is None:
+        if magic.startswith(_MAGIC_PREFIX):
+            found = magic[len(_MAGIC_PREFIX) :].rstrip(b"\0").decode("latin-1")
+            raise FormatTooNew(path, "log", found, LOG_FORMAT)
+        return (SlotState.EMPTY if not any(raw) else SlotState.DAMAGED), None
+    layout = _HEADER if version >= 3 else _HEADER_OLD
+    size = layout.size
     if _CRC.unpack_from(raw, size)[0] != crc32c(raw[:size]):
-        return None
-    magic, hseq, epoch, salt, sealed = _HEADER.unpack_from(raw)
-    return LogHeader(hseq, epoch, salt, bool(sealed), magic == _MAGIC_CHAINED)
+        return SlotState.DAMAGED, None
+    if version >= 3:
+        _, hseq, epoch, salt, sealed, store, dev, ino = _HEADER.unpack_from(raw)
+        return SlotState.VALID, LogHeader(hseq, epoch, salt, bool(sealed), 3, store, (dev, ino))
+    _, hseq, epoch, salt, sealed = _HEADER_OLD.unpack_from(raw)
+    return SlotState.VALID, LogHeader(hseq, epoch, salt, bool(sealed), version)
 
 
 def _aligned(size: int) -> int:
@@ -101,30 +179,85 @@ def _aligned(size: int) -> int:
 
 
 class LogFile:
-    """The open log file: locking, headers, and reading and appending records.
+    """The open log file and the store's `kv.shm`: locking, headers, and reading and appending
+    records.
 
     Reads go through a read-only shared mapping (remapped when the file has grown), so catching
     up with an unchanged log costs no system call. The file only ever grows, so a mapping never
     points past its end. Every method raises `OSError` on I/O failure; the store decides what
-    that means.
+    that means. `nonce` goes into every record this object appends (random per object, so per
+    open store).
+
+    `kv.shm` is mapped at construction and checked by the store (`shm_state`), which rebuilds it
+    (`init_shm`) or moves to the one now at its path (`remap_shm`); a mapping that is replaced
+    stays open until `close`, as a flush in flight may still hold its flusher lock.
     """
 
     def __init__(self, path: Path, flush_delay: float = 0.0) -> None:
         self.path = path
+        self.shm_path = path.with_suffix(".shm")
         self.flush_delay = flush_delay
         self.flushes = 0
+        self.nonce = int.from_bytes(os.urandom(8), "little")
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._map: mmap.mmap | None = None
         self._size = 0  # a lower bound of the file's size: other processes may have grown it
         self._direct = _open_direct(path)
         self._buffer: mmap.mmap | None = None
-        self._shm_fd, self._shm = _map_shared(path.with_suffix(".shm"))
+        self._retired: list[tuple[int, mmap.mmap]] = []
+        self._shm_fd, self._shm, self.shm_ident = _map_shared(self.shm_path)
+        self._shm_prefix = b""  # what the mapping's first bytes must be, once checked
         self._salt, self._salt_crc = b"", crc32c(b"")
+
+    # -- kv.shm ------------------------------------------------------------------------------
+
+    def shm_state(self, store: bytes) -> SlotState:
+        """Whether the mapped `kv.shm` is of this store (`VALID`), new or from before its format
+        (`EMPTY`), or another store's or overwritten (`DAMAGED`); `FormatTooNew` for a newer
+        format. A valid one is what `shm_intact` checks against from then on."""
+        head = self._shm[: len(_SHM_MAGIC)]
+        if head != _SHM_MAGIC:
+            if head.startswith(_SHM_PREFIX):
+                found = head.rstrip(b"\0")[len(_SHM_PREFIX) :].decode("latin-1")
+                raise FormatTooNew(self.shm_path, "kv.shm", found, SHM_FORMAT)
+            return SlotState.EMPTY if not any(self._shm[:_SHARED_BYTES]) else SlotState.DAMAGED
+        if self._shm[len(_SHM_MAGIC) : _CHANGES_AT] != store:
+            return SlotState.DAMAGED
+        self._shm_prefix = _SHM_MAGIC + store
+        return SlotState.VALID
+
+    def shm_intact(self) -> bool:
+        """Whether the mapped `kv.shm` still starts as it did when last checked: a cheap look,
+        on every operation, for one overwritten in place."""
+        return self._shm[:_CHANGES_AT] == self._shm_prefix
+
+    def init_shm(self, store: bytes) -> None:
+        """Make the mapped `kv.shm` this store's, under the log's exclusive lock. The change
+        counter is bumped, never reset, so no process can take the rebuild for no change; the
+        marks are the caller's to reset once it has flushed the log."""
+        self._shm[_CHANGES_AT:_SHARED_BYTES] = bytes(_SHARED_BYTES - _CHANGES_AT)
+        self._shm[: len(_SHM_MAGIC)] = _SHM_MAGIC
+        self._shm[len(_SHM_MAGIC) : _CHANGES_AT] = store
+        self._shm_prefix = _SHM_MAGIC + store
+        self.bump()
+
+    def remap_shm(self) -> bool:
+        """Map the `kv.shm` now at its path (creating it if it is gone), if it is another file
+        than the mapped one; return whether it was. The old mapping is kept until `close`."""
+        fd, shm, ident = _map_shared(self.shm_path)
+        if ident == self.shm_ident:
+            shm.close()
+            os.close(fd)
+            return False
+        self._retired.append((self._shm_fd, self._shm))
+        self._shm_fd, self._shm, self.shm_ident = fd, shm, ident
+        self._shm_prefix = b""
+        return True
 
     def changes(self) -> int:
         """The change counter: a caller holding the lock that sees the value it saw last time
-        knows that no process has written to the log since."""
-        return _COUNTER.unpack_from(self._shm)[0]
+        knows that no process has written to the log since (through this `kv.shm`)."""
+        return _COUNTER.unpack_from(self._shm, _CHANGES_AT)[0]
 
     def durable_mark(self) -> int:
         """The log position (`epoch << 32 | seq`) up to which some process has made the
@@ -154,17 +287,27 @@ class LogFile:
         _COUNTER.pack_into(self._shm, _MARK_AT, position)
         _COUNTER.pack_into(self._shm, _WRITTEN_AT, position)
 
-    def try_lock_flusher(self) -> bool:
-        """Take the host's flusher lock (a `flock` on `kv.shm`) if it is free: one process at a
-        time flushes for all, the others wait for its flush or the next one."""
+    def try_lock_flusher(self) -> int:
+        """Take the host's flusher lock (a `flock` on `kv.shm`) if it is free, and stamp the
+        time it was taken; return the descriptor locked (for `unlock_flusher`), or -1. One
+        process at a time flushes for all; the others wait for its flush or the next one, or
+        flush around a holder that keeps it too long (`flusher_held_s`)."""
+        fd, shm = self._shm_fd, self._shm
         try:
-            fcntl.flock(self._shm_fd, _LOCK_EX | _LOCK_NB)
+            fcntl.flock(fd, _LOCK_EX | _LOCK_NB)
         except BlockingIOError:
-            return False
-        return True
+            return -1
+        _COUNTER.pack_into(shm, _FLUSHER_SINCE_AT, time.monotonic_ns())
+        return fd
 
-    def unlock_flusher(self) -> None:
-        fcntl.flock(self._shm_fd, _LOCK_UN)
+    def flusher_held_s(self) -> float:
+        """How long ago the flusher lock was last taken (`CLOCK_MONOTONIC`, one clock for every
+        process of the host): while it is held, how long its holder has been flushing."""
+        since = _COUNTER.unpack_from(self._shm, _FLUSHER_SINCE_AT)[0]
+        return (time.monotonic_ns() - since) / 1e9
+
+    def unlock_flusher(self, fd: int) -> None:
+        fcntl.flock(fd, _LOCK_UN)
 
     def bump(self) -> int:
         """Count a change about to be made (under the exclusive lock); return the new value.
@@ -174,13 +317,16 @@ class LogFile:
         once, never synced, and never trusted for more than "something changed" — after a
         reboot its value is arbitrary, and every process starts by reading the whole log.
         """
-        value = (_COUNTER.unpack_from(self._shm)[0] + 1) % 2**64
-        _COUNTER.pack_into(self._shm, 0, value)
+        value = (_COUNTER.unpack_from(self._shm, _CHANGES_AT)[0] + 1) % 2**64
+        _COUNTER.pack_into(self._shm, _CHANGES_AT, value)
         return value
+
+    # -- the log -----------------------------------------------------------------------------
 
     def lock(self, exclusive: bool, timeout: float) -> bool:
         """Take the log's `flock`, waiting at most `timeout` seconds; `TimeoutError` past it.
-        Return whether it had to wait (another process held it).
+        Return whether it had to wait (another process held it). A holder of the shared lock
+        may ask for the exclusive one (and back): `flock` converts it, not atomically.
 
         A blocking `flock` cannot be given a timeout, and a holder that is stopped (SIGSTOP, a
         debugger, a frozen cgroup) would stall every other process for good. So a lock not free
@@ -226,35 +372,66 @@ class LogFile:
         return self._map
 
     def header_bytes(self) -> bytes:
-        """The used bytes of both header slots; unchanged bytes mean an unchanged header."""
-        view = self._view(_SLOT_SIZE + _HEADER_BYTES)
+        """The bytes of both header slots that any known header uses; unchanged bytes mean an
+        unchanged header."""
+        view = self._view(_SLOT_SIZE + _SLOT_BYTES)
         if view is None:
             return b""
-        return view[:_HEADER_BYTES] + view[_SLOT_SIZE : _SLOT_SIZE + _HEADER_BYTES]
+        return view[:_SLOT_BYTES] + view[_SLOT_SIZE : _SLOT_SIZE + _SLOT_BYTES]
 
-    @staticmethod
-    def decode_header(raw: bytes) -> LogHeader | None:
-        """The header that `header_bytes` returned, or None if neither slot is valid."""
-        slots = [_decode_header(raw[i : i + _HEADER_BYTES]) for i in (0, _HEADER_BYTES)]
-        valid = [h for h in slots if h is not None]
-        return max(valid, key=lambda h: h.hseq) if valid else None
+    def header_stamp(self) -> int:
+        """The sum of both slots' `hseq` fields: every header write raises one of them, so an
+        unchanged stamp means no header was written. Read from the mapping, no system call
+        once the log has a header (every known format keeps `hseq` at byte 8)."""
+        view = self._map
+        if view is None or len(view) < _SLOT_SIZE + 16:
+            view = self._view(_SLOT_SIZE + 16)
+            if view is None:
+                return 0
+        return _HSEQ.unpack_from(view, 8)[0] + _HSEQ.unpack_from(view, _SLOT_SIZE + 8)[0]
+
+    def decode_header(self, raw: bytes) -> HeaderSlots:
+        """The header that `header_bytes` returned; `FormatTooNew` if a slot is of a newer
+        format."""
+        header: LogHeader | None = None
+        damaged = False
+        for at in (0, _SLOT_BYTES):
+            state, found = _decode_slot(raw[at : at + _SLOT_BYTES], self.path)
+            damaged = damaged or state is SlotState.DAMAGED
+            if found is not None and (header is None or found.hseq > header.hseq):
+                header = found
+        return HeaderSlots(header, damaged)
 
     def write_header(self, header: LogHeader) -> None:
         """Write `header` to its slot, durably; the caller has grown the file to `DATA_START`."""
         write_all(self.fd, header.encode(), (header.hseq % 2) * _SLOT_SIZE)
         self.sync()
 
-    def read_record(self, offset: int, seed: int, seq: int) -> tuple[bytes, int] | None:
+    def first_record_empty(self) -> bool:
+        """Whether the first record's sector is all zeros (or not in the file yet)."""
+        view = self._view(DATA_START + ALIGN)
+        return view is None or not any(view[DATA_START : DATA_START + ALIGN])
+
+    def clear_first_record(self) -> None:
+        """Zero the first record's sector (unsynced; the next header write's flush covers it),
+        before a new epoch's header: then, if that header write is torn, the sector cannot
+        hold a record of an epoch whose header is lost (`FileStore._check_fallback`)."""
+        write_all(self.fd, _PADDING, DATA_START)
+
+    def read_record(
+        self, offset: int, seed: int, seq: int, fmt: int = LOG_FORMAT
+    ) -> tuple[bytes, int] | None:
         """The body and CRC of record `seq` at `offset`, or None where the log ends. `seed` is
         what its CRC starts from: the previous record's CRC in a chained epoch, else
-        `salt_seed(salt)`."""
-        view = self._view(offset + _RECORD.size)
+        `salt_seed(salt)`; `fmt` the epoch's log format."""
+        layout = _RECORD if fmt >= 3 else _RECORD_OLD
+        view = self._view(offset + layout.size)
         if view is None:
             return None
-        crc, length, found_seq = _RECORD.unpack_from(view, offset)
+        crc, length, found_seq = _RECORD_OLD.unpack_from(view, offset)
         if found_seq != seq:
             return None
-        start = offset + _RECORD.size
+        start = offset + layout.size
         view = self._view(start + length)
         if view is None:
             return None
@@ -282,10 +459,10 @@ class LogFile:
             time.sleep(self.flush_delay)
 
     def append(self, offset: int, seed: int, seq: int, body: bytes, durable: bool) -> int:
-        """Write record `seq` at `offset`, its CRC seeded with `seed`, and return the CRC: on disk
-        when this returns if `durable`, else in the page cache, for a later `sync` to cover along
-        with its neighbours' (group commit). The caller has made room with `ensure_size`, so the
-        write lands on allocated, zeroed blocks.
+        """Write record `seq` at `offset` in this build's format, its CRC seeded with `seed`,
+        and return the CRC: on disk when this returns if `durable`, else in the page cache, for
+        a later `sync` to cover along with its neighbours' (group commit). The caller has made
+        room with `ensure_size`, so the write lands on allocated, zeroed blocks.
 
         A durable record's blocks (zero-padded to whole blocks) are written where the file
         system allows it with `O_DIRECT | O_DSYNC`, one system call that bypasses the page cache
@@ -301,7 +478,7 @@ class LogFile:
             self._buffer = mmap.mmap(-1, size)
         buffer = self._buffer
         with memoryview(buffer) as record:  # released on the way out, so `close` can unmap
-            _LENGTH_SEQ.pack_into(buffer, _CRC.size, len(body), seq)
+            _LENGTH_SEQ_NONCE.pack_into(buffer, _CRC.size, len(body), seq, self.nonce)
             buffer[_RECORD.size : end] = body
             buffer[end:size] = _PADDING[: size - end]
             crc = crc32c(record[_CRC.size : end], seed)
@@ -331,8 +508,8 @@ class LogFile:
             return crc
 
     @staticmethod
-    def record_size(body: bytes) -> int:
-        return _aligned(_RECORD.size + len(body))
+    def record_size(body: bytes, fmt: int = LOG_FORMAT) -> int:
+        return _aligned((_RECORD if fmt >= 3 else _RECORD_OLD).size + len(body))
 
     def ensure_size(self, size: int) -> bool:
         """Grow the file with zeros ahead of the records, so they overwrite allocated blocks; return
@@ -364,10 +541,13 @@ class LogFile:
     def close(self) -> None:
         """Idempotent; later calls on a closed log fail with `OSError`."""
         self._close_buffer()
-        for resource in (self._map, self._shm):
+        for resource in (self._map, self._shm, *(shm for _, shm in self._retired)):
             if resource is not None and not resource.closed:
                 resource.close()
         self._map = None
+        for fd, _ in self._retired:
+            os.close(fd)
+        self._retired.clear()
         if self._shm_fd >= 0:
             fd, self._shm_fd = self._shm_fd, -1
             os.close(fd)
@@ -407,21 +587,35 @@ def write_all(
 def lock_holders(path: Path) -> str:
     """Who holds a lock (`flock`, or SQLite's POSIX locks) on the file at `path`, from
     `/proc/locks` (Linux): `pid 123 (stopped)`."""
-    st = os.stat(path)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
-        with open("/proc/locks") as locks:
-            lines = locks.read().splitlines()
+        held = _locks(path)
     except OSError:
         return "another process (no /proc/locks here to name it)"
     holders = []
+    for _, pid in held:
+        mine = " (this process)" if pid == os.getpid() else ""
+        holders.append(f"pid {pid}{mine}{_process_state(str(pid))}")
+    return ", ".join(holders) if holders else "a process that has let go since"
+
+
+def flock_holders(path: Path) -> set[int]:
+    """The pids holding a `flock` on the file at `path` (Linux; `OSError` without
+    `/proc/locks`): on `kv.log` the log's lock, on `kv.shm` the flusher lock."""
+    return {pid for kind, pid in _locks(path) if kind == "FLOCK"}
+
+
+def _locks(path: Path) -> list[tuple[str, int]]:
+    """`(kind, pid)` of each lock `/proc/locks` lists on the file at `path`."""
+    st = os.stat(path)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks") as locks:
+        lines = locks.read().splitlines()
+    held = []
     for line in lines:
         fields = line.split()
         if len(fields) >= 6 and fields[1] in ("FLOCK", "POSIX") and fields[5] == inode:
-            pid = fields[4]
-            mine = " (this process)" if pid == str(os.getpid()) else ""
-            holders.append(f"pid {pid}{mine}{_process_state(pid)}")
-    return ", ".join(holders) if holders else "a process that has let go since"
+            held.append((fields[1], int(fields[4])))
+    return held
 
 
 def _process_state(pid: str) -> str:
@@ -435,13 +629,15 @@ def _process_state(pid: str) -> str:
     return f" ({states[state]})" if state in states else ""
 
 
-def _map_shared(path: Path) -> tuple[int, mmap.mmap]:
-    """`kv.shm`'s descriptor (for the flusher lock) and its shared mapping."""
+def _map_shared(path: Path) -> tuple[int, mmap.mmap, tuple[int, int]]:
+    """`kv.shm`'s descriptor (for the flusher lock), its shared mapping, and its identity
+    (device and inode)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        if os.fstat(fd).st_size < _SHARED_BYTES:
+        st = os.fstat(fd)
+        if st.st_size < _SHARED_BYTES:
             os.ftruncate(fd, DATA_START)  # only grows it: every process truncates to this size
-        return fd, mmap.mmap(fd, _SHARED_BYTES)
+        return fd, mmap.mmap(fd, _SHARED_BYTES), (st.st_dev, st.st_ino)
     except BaseException:
         os.close(fd)
         raise
@@ -455,3 +651,46 @@ def _open_direct(path: Path) -> int | None:
         if e.errno == errno.EINVAL:
             return None
         raise
+
+
+def processes_holding(paths: list[Path]) -> list[str]:
+    """The other processes that have any of `paths` open, as `pid 123 (python3)`, from
+    `/proc/*/fd` (Linux; a process another user owns is visible only to root). Slow (a look at
+    every descriptor of every process): for rare checks, such as before an upgrade."""
+    keys = set()
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        keys.add((st.st_dev, st.st_ino))
+    if not keys:
+        return []
+    me, found = str(os.getpid()), []
+    try:
+        pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and pid != me]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in keys:
+                found.append(f"pid {pid}{_command(pid)}")
+                break
+    return found
+
+
+def _command(pid: str) -> str:
+    """` (python3)`: the process's command name, from `/proc/PID/comm`; empty if gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return f" ({comm.read().strip()})"
+    except OSError:
+        return ""

@@ -168,7 +168,10 @@ def test_a_replay_made_on_a_url_refuses_a_factory(project: Path) -> None:
         (["kvs:wrong"], "returned int 42, neither a namespace"),
         (["kvs:namespace", "--processes"], "kvs:namespace returns a namespace"),
         (["kvs:memory", "--processes"], "kvs:memory takes none"),
-        (["kvs:durable", "--processes", "--faults", "disk"], "--faults disk fills a file: store"),
+        (
+            ["kvs:durable", "--processes", "--faults", "disk"],
+            "--faults disk acts on a file: store's own files",
+        ),
         (["kvs:memory", "--kv", "file:./x"], "not allowed with argument --kv"),
     ],
     ids=[

@@ -472,15 +472,6 @@ def test_a_version_1_store_is_read_and_upgraded(tmp_path: Path) -> None:
     )
 
 
-def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
-    FileStore(tmp_path / "kv").close()
-    db = apsw.Connection(str(tmp_path / "kv" / "kv.sqlite3"))
-    db.execute("PRAGMA user_version = 4")
-    db.close()
-    with pytest.raises(RuntimeError, match="schema version 4; this pagekv reads up to 3"):
-        FileStore(tmp_path / "kv")
-
-
 _keys = st.binary(min_size=1, max_size=3)
 
 

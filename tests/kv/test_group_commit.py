@@ -13,6 +13,7 @@ import errno
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 from pagekv.kv import FileStore, KvIndeterminate, KvLimits, KvUnavailable, file_log, open_kv
 from pagekv.kv.file import FileNamespace
@@ -349,6 +351,51 @@ def test_a_record_stranded_after_a_hole_never_rejoins_the_log(
         assert reopened.namespace("y").get([b"k"]) == [b"after the crash"]
 
 
+def test_a_lost_record_redone_byte_for_byte_does_not_let_a_stranded_one_rejoin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Record 1 takes `a` over, record 2 writes `b`; both wait for one flush, and a power loss
+    keeps record 2's sector but not record 1's. After the crash the same takeover is redone:
+    the same body at the same place, so only the record's nonce can make it differ from the
+    lost one. If it did not, record 2, never acknowledged, would check out and come back."""
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    store = FileStore(live)
+    a, b = store.namespace("a"), store.namespace("b")
+    generation = a.takeover()
+    b.put({b"k": b"before"})
+    _in_groups(store)
+    flushes = _Flushes(monkeypatch)
+    hole, seq = store.log_used, store._seq
+    first, _ = _start(a.takeover)
+    assert flushes.started.wait(WAIT)
+    second, _ = _start(lambda: b.put({b"k": b"never acknowledged"}))
+    deadline = time.monotonic() + WAIT
+    while store._seq < seq + 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store._seq == seq + 2, "both records are in the file"
+    image = bytearray((live / "kv.log").read_bytes())
+    lost = bytes(image[hole : hole + 512])
+    image[hole : hole + 512] = bytes(512)  # record 1 never reached the disk; record 2 did
+    crashed.mkdir()
+    shutil.copy(live / "kv.sqlite3", crashed)
+    (crashed / "kv.log").write_bytes(image)
+    flushes.gate.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    monkeypatch.undo()
+    store.close()
+    with FileStore(crashed) as reopened:
+        assert reopened.namespace("b").get([b"k"]) == [b"before"]
+        assert reopened.namespace("a").takeover() == generation + 1  # the lost record, redone
+    with FileStore(crashed) as reopened:
+        assert reopened.namespace("b").get([b"k"]) == [b"before"], "record 2 came back"
+        assert reopened.namespace("a").generation() == generation + 1
+    redone = (crashed / "kv.log").read_bytes()[hole : hole + 512]
+    # crc:4 | length:4 | seq:8 | nonce:8 | body: all the same but the nonce, and so the CRC
+    assert redone[4:16] == lost[4:16] and redone[24:] == lost[24:]
+    assert redone[16:24] != lost[16:24] and redone[:4] != lost[:4]
+
+
 def test_a_flusher_interrupted_mid_flush_leaves_the_others_to_flush(
     store: FileStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -500,7 +547,7 @@ def test_writers_in_several_processes_share_flushes(tmp_path: Path) -> None:
             assert len(reopened.namespace(f"p{p}").list()) == 40
 
 
-def test_an_older_pagekvs_unchained_epoch_is_read_then_folded_before_a_write(
+def test_an_unchained_epoch_of_format_1_is_read_then_folded_before_a_write(
     tmp_path: Path,
 ) -> None:
     FileStore(tmp_path).close()
@@ -513,14 +560,19 @@ def test_an_older_pagekvs_unchained_epoch_is_read_then_folded_before_a_write(
         epoch = store._header.epoch if store._header else 0
     log = LogFile(tmp_path / "kv.log")
     salt = os.urandom(8)
-    log.write_header(LogHeader(hseq=99, epoch=epoch, salt=salt, sealed=False, chained=False))
+    log.write_header(LogHeader(hseq=99, epoch=epoch, salt=salt, sealed=False, format=1))
     offset = file_log.DATA_START
     for seq, body in enumerate(
         [encode_write(ns_id, {b"old": b"1"}, []), encode_write(ns_id, {b"old2": b"2"}, [])], 1
     ):
-        log.ensure_size(offset + LogFile.record_size(body))
-        log.append(offset, log.salt_seed(salt), seq, body, durable=True)
-        offset += LogFile.record_size(body)
+        # format 1's record: crc | length | seq | body, every CRC seeded with the salt's
+        head = struct.pack("<IQ", len(body), seq)
+        record = struct.pack("<I", crc32c(body, crc32c(head, crc32c(salt)))) + head + body
+        record += bytes(-len(record) % file_log.ALIGN)
+        assert len(record) == LogFile.record_size(body, 1)
+        log.ensure_size(offset + len(record))
+        file_log.write_all(log.fd, record, offset)
+        offset += len(record)
     log.close()
     with FileStore(tmp_path) as store:
         ns = store.namespace("a")
