@@ -353,11 +353,14 @@ def _run(
         actors.append(_Actor(name, actor_seed, _transactions(actor_seed, count, max_blob)))
     committed_before = coverage.commits
     kinds = [e for e in PROCESS_EVENTS if e in events]
+    upcoming: list[str] = []  # each kind once per round, in a shuffled order: all of them fire
     while time.monotonic() < deadline:
         live = [a for a in actors if a.done < len(a.txns)]
         if not live:
             break
-        kind = rng.choice(kinds)
+        if not upcoming:
+            upcoming = rng.sample(kinds, len(kinds))
+        kind = upcoming.pop()
         disk, disruption = "-", None
         # A life that fills the disk ends by itself unless crashes are wanted too.
         kill_after = rng.uniform(0.0, 0.3)
@@ -656,9 +659,9 @@ def side_main(argv: list[str]) -> None:
             _say(f"error {t} {e!r}".replace("\n", " "))
             os._exit(3)
 
+    _say("ready")
     for t in range(len(namespaces)):
         threading.Thread(target=write, args=(t,), daemon=True).start()
-    _say("ready")
     threading.Event().wait()
 
 
@@ -672,8 +675,11 @@ class _SideWriter:
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         assert self.process.stdout is not None
-        if self.process.stdout.readline().strip() != "ready":
-            raise FuzzFailure(-1, f"a side writer failed to start (exit {self.process.wait()})")
+        first = self.process.stdout.readline().strip()
+        if first != "ready":
+            self.process.kill()
+            code = self.process.wait()
+            raise FuzzFailure(-1, f"a side writer failed to start (said {first!r}, exit {code})")
         self._reader = threading.Thread(target=self._read, args=(self.process.stdout,))
         self._reader.start()
 
@@ -736,8 +742,11 @@ def _run_child(
     life = _Life(acked={}, compactions={}, faults=[], errors=[])
     acks = 0
     try:
-        if child.stdout.readline().strip() != "ready":
-            raise FuzzFailure(actors[0].done, f"child failed to start (exit {child.wait()})")
+        first = child.stdout.readline().strip()
+        if first != "ready":
+            child.kill()
+            code = child.wait()
+            raise FuzzFailure(actors[0].done, f"child failed to start (said {first!r}, exit {code})")
         kill_at = time.monotonic() + kill_after
         waited = False
         while True:

@@ -250,3 +250,21 @@ def test_a_full_disk_under_real_children(tmp_path: Path, capfd: pytest.CaptureFi
     fired = {w: int(out.split(f"disk-{w} ")[1].split(",")[0].split()[0]) for w in ("log", "fold")}
     assert fired["log"] >= 3 and fired["fold"] >= 1, out
     assert "Traceback" not in err, err
+
+
+def test_the_store_refuses_what_it_cannot_read_under_real_children(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`--faults future,shm,stop`: a log header from a newer format must be refused and then
+    restored untouched; a deleted or replaced `kv.shm` under a live side writer, and a side writer
+    stopped while it holds the flusher lock, must lose nothing either acknowledged."""
+    args = ["fuzz", "--processes", "--faults", "future,shm,stop", "--kv", f"file://{tmp_path}/kv"]
+    code = main([*args, "--seconds", "12", "--seed", "3"])
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    fired = out.split("faults fired: ")[1].splitlines()[0]
+    counts = {name: int(n) for name, n in (part.split() for part in fired.split(", "))}
+    assert counts.get("future-header", 0) >= 1, out
+    assert counts.get("shm-deleted", 0) + counts.get("shm-replaced", 0) >= 2, out
+    assert counts.get("stopped-flusher", 0) >= 1, out
+    assert "Traceback" not in err, err
