@@ -746,7 +746,9 @@ def _run_child(
         if first != "ready":
             child.kill()
             code = child.wait()
-            raise FuzzFailure(actors[0].done, f"child failed to start (said {first!r}, exit {code})")
+            raise FuzzFailure(
+                actors[0].done, f"child failed to start (said {first!r}, exit {code})"
+            )
         kill_at = time.monotonic() + kill_after
         waited = False
         while True:
