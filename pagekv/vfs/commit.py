@@ -97,6 +97,20 @@ class BatchPlanner:
             batches.append(Batch(chunks))
         return batches
 
+    def stored_bytes(self, batches: list[Batch]) -> int:
+        """Bytes the chunks and index parts of `batches` add to the store's usage, exactly as
+        `encode_batch` makes them and the quota charges them (`entry_size`: key plus value).
+
+        Exact because every key is new: they are under the pending txid, which nothing holds
+        (the open reaps an interrupted commit's, a refused transaction deletes its own). The
+        head a last batch carries replaces the stored one and is not counted."""
+        total = 0
+        for batch in batches:
+            total += INDEX_KEY_BYTES + VALUE_HEADER_BYTES
+            for chunk in batch.chunks:
+                total += self.new_chunk_bytes + len(chunk) * self.page_bytes
+        return total
+
 
 def encode_batch(
     generation: int, txid: int, part: int, first_chunk: int, batch: Batch

@@ -24,7 +24,15 @@ from typing import Final
 
 from librt.threading import Lock
 
-from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvError, KvUnavailable, LimitError
+from pagekv.kv import (
+    ActorKv,
+    CountingKv,
+    FenceMismatch,
+    KvError,
+    KvUnavailable,
+    LimitError,
+    check_quota,
+)
 from pagekv.vfs.commit import Batch, BatchPlanner, encode_batch
 from pagekv.vfs.compaction import compact, delete_folded
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
@@ -51,7 +59,7 @@ from pagekv.vfs.format import (
 from pagekv.vfs.page_cache import PageCache
 from pagekv.vfs.preload import MAX_HINT_PAGES, PreloadHints
 from pagekv.vfs.read_ahead import ReadAhead
-from pagekv.vfs.recovery import read_stored, recover
+from pagekv.vfs.recovery import delete_txids, read_stored, recover
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,16 +545,16 @@ class PageStore:
         txid = self.head.txid + 1
         pending = self._pending
         try:
-            for batch in self._planner.plan(self._dirty_pages(), 0):
+            batches = self._planner.plan(self._dirty_pages(), 0)
+            self._check_quota(batches)
+            for batch in batches:
                 puts, entries = self._encode(txid, batch)
                 self.kv.write(put=puts, fence=self.generation)
                 self.counters.stage_batches += 1
                 pending.parts.append(entries)
                 pending.staged.update(entries)
         except BaseException as e:
-            if pending.parts or not isinstance(e, KvUnavailable | LimitError):
-                raise self._die(e) from e
-            self._refuse(e)
+            self._write_failed(e, txid, stored=bool(pending.parts))
             raise
         pending.dirty.clear()
 
@@ -596,6 +604,7 @@ class PageStore:
         staged_before = bool(pending.parts)
         written = 0
         try:
+            self._check_quota(batches)
             if in_place:
                 generation = self.generation
                 puts = {
@@ -614,9 +623,7 @@ class PageStore:
                 self.kv.write(put=puts, fence=self.generation)
                 written += 1
         except BaseException as e:
-            if written or staged_before or not isinstance(e, KvUnavailable | LimitError):
-                raise self._die(e) from e
-            self._refuse(e)
+            self._write_failed(e, txid, stored=bool(written) or staged_before)
             raise
         if in_place:
             self.index.base_limit = head.base_pages
@@ -747,10 +754,50 @@ class PageStore:
             self.hints.saved(pages)
             self.counters.hints_saved += 1
 
+    def _check_quota(self, batches: list[Batch]) -> None:
+        """Refuse a run of several writes whose chunks and index parts would take the store's
+        usage past the quota, before the first of them: one extra round trip, on this path
+        only (a single batch is checked by the store as it is written, atomically).
+
+        Without it the writes before the one the store refuses would be wasted, and have to be
+        deleted again (`_write_failed`). The store still enforces the quota on each batch:
+        another writer of the namespace can take the room between this check and a later
+        batch, and the head's growth (a shrink's few bytes) is left to the store's check."""
+        if len(batches) > 1:
+            check_quota(self.limits, self.kv.used_bytes(), self._planner.stored_bytes(batches))
+
+    def _write_failed(self, error: BaseException, txid: int, *, stored: bool) -> None:
+        """Deal with `error`, raised by a write of transaction `txid` (or by the check before
+        it), before the caller re-raises it; `stored` says whether earlier writes of the
+        transaction went through (staged chunks and index parts).
+
+        A refusal (`LimitError`: the quota or a limit; nothing of that write was applied, and
+        the store works) rolls the transaction back, deleting what it staged first, so the
+        connection goes on as after a one-batch refusal. `KvUnavailable` is a refusal too while
+        nothing is stored; after that, the store that failed would have to delete the staged
+        chunks, so the database dies and the next open reaps them. Any other error may have
+        left anything: the database dies."""
+        refused = isinstance(error, LimitError) or (not stored and isinstance(error, KvUnavailable))
+        if not refused:
+            raise self._die(error) from error
+        if stored:
+            self._delete_staged(txid)
+        self._refuse(error)
+
+    def _delete_staged(self, txid: int) -> None:
+        """Delete every chunk and index part written under `txid`, the pending txid: no head
+        names it, so no reader or recovery uses them, and the next transaction, which reuses
+        it, must find none. If a delete fails the database dies, leaving them to the next
+        open (which deletes whatever lies above the head)."""
+        try:
+            delete_txids(self.kv, self.generation, txid, txid)
+        except BaseException as e:
+            raise self._die(e) from e
+
     def _refuse(self, error: BaseException) -> None:
-        """A write of this transaction was refused before anything of it was stored (a limit,
-        the quota, a store that answered `KvUnavailable`): the transaction is rolled back here,
-        and SQLite, which gets the error, rolls back its side (`_drop_unchanged`)."""
+        """A write of this transaction was refused, and nothing of it is stored (none was, or
+        `_delete_staged` deleted it): the transaction is rolled back here, and SQLite, which
+        gets the error, rolls back its side (`_drop_unchanged`)."""
         self.last_error = error
         self._discard_pending()
         self._refused = True
