@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import apsw
 import pytest
@@ -28,8 +29,11 @@ from pagekv.kv import (
     FaultyKv,
     FenceMismatch,
     KvLimits,
+    StorageQuotaExceeded,
 )
+from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs import Database, open_database
+from pagekv.vfs.format import PREFIX
 
 NewNamespace = Callable[..., ActorKv]
 """`new_ns(limits=None)` from conftest.py: a fresh namespace of the backend under test."""
@@ -453,8 +457,8 @@ def test_a_big_transaction_whose_first_stage_is_refused_rolls_back_alive(
 ) -> None:
     """Staging writes a big transaction's pages early; if the first staged batch is refused by
     the quota, nothing of the transaction is stored, so it rolls back like a refused commit
-    instead of killing the database. (A refusal after a batch was staged still kills it: the
-    staged chunks must be reaped by a reopen.)"""
+    instead of killing the database. (For a refusal after a batch was staged, see
+    `test_a_later_stage_refused_by_the_quota_deletes_the_staged_and_rolls_back_alive`.)"""
     ns = new_ns(KvLimits(max_storage_bytes=140_000))
     with open_database(ns, stage_pages=16) as db:
         _blobs(db, 20)
@@ -489,3 +493,150 @@ def test_a_refused_stage_of_rewritten_pages_rolls_back_alive(new_ns: NewNamespac
         after = content(db)
     with open_database(ns) as again:
         assert content(again) == after
+
+
+SMALL_BATCHES = {"max_value_bytes": 9000, "max_batch_bytes": 40_000, "max_batch_entries": 8}
+"""Limits under which a batch holds about nine pages, so a commit of a few rows takes several."""
+T = TypeVar("T")
+
+
+def _database_keys(ns: ActorKv) -> list[tuple[bytes, bytes]]:
+    """Everything the VFS stores in `ns` (its keys start with `PREFIX`): a refused transaction
+    must leave it exactly as it was, with no chunk or index part of its own left over."""
+    return ns.list(prefix=PREFIX)
+
+
+def _write_round_trips(db: Database) -> int:
+    trips = db.metrics()["round_trips"]
+    assert isinstance(trips, dict)
+    return int(trips.get("write", 0))
+
+
+@pytest.mark.parametrize("where", ["commit", "stage"])
+def test_a_multi_batch_transaction_over_the_quota_is_refused_and_the_connection_goes_on(
+    new_ns: NewNamespace, where: str
+) -> None:
+    """A commit of several KV batches used to write its first batches, then meet the quota in
+    a later one and kill the database. Now its size is checked against the store's usage
+    before its first batch: a commit is refused with nothing written, and a transaction
+    staged early (a stage of two batches here) deletes the stages it wrote before the one
+    refused. Either way: `FullError`, the data as before, nothing of it left in the store, and
+    the next transaction that fits commits on the same connection."""
+    quota = 200_000
+    ns = new_ns(KvLimits(max_storage_bytes=quota, **SMALL_BATCHES))
+    stage_pages = 16 if where == "stage" else 2048
+    with open_database(ns, stage_pages=stage_pages) as db:
+        _blobs(db, 20)
+        before, stored, used = content(db), _database_keys(ns), ns.used_bytes()
+        writes = _write_round_trips(db)
+        with pytest.raises(apsw.FullError), db.connection:
+            for _ in range(60 if where == "stage" else 30):
+                db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        assert not db.is_dead
+        assert isinstance(db.take_last_kv_error(), StorageQuotaExceeded)
+        if where == "commit":
+            assert _write_round_trips(db) == writes, "the refused commit wrote a batch"
+        else:
+            assert db.metrics()["stage_batches"] > 0, "no stage was written before the refusal"
+        assert _database_keys(ns) == stored and ns.used_bytes() == used
+        assert content(db) == before
+        check_integrity(db)
+        db.execute("INSERT INTO t(b) VALUES (x'01')")
+        after = content(db)
+    with open_database(ns) as again:
+        assert content(again) == after
+        check_integrity(again)
+
+
+def test_a_later_stage_refused_by_the_quota_deletes_the_staged_and_rolls_back_alive(
+    new_ns: NewNamespace,
+) -> None:
+    """Stages of one batch each are not checked ahead (the store checks a batch as it writes
+    it): the first fits, a later one is refused by the store. What was staged is deleted and
+    the transaction rolls back, where the database used to die."""
+    ns = new_ns(KvLimits(max_storage_bytes=200_000))
+    with open_database(ns, stage_pages=16) as db:
+        _blobs(db, 20)
+        before, stored, used = content(db), _database_keys(ns), ns.used_bytes()
+        with pytest.raises(apsw.FullError), db.connection:
+            for _ in range(200):
+                db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        assert db.metrics()["stage_batches"] > 0, "the refusal was the first stage"
+        assert "used_bytes" not in db.metrics()["round_trips"], "a one-batch stage was checked"
+        assert not db.is_dead
+        assert _database_keys(ns) == stored and ns.used_bytes() == used
+        assert content(db) == before
+        check_integrity(db)
+        db.execute("INSERT INTO t(b) VALUES (x'01')")
+        after = content(db)
+    with open_database(ns) as again:
+        assert content(again) == after
+
+
+class _Squatter(KvWrapper):
+    """Another writer of the namespace: at the `at`-th write through it (from 1), it first
+    fills the quota but for `leave` bytes with entries of its own, under its `PREFIX`, outside
+    the VFS's keys (each entry and write within `SMALL_BATCHES`)."""
+
+    PREFIX = b"\x7fsquatter"
+
+    def __init__(self, inner: ActorKv) -> None:
+        super().__init__(inner)
+        self.at = 0
+        self.leave = 0
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if op == "write" and self.at:
+            self.at -= 1
+            if not self.at:
+                self._fill()
+        return fn(*args, **kwargs)
+
+    def _fill(self) -> None:
+        inner = self.inner
+        number = 0
+        while True:
+            room = inner.limits.max_storage_bytes - inner.used_bytes() - self.leave
+            puts = {}
+            for _ in range(4):
+                key = self.PREFIX + number.to_bytes(4, "big")
+                size = min(8000, room - len(key))
+                if size <= 0:
+                    break
+                puts[key] = bytes(size)
+                room -= len(key) + size
+                number += 1
+            if not puts:
+                return
+            inner.write(put=puts)
+
+
+def test_a_later_batch_refused_after_another_writer_took_the_room_rolls_back_alive(
+    new_ns: NewNamespace,
+) -> None:
+    """The check before a multi-batch commit cannot reserve the room: another writer of the
+    namespace can take it before a later batch, which the store then refuses. The batches
+    already written are deleted, so the outcome is the same clean `FullError`."""
+    ns = new_ns(KvLimits(max_storage_bytes=400_000, **SMALL_BATCHES))
+    squatter = _Squatter(ns)
+    with open_database(squatter) as db:
+        _blobs(db, 20)
+        before, stored = content(db), _database_keys(ns)
+        writes = _write_round_trips(db)
+        squatter.at, squatter.leave = 2, 100  # after the commit's first batch
+        with pytest.raises(apsw.FullError), db.connection:
+            for _ in range(30):
+                db.execute("INSERT INTO t(b) VALUES (randomblob(3000))")
+        assert squatter.at == 0, "the other writer never wrote"
+        assert _write_round_trips(db) == writes + 2, "not refused at the second batch"
+        assert not db.is_dead
+        assert isinstance(db.take_last_kv_error(), StorageQuotaExceeded)
+        assert _database_keys(ns) == stored
+        assert content(db) == before
+        check_integrity(db)
+        ns.delete_range(_Squatter.PREFIX, _Squatter.PREFIX + b"\xff")
+        db.execute("INSERT INTO t(b) VALUES (x'01')")
+        after = content(db)
+    with open_database(ns) as again:
+        assert content(again) == after
+        check_integrity(again)
