@@ -27,8 +27,10 @@ from pagekv.kv import (
     InjectedUnavailable,
     KvLimits,
     MemoryStore,
+    entry_size,
 )
 from pagekv.vfs import Database, DatabaseDead, open_database
+from pagekv.vfs.commit import BatchPlanner, encode_batch
 from pagekv.vfs.format import (
     BASE_END,
     COMPACT_SHRINKS,
@@ -165,6 +167,33 @@ def test_blob_insert_writes(warm: tuple[Database, CountingKv], size: int, max_wr
     db.close()
     with open_database(kv) as db:
         assert db.execute("SELECT v FROM t WHERE id = 2").fetchall() == [(payload,)]
+
+
+def test_only_a_multi_batch_commit_asks_for_the_usage_first() -> None:
+    """The quota check ahead of a commit of several batches (`PageStore._check_quota`) costs
+    one `used_bytes`, on that path alone: a one-batch commit, in place or as a delta, is
+    still one write, and a multi-batch commit the check refuses writes nothing."""
+    counting = CountingKv(fresh_ns(KvLimits(max_storage_bytes=4 * MiB)))
+    db = open_database(counting)
+    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB)")
+    for statement in ("INSERT INTO t VALUES (1, 'x')", "UPDATE t SET b = 'y'"):
+        counting.reset()
+        db.execute(statement)
+        assert counting.stats.round_trips == Counter({"write": 1}), statement
+    counting.reset()
+    db.execute("INSERT INTO t VALUES (2, ?)", (random.Random(1).randbytes(MiB),))
+    batches = counting.stats.round_trips["write"]
+    assert batches > 1
+    assert counting.stats.round_trips == Counter({"used_bytes": 1, "write": batches})
+    counting.reset()
+    with pytest.raises(apsw.FullError):
+        db.execute("INSERT INTO t VALUES (3, ?)", (random.Random(2).randbytes(3 * MiB),))
+    assert counting.stats.round_trips == Counter({"used_bytes": 1})
+    counting.reset()
+    db.execute("UPDATE t SET b = 'z' WHERE id = 1")
+    assert counting.stats.round_trips == Counter({"write": 1})
+    assert not db.is_dead
+    db.close()
 
 
 # -- opening ---------------------------------------------------------------------------------
@@ -530,6 +559,20 @@ def test_staged_transactions_respect_the_limits(name: str) -> None:
     with open_database(checking, read_only=True) as snap:
         assert snap.execute("SELECT * FROM t ORDER BY id").fetchall() == rows
     assert checking.violations == [], checking.violations[:10]
+
+
+@pytest.mark.parametrize("name", list(LIMITS))
+def test_the_quota_check_counts_a_commits_batches_as_the_store_charges_them(name: str) -> None:
+    planner = BatchPlanner(LIMITS[name])
+    rng = random.Random(3)
+    batches = planner.plan([(p, rng.randbytes(PAGE)) for p in range(1, 400)], 64)
+    assert len(batches) > 1
+    charged = chunks = 0
+    for part, batch in enumerate(batches):
+        puts, _ = encode_batch(7, 5, part, chunks, batch)
+        chunks += len(batch.chunks)
+        charged += sum(entry_size(key, value) for key, value in puts.items())
+    assert planner.stored_bytes(batches) == charged
 
 
 # -- compaction keeps the open cost flat -----------------------------------------------------
