@@ -8,9 +8,9 @@ Checks, each a `FuzzFailure` when broken:
 - no KV request breaks a `KvLimits` bound;
 - no storage error happens unless a fault was injected, and pagekv never accepts or rejects a
   statement differently from native SQLite;
-- a commit refused by the storage quota changed nothing, and the same connection goes on reading
-  (and, where it fits, writing) without a reopen; it may kill the instance only if part of the
-  transaction had already been written (staged);
+- a commit refused by the storage quota changed nothing, left nothing of its own in the store
+  (not even chunks of a transaction staged over several batches), and never kills the instance:
+  the same connection goes on reading (and, where it fits, writing) without a reopen;
 - a read-only snapshot whose namespace is dropped and written anew under it returns only rows
   of its own database, or expires.
 """
@@ -52,7 +52,14 @@ from pagekv.kv import (
 from pagekv.kv.limits import check_keys, check_write
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs import Database, SnapshotExpired, open_database
-from pagekv.vfs.format import HINTS_KEY
+from pagekv.vfs.format import (
+    DELTA_END,
+    DELTA_PREFIX,
+    HINTS_KEY,
+    INDEX_END,
+    INDEX_PREFIX,
+    txid_bound,
+)
 
 T = TypeVar("T")
 ALL_OPS = READ_OPS | WRITE_OPS
@@ -260,12 +267,11 @@ class Runner:
     def _txn(self, txn: Txn) -> None:
         instance = self.current
         fired = len(instance.faulty.fired)
-        writes = self.kv.stats.round_trips["write"]
         try:
             run_txn(instance.db.connection, txn)
         except _STORAGE_ERRORS as e:
             if len(instance.faulty.fired) == fired:
-                if self._refused(instance, writes):
+                if self._refused(instance):
                     return
                 raise self.fail(f"storage error with no fault injected: {e!r}") from e
             self.coverage.failed_commits += 1
@@ -282,19 +288,19 @@ class Runner:
             raise self.fail(f"pagekv accepted what native SQLite rejects: {e!r}") from e
         self.coverage.commits += 1
 
-    def _refused(self, instance: _Instance, writes: int) -> bool:
+    def _refused(self, instance: _Instance) -> bool:
         """Check a transaction the storage quota refused; False if the quota was not the cause.
 
-        Nothing of it may be visible, and the connection must go on working. Only if one of its
-        writes had gone through (a big transaction's staged pages) may the instance die."""
+        Nothing of it may be visible or stored, and the connection must go on working: the
+        instance never dies of it, even when some of its batches had been written (staged)."""
         if not isinstance(instance.db.take_last_kv_error(), StorageQuotaExceeded):
             return False
         self.coverage.quota_refusals += 1
         if instance.db.is_dead:
-            if self.kv.stats.round_trips["write"] - writes <= 1:
-                raise self.fail("a transaction refused by the quota, with nothing written, died")
-            self._reopen(crash=False)
-            return True
+            raise self.fail("a transaction refused by the quota killed the database")
+        left = self._staged_left(instance)
+        if left:
+            raise self.fail(f"a transaction refused by the quota left {left[0]!r} in the store")
         with instance.quiet():
             try:
                 got = digest(instance.db.connection)
@@ -303,6 +309,17 @@ class Runner:
         if got != self.oracle.states()[0]:
             raise self.fail("a commit refused by the quota left changes on its connection")
         return True
+
+    def _staged_left(self, instance: _Instance) -> list[bytes]:
+        """The first chunk key and index part key (if any) of a txid above `instance`'s head:
+        only a transaction in progress, never a refused one, may hold such keys."""
+        head = instance.db.metrics()["head_txid"]
+        assert isinstance(head, int)
+        left: list[bytes] = []
+        for prefix, end in ((DELTA_PREFIX, DELTA_END), (INDEX_PREFIX, INDEX_END)):
+            rows = self.kv.list(start=txid_bound(prefix, head + 1), end=end, limit=1)
+            left.extend(key for key, _ in rows)
+        return left
 
     def _recreate(self, step: Recreate) -> None:
         """Drop the namespace under a read-only snapshot in mid-scan and write a new database."""
