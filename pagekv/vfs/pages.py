@@ -12,6 +12,9 @@ Invariants:
   place (`_in_place`) is that one batch: its base pages ride with the head.
 - After a write whose outcome is unknown (or a fence mismatch) the store is dead: it drops its
   buffers and answers every call with `DatabaseDead`, and never resends the write.
+- A transaction refused by a limit or the quota, at any of its batches, leaves nothing stored:
+  a run of several batches is checked against the usage first (`_check_quota`), and what a
+  refused one had written is deleted (`_write_failed`). The store lives on, as SQLite does.
 """
 
 from __future__ import annotations
