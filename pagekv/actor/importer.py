@@ -110,6 +110,11 @@ class ImportInterrupted(ActorError):
     swapped by then."""
 
 
+class ManifestFileShared(ImportRefused):
+    """An `export_all` manifest lists one file for two actors: one of them would be imported
+    with the other's data. Nothing was imported."""
+
+
 class SchemaTooNew(ImportRefused):
     """The file's internal schema is newer than this pagekv's: upgrade pagekv to import it."""
 
@@ -174,8 +179,10 @@ class ImportStopped(ActorError):
 
 def read_manifest(directory: str | os.PathLike[str]) -> list[tuple[str, str, Path]]:
     """The actors an `export_all` directory lists in its manifest: `(name, key, file)`, each
-    file inside `directory`, each actor once; `ImportRefused` naming what is wrong otherwise
-    (a hand-edited manifest must not make an import read a file elsewhere)."""
+    file inside `directory`, each actor once, each file once (`ManifestFileShared`);
+    `ImportRefused` naming what is wrong otherwise (a hand-edited manifest, or one an older
+    export wrote with two actors in one file, must not make an import read a file elsewhere or
+    give one actor another's data)."""
     root = Path(directory)
     try:
         listed = json.loads((root / MANIFEST).read_text())
@@ -186,16 +193,24 @@ def read_manifest(directory: str | os.PathLike[str]) -> list[tuple[str, str, Pat
     if not isinstance(listed, list):
         raise ImportRefused(f"{root / MANIFEST} must be a list of actors")
     inside, seen, entries = root.resolve(), set(), []
+    files: dict[Path, int] = {}
     for n, entry in enumerate(listed):
         fields = entry if isinstance(entry, dict) else {}
         name, key, file = fields.get("name"), fields.get("key"), fields.get("file")
         if not (isinstance(name, str) and isinstance(key, str) and isinstance(file, str)):
             raise ImportRefused(f"{MANIFEST} entry {n} needs string name, key and file")
         path = root / file
-        if not path.resolve().is_relative_to(inside):
+        resolved = path.resolve()
+        if not resolved.is_relative_to(inside):
             raise ImportRefused(f"{MANIFEST} entry {n} names a file outside {root}: {file!r}")
         if (name, key) in seen:
             raise ImportRefused(f"{MANIFEST} lists actor {name!r} with key {key!r} twice")
+        first = files.setdefault(resolved, n)
+        if first != n:
+            raise ManifestFileShared(
+                f"{MANIFEST} entries {first} and {n} name one file, {file!r}, for two actors; "
+                "nothing was imported"
+            )
         seen.add((name, key))
         entries.append((name, key, path))
     return entries
