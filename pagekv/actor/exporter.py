@@ -22,10 +22,11 @@ synced, and renamed over `path`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -217,11 +218,20 @@ def copy_pages(target: apsw.Connection, source: apsw.Connection) -> None:
 
 def _add_user_kv(tmp: Path, kv: ActorKv) -> int:
     """Add the actor's `ctx.kv` entries to the file as the table `_pagekv_kv`, if it has
-    any; returns their number."""
-    stored = scan(kv, USER_PREFIX, prefix_end(USER_PREFIX))
-    rows = [(k[len(USER_PREFIX) :], v) for k, v in stored]
-    if not rows:
+    any; returns their number. They go from the store into SQLite a page of `scan` at a time
+    (`READ_ROWS` entries): an export holds a page of them in memory, never all of them."""
+    entries = scan(kv, USER_PREFIX, prefix_end(USER_PREFIX))
+    first = next(entries, None)
+    if first is None:
         return 0
+    count = 0
+
+    def rows() -> Iterator[tuple[bytes, bytes]]:
+        nonlocal count
+        for key, value in itertools.chain([first], entries):
+            count += 1
+            yield key[len(USER_PREFIX) :], value
+
     target = apsw.Connection(str(tmp))
     try:
         with target:
@@ -229,7 +239,7 @@ def _add_user_kv(tmp: Path, kv: ActorKv) -> int:
                 f"CREATE TABLE {USER_KV_TABLE}(key BLOB PRIMARY KEY, value BLOB NOT NULL) "
                 "WITHOUT ROWID"
             )
-            target.executemany(f"INSERT INTO {USER_KV_TABLE} VALUES (?, ?)", rows)
+            target.executemany(f"INSERT INTO {USER_KV_TABLE} VALUES (?, ?)", rows())
     finally:
         target.close()
-    return len(rows)
+    return count
