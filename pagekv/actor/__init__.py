@@ -16,11 +16,12 @@ from pagekv.actor.errors import (
     UnknownActor,
     UserError,
 )
-from pagekv.actor.exporter import Exported, export_actor, export_all
+from pagekv.actor.exporter import Exported, FileShared, export_actor, export_all
 from pagekv.actor.importer import (
     Imported,
     ImportRefused,
     ImportStopped,
+    ManifestFileShared,
     SchemaTooNew,
     import_actor,
     import_all,
@@ -50,10 +51,12 @@ __all__ = [
     "CopyRefused",
     "CopyResult",
     "Exported",
+    "FileShared",
     "ImportRefused",
     "ImportStopped",
     "Imported",
     "InvalidArguments",
+    "ManifestFileShared",
     "NotOwner",
     "OwnedElsewhere",
     "Registry",

@@ -22,10 +22,11 @@ synced, and renamed over `path`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,7 +35,7 @@ from urllib.parse import quote
 
 import apsw
 
-from pagekv.actor.errors import ActorNotFound
+from pagekv.actor.errors import ActorError, ActorNotFound
 from pagekv.actor.frozen import frozen_if_small
 from pagekv.actor.index import ActorRecord, find_actor, list_actors
 from pagekv.actor.inspect import open_index, read_namespace
@@ -50,6 +51,14 @@ MANIFEST: Final = "actors.json"
 """The list of the files an `export_all` wrote, with each one's name and key."""
 _LIST_PAGE: Final = 1000
 _MAX_FILE_PART: Final = 200
+_CUT: Final = "~"
+"""Marks a `file_part` cut short, before its digest: the quoting escapes every `~` of the text
+itself, so a part holds one only if it was cut."""
+
+
+class FileShared(ActorError, ValueError):
+    """Two actors of an `export_all` would be written to one file (one would overwrite the
+    other); nothing was exported."""
 
 
 @dataclass(frozen=True)
@@ -78,24 +87,34 @@ def export_actor(store: KvStore, name: str, key: str, path: str | os.PathLike[st
 def export_all(store: KvStore, directory: str | os.PathLike[str]) -> list[Exported]:
     """Export every actor of the store into `directory` (made if needed), one file each at
     `NAME/KEY.sqlite` (both percent-encoded), and list them in `actors.json` there. An actor
-    destroyed after it was listed is left out."""
+    destroyed after it was listed is left out. Every actor's file is named before any is
+    written: two actors named to one file are `FileShared` (the names are unique by
+    construction; this is what makes a digest collision, or a bug, refuse instead of overwrite)."""
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
     index = open_index(store)
-    exported = []
+    targets: dict[Path, ActorRecord] = {}
     after = None
     while index is not None:
         records = list_actors(index, limit=_LIST_PAGE, after=after)
         for record in records:
             target = root / _directory_part(record.name) / f"{file_part(record.key)}.sqlite"
-            target.parent.mkdir(exist_ok=True)
-            try:
-                exported.append(export_record(store, record, target))
-            except ActorNotFound:
-                continue  # destroyed since it was listed: not one of the actors any more
+            other = targets.setdefault(target, record)
+            if other is not record:
+                raise FileShared(
+                    f"actors {other.actor_id!r} and {record.actor_id!r} would both be exported "
+                    f"to {target}; nothing was exported"
+                )
         if len(records) < _LIST_PAGE:
             break
         after = records[-1].actor_id
+    root.mkdir(parents=True, exist_ok=True)
+    exported = []
+    for target, record in targets.items():
+        target.parent.mkdir(exist_ok=True)
+        try:
+            exported.append(export_record(store, record, target))
+        except ActorNotFound:
+            continue  # destroyed since it was listed: not one of the actors any more
     manifest = [
         {"name": e.actor.name, "key": e.actor.key, "file": str(e.path.relative_to(root))}
         for e in exported
@@ -106,12 +125,18 @@ def export_all(store: KvStore, directory: str | os.PathLike[str]) -> list[Export
 
 def file_part(text: str) -> str:
     """`text` as one safe file name part: percent-encoded (no `/`, no NUL), a leading dot
-    encoded too (no `.` or `..`, no hidden file), and a long one cut, with a digest of it."""
-    part = quote(text, safe="")
+    encoded too (no `.` or `..`, no hidden file), and a long one cut, with a digest of it.
+
+    Distinct texts get distinct parts. Percent-encoding is undone by decoding, so whole parts
+    differ; `~`, which `quote` keeps, is encoded too, so a whole part never holds the `~` that
+    marks a cut one (a text that reads like a cut part is not taken for one); two cut parts
+    differ in their digest of the whole text (64 bits)."""
+    part = quote(text, safe="").replace(_CUT, "%7E")
     if part.startswith("."):
         part = "%2E" + part[1:]
     if len(part) > _MAX_FILE_PART or not part:
-        part = part[: _MAX_FILE_PART - 17] + "~" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        part = part[: _MAX_FILE_PART - len(_CUT) - len(digest)] + _CUT + digest
     return part
 
 
@@ -193,11 +218,20 @@ def copy_pages(target: apsw.Connection, source: apsw.Connection) -> None:
 
 def _add_user_kv(tmp: Path, kv: ActorKv) -> int:
     """Add the actor's `ctx.kv` entries to the file as the table `_pagekv_kv`, if it has
-    any; returns their number."""
-    stored = scan(kv, USER_PREFIX, prefix_end(USER_PREFIX))
-    rows = [(k[len(USER_PREFIX) :], v) for k, v in stored]
-    if not rows:
+    any; returns their number. They go from the store into SQLite a page of `scan` at a time
+    (`READ_ROWS` entries): an export holds a page of them in memory, never all of them."""
+    entries = scan(kv, USER_PREFIX, prefix_end(USER_PREFIX))
+    first = next(entries, None)
+    if first is None:
         return 0
+    count = 0
+
+    def rows() -> Iterator[tuple[bytes, bytes]]:
+        nonlocal count
+        for key, value in itertools.chain([first], entries):
+            count += 1
+            yield key[len(USER_PREFIX) :], value
+
     target = apsw.Connection(str(tmp))
     try:
         with target:
@@ -205,7 +239,7 @@ def _add_user_kv(tmp: Path, kv: ActorKv) -> int:
                 f"CREATE TABLE {USER_KV_TABLE}(key BLOB PRIMARY KEY, value BLOB NOT NULL) "
                 "WITHOUT ROWID"
             )
-            target.executemany(f"INSERT INTO {USER_KV_TABLE} VALUES (?, ?)", rows)
+            target.executemany(f"INSERT INTO {USER_KV_TABLE} VALUES (?, ?)", rows())
     finally:
         target.close()
-    return len(rows)
+    return count

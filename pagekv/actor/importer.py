@@ -11,13 +11,16 @@ renumber the rowids of tables without an INTEGER PRIMARY KEY); an older internal
 upgraded by the runtime's own migrations; a database with no internal tables gets them, and
 becomes an actor created now with the state `state`. The actor's name and key in its metadata
 become the ones it is imported as, and a `_pagekv_kv` table (an export's `ctx.kv` entries) is
-moved back into the namespace.
+moved back into the namespace: checked by SQLite (types, sizes, no key twice) and moved into a
+side file, and the working copy rebuilt without the table's free pages (`VACUUM INTO`, which
+keeps rowids), so the store does not hold the entries twice.
 
 Writing it: the database goes into the actor's namespace through the VFS in one SQLite
 transaction (the backup API), taking the namespace over first, so the KV limits and the quota
 apply as to any commit, and the move of the head is the one point where the new database
 becomes visible: readers see the old database or the new one, never a mix. Memory stays
-bounded (the VFS stages a big transaction to the store as it goes). The record of the actor in
+bounded (the VFS stages a big transaction to the store as it goes; the `ctx.kv` entries are
+read from their side file one batch at a time). The record of the actor in
 the registry's index comes last, in one batch with its lease entry (`index_entries.enroll`):
 until it is written no registry lists the actor or finds it with a `get`, so an import that
 fails, or is killed, leaves no actor behind. A failed import of a new actor also drops what it
@@ -98,6 +101,8 @@ _BUSY_MS: Final = 10_000
 """How long the read of a file waits for a writer of it to let go of its lock."""
 _INTEGRITY_LINES: Final = 5
 """Lines of a failed `integrity_check` quoted in the refusal."""
+_SHOWN_KEY_BYTES: Final = 32
+"""Bytes of a `ctx.kv` key quoted in a refusal."""
 
 
 class ImportRefused(ActorError, ValueError):
@@ -108,6 +113,17 @@ class ImportInterrupted(ActorError):
     """Another instance took the actor over while it was imported (a call woke it there): the
     import's writes after that were refused. The message says whether its database had been
     swapped by then."""
+
+
+class ManifestFileShared(ImportRefused):
+    """An `export_all` manifest lists one file for two actors: one of them would be imported
+    with the other's data. Nothing was imported."""
+
+
+class DuplicateKvKey(ImportRefused):
+    """The file's `_pagekv_kv` table holds a `ctx.kv` key more than once (an export never
+    does; a hand-made table without its primary key can): which value is the actor's cannot
+    be told."""
 
 
 class SchemaTooNew(ImportRefused):
@@ -130,6 +146,21 @@ class Imported:
 
 
 @dataclass(frozen=True)
+class UserKvFile:
+    """The checked `ctx.kv` entries of a file to import, in a SQLite file of their own (table
+    `kv(key, value)`, keys as `ctx.kv` sees them, in key order), read back in batches as
+    they are written to the store: held in SQLite, never all in memory. The sizes let another
+    store's limits and quota be checked without reading them again."""
+
+    path: Path
+    entries: int
+    bytes: int
+    """Keys and values, as the store counts them."""
+    largest_key: int
+    largest_value: int
+
+
+@dataclass(frozen=True)
 class PreparedImport:
     """A working copy of a file ready to be written as actor `(name, key)`: checked,
     converted, named as the actor (`prepare_import`)."""
@@ -138,7 +169,8 @@ class PreparedImport:
     key: str
     path: Path
     pages: int
-    kv_entries: list[tuple[bytes, bytes]]
+    user_kv: UserKvFile | None
+    """Its `ctx.kv` entries, moved out of the database into a file of their own."""
     created: float | None
     due: float | None
     converted: tuple[str, ...]
@@ -174,8 +206,10 @@ class ImportStopped(ActorError):
 
 def read_manifest(directory: str | os.PathLike[str]) -> list[tuple[str, str, Path]]:
     """The actors an `export_all` directory lists in its manifest: `(name, key, file)`, each
-    file inside `directory`, each actor once; `ImportRefused` naming what is wrong otherwise
-    (a hand-edited manifest must not make an import read a file elsewhere)."""
+    file inside `directory`, each actor once, each file once (`ManifestFileShared`);
+    `ImportRefused` naming what is wrong otherwise (a hand-edited manifest, or one an older
+    export wrote with two actors in one file, must not make an import read a file elsewhere or
+    give one actor another's data)."""
     root = Path(directory)
     try:
         listed = json.loads((root / MANIFEST).read_text())
@@ -186,16 +220,24 @@ def read_manifest(directory: str | os.PathLike[str]) -> list[tuple[str, str, Pat
     if not isinstance(listed, list):
         raise ImportRefused(f"{root / MANIFEST} must be a list of actors")
     inside, seen, entries = root.resolve(), set(), []
+    files: dict[Path, int] = {}
     for n, entry in enumerate(listed):
         fields = entry if isinstance(entry, dict) else {}
         name, key, file = fields.get("name"), fields.get("key"), fields.get("file")
         if not (isinstance(name, str) and isinstance(key, str) and isinstance(file, str)):
             raise ImportRefused(f"{MANIFEST} entry {n} needs string name, key and file")
         path = root / file
-        if not path.resolve().is_relative_to(inside):
+        resolved = path.resolve()
+        if not resolved.is_relative_to(inside):
             raise ImportRefused(f"{MANIFEST} entry {n} names a file outside {root}: {file!r}")
         if (name, key) in seen:
             raise ImportRefused(f"{MANIFEST} lists actor {name!r} with key {key!r} twice")
+        first = files.setdefault(resolved, n)
+        if first != n:
+            raise ManifestFileShared(
+                f"{MANIFEST} entries {first} and {n} name one file, {file!r}, for two actors; "
+                "nothing was imported"
+            )
         seen.add((name, key))
         entries.append((name, key, path))
     return entries
@@ -257,8 +299,8 @@ def import_prepared(store: KvStore, prepared: PreparedImport, *, replace: bool =
     limits: KvLimits = getattr(store, "limits", None) or KvLimits()
     if limits != prepared.limits:
         check_name(limits, aid)
-        for stored, value in prepared.kv_entries:
-            _check_entry(limits, stored, value)
+        if prepared.user_kv is not None:
+            _check_sizes(limits, prepared.user_kv)
     index = open_index(store)
     existed = index is not None and bool(records_of(index, aid))
     if existed and not replace:
@@ -301,7 +343,7 @@ def import_prepared(store: KvStore, prepared: PreparedImport, *, replace: bool =
         record,
         generation,
         prepared.pages,
-        len(prepared.kv_entries),
+        0 if prepared.user_kv is None else prepared.user_kv.entries,
         existed,
         prepared.converted,
     )
@@ -394,18 +436,25 @@ def _convert(
         connection.execute("VACUUM")
         converted.append(f"page size {page_size} -> {PAGE_SIZE} (VACUUM)")
     converted.extend(_internal_tables(connection, source, name, key, state))
-    kv_entries = _take_user_kv(connection, source, limits)
+    user_kv = _take_user_kv(connection, source, copy.parent / "ctx-kv.sqlite", limits)
     meta = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
     created = meta.get("created_at")
-    pages = connection.execute("PRAGMA page_count").fetchall()[0][0]
+    due = _due(connection, source)
+    if user_kv is not None:
+        copy = _compacted(connection, copy)
+    reader = apsw.Connection(str(copy), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        pages = reader.execute("PRAGMA page_count").fetchall()[0][0]
+    finally:
+        reader.close()
     return PreparedImport(
         name,
         key,
         copy,
         pages,
-        kv_entries,
+        user_kv,
         created if isinstance(created, int | float) else None,
-        _due(connection, source),
+        due,
         tuple(converted),
         limits,
     )
@@ -500,37 +549,89 @@ def _expected_schema(version: int) -> dict[_Object, str]:
 
 
 def _take_user_kv(
-    connection: apsw.Connection, source: Path, limits: KvLimits
-) -> list[tuple[bytes, bytes]]:
-    """The `ctx.kv` entries of an export's `_pagekv_kv` table, each checked against the
-    store's limits, and the table dropped from the working copy."""
+    connection: apsw.Connection, source: Path, side: Path, limits: KvLimits
+) -> UserKvFile | None:
+    """Move the `ctx.kv` entries of an export's `_pagekv_kv` table out of the working copy
+    into the file `side`, checked on the way: each a non-empty blob key and a blob value within
+    the store's limits, no key twice (`DuplicateKvKey`: one would silently replace the other).
+    SQLite does the checking and the moving, so an import holds none of them in memory. None if
+    the file has no such table (one it has is dropped from the working copy, even empty)."""
     exists = connection.execute(
         "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND lower(name) = ?", (USER_KV_TABLE,)
     ).fetchall()
     if not exists:
-        return []
-    entries = []
-    for user_key, value in connection.execute(f"SELECT key, value FROM {USER_KV_TABLE}"):
-        if not isinstance(user_key, bytes) or not isinstance(value, bytes) or not user_key:
-            raise ImportRefused(
-                f"{source}: {USER_KV_TABLE} holds a key or value that is not a non-empty blob"
-            )
-        stored = USER_PREFIX + user_key
-        _check_entry(limits, stored, value)
-        entries.append((stored, value))
-    with connection:
-        connection.execute(f"DROP TABLE {USER_KV_TABLE}")
-    return entries
-
-
-def _check_entry(limits: KvLimits, stored: bytes, value: bytes) -> None:
-    """A `ctx.kv` entry that the store would refuse is refused before anything is written."""
-    if len(stored) > limits.max_key_bytes:
-        raise KeyTooLarge(f"ctx.kv key of {len(stored)} bytes", len(stored), limits.max_key_bytes)
-    if len(value) > limits.max_value_bytes:
-        raise ValueTooLarge(
-            f"ctx.kv value of {len(value)} bytes", len(value), limits.max_value_bytes
+        return None
+    entries, odd, largest_key, largest_value, total = connection.execute(
+        "SELECT count(*), "
+        "total(typeof(key) != 'blob' OR typeof(value) != 'blob' OR length(key) = 0), "
+        f"max(length(key)), max(length(value)), total(length(key) + length(value)) "
+        f"FROM {USER_KV_TABLE}"
+    ).fetchall()[0]
+    if odd:
+        raise ImportRefused(
+            f"{source}: {USER_KV_TABLE} holds a key or value that is not a non-empty blob"
         )
+    found = UserKvFile(
+        side,
+        entries,
+        int(total) + entries * len(USER_PREFIX),
+        (largest_key or 0) + len(USER_PREFIX),
+        largest_value or 0,
+    )
+    _check_sizes(limits, found)
+    connection.execute("ATTACH ? AS side", (str(side),))
+    try:
+        with connection:
+            connection.execute(
+                "CREATE TABLE side.kv(key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID"
+            )
+            try:
+                connection.execute(
+                    f"INSERT INTO side.kv SELECT key, value FROM main.{USER_KV_TABLE} ORDER BY key"
+                )
+            except apsw.ConstraintError:
+                raise _duplicate(connection, source) from None
+            connection.execute(f"DROP TABLE main.{USER_KV_TABLE}")
+    finally:
+        connection.execute("DETACH side")
+    return found
+
+
+def _duplicate(connection: apsw.Connection, source: Path) -> DuplicateKvKey:
+    """The refusal of a `_pagekv_kv` table that holds a key twice, naming one such key."""
+    key = connection.execute(
+        f"SELECT key FROM {USER_KV_TABLE} GROUP BY key HAVING count(*) > 1 LIMIT 1"
+    ).fetchall()[0][0]
+    shown = key[:_SHOWN_KEY_BYTES].hex() + ("..." if len(key) > _SHOWN_KEY_BYTES else "")
+    return DuplicateKvKey(
+        f"{source}: {USER_KV_TABLE} holds the key {shown} (hex) more than once; an export "
+        "holds each ctx.kv key once"
+    )
+
+
+def _check_sizes(limits: KvLimits, user_kv: UserKvFile) -> None:
+    """`ctx.kv` entries that the store would refuse are refused before anything is written."""
+    if user_kv.largest_key > limits.max_key_bytes:
+        raise KeyTooLarge(
+            f"ctx.kv key of {user_kv.largest_key} bytes",
+            user_kv.largest_key,
+            limits.max_key_bytes,
+        )
+    if user_kv.largest_value > limits.max_value_bytes:
+        raise ValueTooLarge(
+            f"ctx.kv value of {user_kv.largest_value} bytes",
+            user_kv.largest_value,
+            limits.max_value_bytes,
+        )
+
+
+def _compacted(connection: apsw.Connection, copy: Path) -> Path:
+    """The working copy without the free pages its dropped `_pagekv_kv` table left (they would
+    go into the store too, holding the entries twice): `VACUUM INTO` a new file, which, unlike
+    `VACUUM`, keeps every rowid."""
+    compact = copy.with_name("compact.sqlite")
+    connection.execute("VACUUM INTO ?", (str(compact),))
+    return compact
 
 
 def _due(connection: apsw.Connection, source: Path) -> float | None:
@@ -554,7 +655,7 @@ def _check_quota(store: KvStore, aid: str, prepared: PreparedImport, limits: KvL
     used = 0
     if not isinstance(store, ListableStore) or aid in store.actor_ids():
         used = store.namespace(aid).used_bytes()
-    needed = prepared.pages * FRAME_BYTES + sum(len(k) + len(v) for k, v in prepared.kv_entries)
+    needed = prepared.pages * FRAME_BYTES + (prepared.user_kv.bytes if prepared.user_kv else 0)
     if used + needed > limits.max_storage_bytes:
         raise StorageQuotaExceeded(
             f"import of {prepared.pages} pages ({needed} bytes) beside {used} bytes stored",
@@ -586,12 +687,21 @@ def _swap(database: Database, prepared: PreparedImport) -> None:
 
 
 def _swap_user_kv(kv: ActorKv, generation: int, prepared: PreparedImport) -> None:
-    """Replace the namespace's `ctx.kv` entries with `entries`, fenced by the import's
-    generation; a lost takeover is `ImportInterrupted`, which says the database was swapped."""
+    """Replace the namespace's `ctx.kv` entries with the prepared ones, fenced by the import's
+    generation, read from their file as they are written (one batch in memory at a time); a
+    lost takeover is `ImportInterrupted`, which says the database was swapped."""
     try:
         kv.delete_range(USER_PREFIX, prefix_end(USER_PREFIX), fence=generation)
-        for batch in batches(prepared.kv_entries, kv.limits):
-            kv.write(put=batch, fence=generation)
+        if prepared.user_kv is None:
+            return
+        reader = apsw.Connection(str(prepared.user_kv.path), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            rows = reader.execute("SELECT key, value FROM kv ORDER BY key")
+            entries = ((USER_PREFIX + key, value) for key, value in rows)
+            for batch in batches(entries, kv.limits):
+                kv.write(put=batch, fence=generation)
+        finally:
+            reader.close()
     except FenceMismatch as e:
         raise ImportInterrupted(
             f"actor {prepared.name!r} with key {prepared.key!r} was taken over by another "

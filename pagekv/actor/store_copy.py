@@ -34,7 +34,8 @@ fingerprint, a digest of the entries read and the checksum of the content copied
 after an interruption (even SIGKILL), a copy skips every namespace whose source still has the
 same fingerprint and, read again, the same entries (a fingerprint alone does not tell another
 source's namespace of the same name from this one's), and copies the others again from
-scratch (the destination namespace is taken over and dropped first); the namespaces the
+scratch (its progress entry deleted first, then the destination namespace taken over and
+dropped: a run interrupted after the drop leaves no entry claiming a copy); the namespaces the
 source does not have (any more) are emptied and their index entries removed
 (`CopyResult.removed`). So a resume, even from another source, ends with a copy of the source
 it ran from. The marker names the process that runs the copy: a second copy into the store
@@ -353,11 +354,20 @@ def _remove(run: _Run, name: str) -> bool:
     its index entries; whether it held anything."""
     kv = run.destination.namespace(name)
     held = kv.used_bytes() > 0 or bool(records_of(run.dst_index, name)) or name in run.resumed
+    _forget_progress(run, name)
     generation = kv.takeover()
     kv.drop(fence=generation)
     forget(run.dst_index, name, generation)
-    run.dst_index.delete([COPY_PREFIX + name.encode()])
     return held
+
+
+def _forget_progress(run: _Run, name: str) -> None:
+    """Delete the progress entry of `name` before its destination namespace is taken over and
+    emptied: a run interrupted after the drop must not leave an entry saying the namespace
+    holds a copy, or a resume from the source that entry names skips it, and its check fails
+    (`CopyMismatch`)."""
+    if name in run.resumed:
+        run.dst_index.delete([COPY_PREFIX + name.encode()])
 
 
 def _copy_one(run: _Run, name: str) -> None:
@@ -368,6 +378,7 @@ def _copy_one(run: _Run, name: str) -> None:
             run.entries[name] = done
         run.report("copy", skipped=True)
         return
+    _forget_progress(run, name)
     destination = run.destination.namespace(name)
     clear = name in run.existing
     copied = None

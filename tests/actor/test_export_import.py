@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,17 @@ from pagekv.actor import (
     SchemaTooNew,
     export_actor,
     export_all,
+    frozen,
     import_actor,
     import_all,
 )
 from pagekv.actor.checksum import namespace_checksum
 from pagekv.actor.exporter import USER_KV_TABLE, export_record
+from pagekv.actor.importer import DuplicateKvKey
 from pagekv.actor.index import ActorRecord, actor_id, find_actor, list_actors
 from pagekv.actor.internal import MIGRATIONS, SCHEMA_VERSION
 from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.user_kv import USER_PREFIX
 from pagekv.actor.workflow import WorkflowState
 from pagekv.kv import KvLimits, MemoryStore, StorageQuotaExceeded, open_kv
 from pagekv.vfs import SnapshotExpired, open_database
@@ -310,6 +314,120 @@ def test_malformed_internal_tables_are_refused_and_nothing_written(tmp_path: Pat
         with pytest.raises(ImportRefused, match=why):
             import_actor(store, "order", "x", path)
     _nothing_stored(store)
+
+
+def test_a_ctx_kv_key_held_twice_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    """A hand-made `_pagekv_kv` without its primary key can hold a key twice: which value is
+    the actor's cannot be told, so it is refused, typed and naming the key (it was imported,
+    the last one silently winning)."""
+    path = _exported(tmp_path)
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE held AS SELECT * FROM _pagekv_kv; DROP TABLE _pagekv_kv; "
+            "CREATE TABLE _pagekv_kv(key BLOB, value BLOB); "
+            "INSERT INTO _pagekv_kv SELECT * FROM held; "
+            "INSERT INTO _pagekv_kv SELECT key, x'00' FROM held ORDER BY key LIMIT 1; "
+            "DROP TABLE held"
+        )
+        first = db.execute("SELECT min(key) FROM _pagekv_kv").fetchone()[0]
+    store = MemoryStore()
+    with pytest.raises(
+        DuplicateKvKey, match=f"holds the key {first.hex()} \\(hex\\) more than once"
+    ):
+        import_actor(store, "order", "x", path)
+    _nothing_stored(store)
+
+
+def test_an_imported_actor_stores_its_ctx_kv_entries_once(tmp_path: Path) -> None:
+    """The `_pagekv_kv` table is dropped from the working copy before its pages go into the
+    store; the free pages it left went too, and the store held the entries twice (2.0x the
+    file's size). The rowids of a table without an INTEGER PRIMARY KEY are kept."""
+    source = MemoryStore()
+
+    async def make() -> None:
+        async with Registry([order], kv=source).run() as client:
+            await fill(client, "src", items=1)
+
+    anyio.run(make)
+    kv = source.namespace(actor_id("order", "src"))
+    for start in range(0, 256, 16):
+        kv.put(
+            [(USER_PREFIX + b"%04d" % n, os.urandom(32 * 1024)) for n in range(start, start + 16)]
+        )
+    with open_database(kv) as db:
+        db.execute("CREATE TABLE loose(v)")
+        db.execute("INSERT INTO loose VALUES (1), (2), (3), (4)")
+        db.execute("DELETE FROM loose WHERE v IN (1, 3)")
+    path = tmp_path / "big.sqlite"
+    export_actor(source, "order", "src", path)
+    target = MemoryStore()
+    imported = import_actor(target, "order", "src", path)
+    assert imported.kv_entries == 256 + 1
+    stored = target.namespace(actor_id("order", "src"))
+    assert stored.used_bytes() < 1.2 * path.stat().st_size, (stored.used_bytes(), path.stat())
+    with open_database(stored, read_only=True) as db:
+        assert db.execute("SELECT rowid, v FROM loose").fetchall() == [(2, 2), (4, 4)]
+    assert namespace_checksum(stored) == namespace_checksum(kv)
+
+
+class _Copying:
+    """A store whose `list` returns fresh copies of its values, as a remote store's does (a
+    memory store's would share them with the store)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def namespace(self, name: str) -> Any:
+        return _CopyingKv(self.inner.namespace(name))
+
+
+class _CopyingKv:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def list(self, **kwargs: Any) -> list[tuple[bytes, bytes]]:
+        return [(k, bytes(bytearray(v))) for k, v in self.inner.list(**kwargs)]
+
+
+def test_export_and_import_hold_a_bounded_part_of_the_ctx_kv_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """48 MiB of `ctx.kv` entries: an export (of an actor past the one-`list` limit, lowered
+    here) holds a page of them at a time, and an import a batch, beyond what the store keeps.
+    Both held all of them (peak 48 MiB and more above that)."""
+    monkeypatch.setattr(frozen, "FROZEN_MAX_BYTES", 0)
+    inner = MemoryStore()
+
+    async def make() -> None:
+        async with Registry([order], kv=inner).run() as client:
+            await fill(client, "src", items=1)
+
+    anyio.run(make)
+    kv = inner.namespace(actor_id("order", "src"))
+    for start in range(0, 1536, 16):
+        kv.put(
+            [(USER_PREFIX + b"%05d" % n, os.urandom(32 * 1024)) for n in range(start, start + 16)]
+        )
+    path = tmp_path / "big.sqlite"
+    tracemalloc.start()
+    try:
+        export_actor(_Copying(inner), "order", "src", path)  # type: ignore[arg-type]
+        exported = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        target = MemoryStore()
+        imported = import_actor(target, "order", "src", path)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert imported.kv_entries == 1536 + 1
+    assert exported < 16 * 2**20, f"export peak {exported / 2**20:.0f} MiB"
+    assert peak - kept < 16 * 2**20, f"import peak {(peak - kept) / 2**20:.0f} MiB over the store"
 
 
 async def test_an_existing_actor_is_refused_unless_replaced_and_a_live_one_taken_over(

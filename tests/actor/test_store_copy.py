@@ -235,3 +235,79 @@ def test_verification_catches_a_corrupted_copy_and_the_next_run_copies_it_again(
     again = copy_store(source, inner)
     assert (again.copied, again.skipped, again.verified) == (1, 2, 3)
     assert _checksums(inner) == _checksums(source)
+
+
+def _kill_when(child: subprocess.Popen[bytes], target_url: str, ready: Any) -> None:
+    """SIGKILL the copy `child` once `ready(target)` holds on its destination (polled)."""
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert child.poll() is None, "the copy ended before the kill"
+            assert time.monotonic() < deadline, "the copy did not get there in 60 s"
+            if Path(target_url.removeprefix("file://")).exists():
+                with open_kv(target_url) as target:
+                    if ready(target):
+                        break
+            time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)
+        assert child.wait() == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_a_copy_after_another_sources_interrupted_copy_emptied_a_namespace_succeeds(
+    tmp_path: Path,
+) -> None:
+    """A copy from A is SIGKILLed after it copied `order/k-00`; a copy from B (whose
+    `order/k-00` differs) is SIGKILLed after it emptied that namespace and while it writes B's
+    entries there. The copy from A run next skipped `order/k-00` by A's progress entry, still
+    there, and failed its check (`CopyMismatch`, exit 1; the run after succeeded): it must
+    copy it again and succeed at once."""
+    keys = [f"k-{i:02}" for i in range(30)]
+    first, second = tmp_path / "a", tmp_path / "b"
+    target_url = (tmp_path / "dst").resolve().as_uri()
+    with open_kv(first.resolve().as_uri()) as a:
+        _populate(a, keys)
+        expected = _checksums(a)
+        first_bytes = a.namespace("order/k-00").used_bytes()
+    with open_kv(second.resolve().as_uri()) as b:
+        _populate(b, keys)
+        big = b.namespace("order/k-00")
+        for start in range(0, 20_000, 128):  # ~4 MiB in 157 batches: time to kill it mid-way
+            big.put([(USER_PREFIX + b"%06d" % n, b"v" * 200) for n in range(start, start + 128)])
+
+    def copy(source: Path, *, slow: bool) -> list[str]:
+        to = f"{target_url}?flush_delay_ms=5" if slow else target_url
+        source_url = source.resolve().as_uri()
+        return [
+            sys.executable,
+            "-m",
+            "pagekv",
+            "copy",
+            "--from",
+            source_url,
+            "--to",
+            to,
+            "--threads",
+            "1",
+        ]
+
+    progress = COPY_PREFIX + b"order/k-00"
+
+    def copied_first(target: KvStore) -> bool:
+        return target.namespace(REGISTRY_NAMESPACE).get([progress])[0] is not None
+
+    def writing_second(target: KvStore) -> bool:
+        return target.namespace("order/k-00").used_bytes() > first_bytes + 2**20
+
+    _kill_when(subprocess.Popen(copy(first, slow=True), cwd=ROOT), target_url, copied_first)
+    _kill_when(subprocess.Popen(copy(second, slow=True), cwd=ROOT), target_url, writing_second)
+    with open_kv(target_url) as target:
+        assert target.namespace(REGISTRY_NAMESPACE).get([progress]) == [None], "forgotten first"
+    again = subprocess.run(copy(first, slow=False), cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    with open_kv(target_url) as target:
+        assert _checksums(target) == expected
+        _no_copy_entries(target)

@@ -27,12 +27,16 @@ from pagekv.actor import (
     ActorExists,
     ActorNotFound,
     CopyProgress,
+    FileShared,
     ImportRefused,
+    ManifestFileShared,
     Registry,
     actor,
     export_actor,
     export_all,
+    exporter,
     import_actor,
+    import_all,
     store_copy,
 )
 from pagekv.actor.checksum import namespace_checksum
@@ -643,6 +647,72 @@ async def test_export_all_writes_only_inside_its_directory(tmp_path: Path) -> No
         import_actor(target, entry["name"], entry["key"], root / entry["file"])
         kv = target.namespace(actor_id("actors.json", entry["key"]))
         assert kv.get([USER_PREFIX + b"k"]) == [b"v"]
+
+
+@manifest_named.action
+async def mark(ctx: ActorContext, value: str) -> None:
+    await ctx.kv.put({b"k": value.encode()})
+
+
+async def test_a_key_that_reads_like_a_cut_file_name_gets_a_file_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """A long key is cut to its first characters, `~` and a digest; a second actor whose key
+    is that cut text got the same file (`~` was not encoded), and `import --all` gave it the
+    first one's data. Each gets its own file now, and each its own data back."""
+    long = "x" * 600
+    store = MemoryStore()
+    async with Registry([manifest_named], kv=store).run() as client:
+        await client.get_or_create("actors.json", long).mark("long")
+        cut = exporter.file_part(long)
+        assert "~" in cut and len(cut) < len(long)
+        await client.get_or_create("actors.json", cut).mark("cut")
+        await client.get_or_create("actors.json", "a~b").mark("tilde")
+    exported = await anyio.to_thread.run_sync(lambda: export_all(store, tmp_path / "all"))
+    assert len({e.path for e in exported}) == 3, [e.path.name for e in exported]
+    manifest = json.loads((tmp_path / "all" / MANIFEST).read_text())
+    assert len({m["file"] for m in manifest}) == 3
+    assert "~" not in exporter.file_part("a~b")
+    target = MemoryStore()
+    import_all(target, tmp_path / "all")
+    for key, value in [(long, b"long"), (cut, b"cut"), ("a~b", b"tilde")]:
+        kv = target.namespace(actor_id("actors.json", key))
+        assert kv.get([USER_PREFIX + b"k"]) == [value], key
+
+
+async def test_two_actors_named_to_one_file_are_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name collision (a digest collision, or a bug) is `FileShared` before the first file
+    is written; a manifest that lists one file for two actors (such as the old export wrote)
+    is `ManifestFileShared`, and nothing is imported, from Python or the command."""
+    store = MemoryStore()
+    async with Registry([manifest_named], kv=store).run() as client:
+        for key in ("one", "two"):
+            await client.get_or_create("actors.json", key).mark(key)
+    monkeypatch.setattr(exporter, "file_part", lambda text: "same")
+    with pytest.raises(
+        FileShared, match=r"'actors.json/one' and 'actors.json/two' .*/same/same\.sqlite"
+    ):
+        export_all(store, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists(), "nothing written"
+    monkeypatch.undo()
+
+    root = tmp_path / "all"
+    entries = export_all(store, root)
+    shared = [
+        {"name": e.actor.name, "key": e.actor.key, "file": str(entries[0].path.relative_to(root))}
+        for e in entries
+    ]
+    (root / MANIFEST).write_text(json.dumps(shared))
+    target = MemoryStore()
+    with pytest.raises(ManifestFileShared, match=r"entries 0 and 1 name one file"):
+        import_all(target, root)
+    assert target.actor_ids() == [], "nothing imported"
+    url = (tmp_path / "store").resolve().as_uri()
+    refused = _cli("import", "--kv", url, "--all", str(root))
+    assert refused.returncode == 1 and "name one file" in refused.stderr, refused.stderr
+    assert not (tmp_path / "store").exists(), "refused before the store was made"
 
 
 def _taken_over_at(inner: MemoryStore, aid: str, method: str, when: Any) -> _Hooked:
