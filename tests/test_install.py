@@ -5,6 +5,7 @@ headers, or `PAGEKV_PURE_PYTHON`), the build record it leaves in the install's m
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -327,3 +328,47 @@ def test_the_testing_extra_installs_hypothesis() -> None:
     with open(ROOT / "pyproject.toml", "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     assert any(r.startswith("hypothesis") for r in extras["testing"]), extras
+
+
+_CONSUMERS = {
+    "all",
+    "any",
+    "bytes",
+    "dict",
+    "frozenset",
+    "list",
+    "max",
+    "min",
+    "set",
+    "sorted",
+    "sum",
+    "tuple",
+}
+_CONSUMING_METHODS = {"executemany", "extend", "fromkeys", "join", "update"}
+
+
+def test_compiled_modules_use_no_generator_expression_lazily() -> None:
+    """mypyc compiles a generator expression as a list comprehension: one that is consumed
+    lazily (`next`, `islice`, a merge, a variable) reads everything at once in the compiled
+    build, as the `file:` store's `list` once did. Only a whole consumer may take one."""
+    lazy = []
+    for source in SOURCES:
+        tree = ast.parse((ROOT / source).read_text())
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                if not isinstance(child, ast.GeneratorExp):
+                    continue
+                func = node.func if isinstance(node, ast.Call) else None
+                name = (
+                    func.id
+                    if isinstance(func, ast.Name)
+                    else func.attr
+                    if isinstance(func, ast.Attribute)
+                    else None
+                )
+                if name in _CONSUMERS or name in _CONSUMING_METHODS:
+                    continue
+                if isinstance(node, ast.Starred):
+                    continue
+                lazy.append(f"{source}:{child.lineno}")
+    assert not lazy, f"generator expressions a compiled build evaluates eagerly: {lazy}"

@@ -1275,10 +1275,8 @@ class FileNamespace(KvNamespace):
             if pending is None:
                 return list(store._range(ns, "value", start, end, reverse, limit))
             store._saw(pending)
-            base = (
-                row
-                for row in _visible_base(store, ns, pending, "value", start, end, reverse)
-                if row[0] not in pending.entries
+            base = _unshadowed(
+                _visible_base(store, ns, pending, "value", start, end, reverse), pending
             )
             merged = heapq.merge(
                 base, _pending_items(pending, start, end, reverse), reverse=reverse
@@ -1386,6 +1384,20 @@ def _pending_items(
         value = pending.entries[key]
         if value is not None:
             yield key, value
+
+
+def _unshadowed(
+    rows: Iterator[tuple[bytes, Any]], pending: _Pending
+) -> Iterator[tuple[bytes, Any]]:
+    """The base `rows` whose keys the pending state does not hold, read lazily.
+
+    A generator function, not a generator expression: mypyc compiles a generator expression
+    as a list comprehension, which would read the whole rest of the range for `list(limit=1)`.
+    """
+    entries = pending.entries
+    for row in rows:
+        if row[0] not in entries:
+            yield row
 
 
 def _visible_base(

@@ -302,9 +302,11 @@ class FaultyKv(KvWrapper):
                 if op in group:
                     position[group] = self._counts[group]
                     self._counts[group] += 1
-            chosen: FaultKind | None = next(
-                (f.kind for f in self._faults if position.get(f.ops) == f.at), None
-            )
+            chosen: FaultKind | None = None
+            for fault in self._faults:
+                if position.get(fault.ops) == fault.at:
+                    chosen = fault.kind
+                    break
             if chosen is None and op in WRITE_OPS:
                 draw = self._rng.random()
                 if draw < self.fail_rate:

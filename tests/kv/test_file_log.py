@@ -13,6 +13,7 @@ import errno
 import itertools
 import os
 import random
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -712,3 +713,27 @@ def test_usage_seen_by_another_store_stays_exact_after_two_crashes_around_a_fold
     assert dict(mine.list()) == entries
     assert mine.used_bytes() == sum(len(k) + len(v) for k, v in entries.items())
     assert FileStore(tmp_path, log_bytes=SMALL_LOG).namespace("a").used_bytes() == mine.used_bytes()
+
+
+def test_a_list_beside_pending_entries_reads_only_what_it_returns(tmp_path: Path) -> None:
+    """`list(limit=1)` on a namespace whose base holds 24 MiB and whose log holds one more
+    entry reads a row or two of the base, not the rest of the range (a generator expression
+    compiled by mypyc is a list comprehension: it read all 24 MiB)."""
+    store = FileStore(tmp_path, log_bytes=SMALL_LOG)
+    ns = store.namespace("a")
+    value = os.urandom(64 * 1024)
+    for i in range(0, 384, 4):
+        ns.put({b"k%04d" % j: value for j in range(i, i + 4)})
+    ns.put({b"k0000x": b"pending"})
+    assert store._pending.get(ns._id) is not None  # the merged path, not the base alone
+    tracemalloc.start()
+    try:
+        first = ns.list(limit=1)
+        second = ns.list(start=b"k0000\x00", limit=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        store.close()
+    assert [k for k, _ in first] == [b"k0000"]
+    assert [k for k, _ in second] == [b"k0000x", b"k0001"]
+    assert peak < 1024 * 1024, f"{peak / 2**20:.1f} MiB allocated by two short lists"
