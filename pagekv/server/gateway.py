@@ -58,11 +58,12 @@ _MESSAGE_CHARS = 500
 log = logging.getLogger("pagekv.server")
 
 
-def _failed(
+def log_failure(
     operation: str, target: str | None, name: str, key: str, error: Exception, failure: HttpError
 ) -> HttpError:
     """`failure`, the answer to a failed `operation` ("action", "send", "create", "destroy") of
-    `target` (the action or the queue), once it is logged (see the module's docstring)."""
+    `target` (the action or the queue), once it is logged (see the module's docstring); a
+    WebSocket's failed action frame is logged here too."""
     user_code = failure.code == ErrorCode.ACTION_ERROR
     written = failure.writes.state() if failure.writes is not None else None
     what = operation if target is None else f"{operation} {_shown(target)}"
@@ -150,7 +151,7 @@ async def _request(
 @contextmanager
 def failures(operation: str, target: str | None, name: str, key: str) -> Iterator[Writes]:
     """Around the registry call of a route: what it writes, and any failure as its answer
-    (logged, see `_failed`), except `OwnedElsewhere`, which routes it to the owner."""
+    (logged, see `log_failure`), except `OwnedElsewhere`, which routes it to the owner."""
     with tracking_writes() as writes:
         try:
             yield writes
@@ -158,7 +159,7 @@ def failures(operation: str, target: str | None, name: str, key: str) -> Iterato
             raise
         except Exception as e:
             failure = classify(e, in_action=True, writes=writes)
-            raise _failed(operation, target, name, key, e, failure) from e
+            raise log_failure(operation, target, name, key, e, failure) from e
 
 
 async def call_action(request: Request) -> Response:

@@ -1,8 +1,8 @@
 """What an operator reads in a real `pagekv serve` process's log when an action fails (#43 item
-10): a 5xx of the action's own code is one ERROR record with its message, its traceback (down to
-the app's line that raised) and the request's id; a `UserError` is one INFO line without either;
-`--log-format json` makes every line a JSON object with those fields; the client's answer is what
-it was, and the token never reaches the log."""
+10): a 5xx of the action's own code, over HTTP or a WebSocket, is one ERROR record with its
+message, its traceback (down to the app's line that raised) and the request's id; a `UserError`
+is one INFO line without either; `--log-format json` makes every line a JSON object with those
+fields; the client's answer is what it was, and the token never reaches the log."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+
+from pagekv.client import HttpClient, RemoteError
 
 pytestmark = pytest.mark.anyio
 
@@ -50,6 +52,18 @@ APP = textwrap.dedent(
     """
 )
 RUNNING = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
+STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+"""The start of a text record: the lines up to the next one are its traceback."""
+RAISE = 'raise RuntimeError(f"kaboom {n}")  # THE FAILING LINE'
+
+
+def failing_line() -> int:
+    return 1 + next(i for i, s in enumerate(APP.splitlines()) if "THE FAILING LINE" in s)
+
+
+def traceback_after(lines: list[str], start: int) -> str:
+    end = next((i for i in range(start + 1, len(lines)) if STAMPED.match(lines[i])), len(lines))
+    return "".join(lines[start + 1 : end])
 
 
 @asynccontextmanager
@@ -131,28 +145,35 @@ async def test_a_crashing_action_logs_its_traceback_and_a_user_error_one_info_li
 ) -> None:
     async with serving(tmp_path) as (http, lines):
         boom, refused = await fail_both(http)
+        async with (
+            HttpClient(str(http.base_url), token=TOKEN) as client,
+            client.get_or_create("a", "x").connect({}) as conn,
+        ):
+            with pytest.raises(RemoteError) as on_socket:
+                await conn.boom(8)
     assert_answers_unchanged(boom, refused)
+    assert (on_socket.value.code, on_socket.value.message) == (
+        "action_error",
+        "RuntimeError: kaboom 8",
+    )
     log = "".join(lines)
     assert TOKEN not in log
 
     head = "ERROR pagekv.server: action 'boom' of actor 'a' key 'x' failed: "
-    (start,) = [i for i, line in enumerate(lines) if head in line]
-    assert (
-        lines[start]
-        .rstrip("\n")
-        .endswith(
-            "failed: RuntimeError: kaboom 7 (500 action_error, written=true, request_id=req-boom-1)"
-        )
-    ), lines[start]
-    stamped = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
-    end = next(i for i in range(start + 1, len(lines)) if stamped.match(lines[i]))
-    traceback = "".join(lines[start + 1 : end])
+    start = next(i for i, line in enumerate(lines) if head in line)
+    expected = "RuntimeError: kaboom 7 (500 action_error, written=true, request_id=req-boom-1)\n"
+    assert lines[start].endswith(f"failed: {expected}"), lines[start]
+    failing = f'File "{tmp_path / "app.py"}", line {failing_line()}, in explode\n'
+    traceback = traceback_after(lines, start)
     assert traceback.startswith("Traceback (most recent call last):\n"), traceback
-    app = tmp_path / "app.py"
-    line = 1 + next(i for i, s in enumerate(APP.splitlines()) if "THE FAILING LINE" in s)
-    assert f'File "{app}", line {line}, in explode\n' in traceback, traceback
-    assert 'raise RuntimeError(f"kaboom {n}")  # THE FAILING LINE' in traceback
-    assert traceback.rstrip("\n").endswith("RuntimeError: kaboom 7"), traceback
+    assert failing in traceback and RAISE in traceback, traceback
+    assert traceback.endswith("RuntimeError: kaboom 7\n"), traceback
+
+    (socket_start,) = [i for i, line in enumerate(lines) if "kaboom 8 (500 action_error" in line]
+    assert head in lines[socket_start], "a socket's action is logged as an HTTP call's"
+    assert re.search(r"written=unknown, request_id=[0-9a-f]{16}\)$", lines[socket_start])
+    traceback = traceback_after(lines, socket_start)
+    assert failing in traceback and traceback.endswith("RuntimeError: kaboom 8\n"), traceback
 
     (info,) = [i for i, line in enumerate(lines) if "action 'refuse' of actor 'a'" in line]
     assert (
@@ -165,7 +186,7 @@ async def test_a_crashing_action_logs_its_traceback_and_a_user_error_one_info_li
         .endswith("(409 bad_coupon, written=false, request_id=req-refuse-2)")
     )
     assert "no such coupon" not in lines[info], "a 4xx names its type and code, not its text"
-    assert stamped.match(lines[info + 1]), "no traceback after a user error"
+    assert STAMPED.match(lines[info + 1]), "no traceback after a user error"
 
 
 async def test_json_log_format_writes_one_object_per_record(tmp_path: Path) -> None:
@@ -188,7 +209,9 @@ async def test_json_log_format_writes_one_object_per_record(tmp_path: Path) -> N
     assert (crash["error_type"], crash["error_message"]) == ("RuntimeError", "kaboom 7")
     assert crash["request_id"] == "req-boom-1"
     assert crash["traceback"].startswith("Traceback (most recent call last):\n")
-    assert "# THE FAILING LINE" in crash["traceback"] and "in explode" in crash["traceback"]
+    assert (
+        RAISE in crash["traceback"] and f"line {failing_line()}, in explode" in crash["traceback"]
+    )
     (user,) = [r for r in records if r.get("action") == "refuse"]
     assert (user["level"], user["status"], user["error_code"]) == ("INFO", 409, "bad_coupon")
     assert user["request_id"] == "req-refuse-2"
