@@ -64,10 +64,12 @@ class RemoteConnection(ActorConnection):
         self._answers: dict[int, dict[str, Any]] = {}
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
+        self._settled = anyio.Event()
+        """Set while a socket is open, or once the connection ended; not while reconnecting."""
         self.reconnects = 0
 
     async def __aenter__(self) -> RemoteConnection:
-        await self._open()
+        await self._first_open()
         # websockets runs on asyncio alone; the reader is a task of its own, so connections
         # may be opened and closed in any order
         self._reader = asyncio.get_running_loop().create_task(self._read_forever())
@@ -109,6 +111,7 @@ class RemoteConnection(ActorConnection):
             raise
         self.id = frame["conn"]
         self._socket = socket
+        self._settled.set()
 
     async def _subscribe_again(self, socket: ClientConnection) -> None:
         """After a reconnect: subscribe to the events subscribed to before, and wait for each
@@ -146,6 +149,7 @@ class RemoteConnection(ActorConnection):
             except SocketClosed as e:
                 error = _closed(e)
             self._socket = None
+            self._settled = anyio.Event()
             self._fail_pending(error)
             if self.closed is not None:
                 return
@@ -155,10 +159,21 @@ class RemoteConnection(ActorConnection):
             if not await self._reconnect(error):
                 return
 
+    async def _first_open(self) -> None:
+        """`_open`, again after a refusal of `RECONNECT` (a draining server's, say), as a
+        reconnect would; any other failure, or the last refusal, is raised."""
+        for attempt in range(_ATTEMPTS):
+            try:
+                await self._open()
+                return
+            except ConnectionClosed as refused:
+                if refused.code not in RECONNECT or attempt == _ATTEMPTS - 1:
+                    raise
+            await _back_off(attempt)
+
     async def _reconnect(self, error: ConnectionClosed) -> bool:
         for attempt in range(_ATTEMPTS):
-            wait = min(_MAX_WAIT_S, _FIRST_WAIT_S * 2**attempt)
-            await anyio.sleep(random.uniform(wait / 2, wait))
+            await _back_off(attempt)
             try:
                 await self._open()
             except ConnectionClosed as refused:
@@ -175,6 +190,7 @@ class RemoteConnection(ActorConnection):
 
     def _finish(self, code: int, reason: str) -> None:
         self._ended(code, reason)
+        self._settled.set()
         if self._sink is not self:
             self._sink._ended(code, reason)
 
@@ -221,13 +237,29 @@ class RemoteConnection(ActorConnection):
         )
 
     async def _subscribe(self, event: str, on: bool) -> None:
-        await self._request({"t": "sub" if on else "unsub", "event": event})
+        """Sent again once reconnected if the socket drops first (a subscription is the same
+        however often it is sent); `ConnectionClosed` once the connection ended for good."""
+        while True:
+            try:
+                await self._request({"t": "sub" if on else "unsub", "event": event})
+                return
+            except ConnectionClosed:
+                await self._settled.wait()
+                self._check_open()
 
     async def _close(self) -> None:
         self._ended(CloseCode.NORMAL, "closed by the client")
+        self._settled.set()
         socket, self._socket = self._socket, None
         if socket is not None:
             await socket.close()
+
+
+async def _back_off(attempt: int) -> None:
+    """The wait before attempt `attempt + 1`: doubling from `_FIRST_WAIT_S` up to `_MAX_WAIT_S`,
+    jittered, so clients sent away together do not come back together."""
+    wait = min(_MAX_WAIT_S, _FIRST_WAIT_S * 2**attempt)
+    await anyio.sleep(random.uniform(wait / 2, wait))
 
 
 def _closed(e: SocketClosed) -> ConnectionClosed:

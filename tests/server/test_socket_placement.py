@@ -12,6 +12,7 @@ import re
 import signal
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -263,12 +264,24 @@ async def _events(conn: RemoteConnection, prefix: str, count: int) -> list[str]:
     return texts
 
 
+async def _draining(url: str) -> bool:
+    async with httpx.AsyncClient(base_url=url) as http:
+        answer = await http.get("/health")
+    return answer.status_code == 503 and answer.json()["status"] == "draining"
+
+
+async def _all_back(chat: Any, conns: list[RemoteConnection]) -> bool:
+    """Whether a broadcast reaches every connection (each probe an event they skip)."""
+    return await chat.say("probe") == len(conns)
+
+
 async def test_sigterm_loses_no_later_event_for_client_library_sockets(tmp_path: Path) -> None:
     """Six client-library connections through a load balancer in front of three servers: one
     server holds them all (the actor's), the others relay theirs to it. SIGTERM of a relaying
-    server, then of the holding one: every connection reconnects (retrying the codes of a
-    server going away, and the draining server's refusals) and gets every event sent after,
-    through the last server; none ends."""
+    server, then of the holding one, with three connections more opened as each drains: every
+    connection reconnects or connects (retrying the codes of a server going away, and the
+    draining server's refusals) and gets every event sent after, through the last server;
+    none ends."""
     async with _servers(f"file:{tmp_path}/store", 3) as processes:
         urls = [await process.started() for process in processes]
         async with _Balancer(urls) as balancer, HttpClient(balancer.url, token=TOKEN) as client:
@@ -282,22 +295,24 @@ async def test_sigterm_loses_no_later_event_for_client_library_sockets(tmp_path:
                 holder = held.index(6)
                 relaying = (holder + 1) % 3
                 survivor = 3 - holder - relaying
+                first = list(conns)
                 for round_, victim in enumerate((relaying, holder)):
-                    assert await processes[victim].stop() in (0, -signal.SIGTERM)
+                    processes[victim].proc.send_signal(signal.SIGTERM)
+                    await _until("it drains", partial(_draining, urls[victim]))
+                    for i in range(3):  # one at least sent to it, refused there, retried
+                        late = handle.connect({"name": f"late {round_}.{i}"})
+                        await stack.enter_async_context(late)
+                        await late.subscribe("said")
+                        conns.append(late)
+                    exited = await anyio.to_thread.run_sync(processes[victim].proc.wait)
+                    assert exited in (0, -signal.SIGTERM)
                     async with HttpClient(urls[survivor], token=TOKEN) as direct:
                         chat = direct.get("chat", "hall")
-                        probes = 0
-
-                        async def all_back() -> bool:
-                            nonlocal probes
-                            probes += 1
-                            return await chat.say(f"probe {probes}") == 6  # noqa: B023
-
-                        await _until("every connection back", all_back)
+                        await _until("every connection back", partial(_all_back, chat, conns))
                         sent = [f"after {round_}.{i}" for i in range(5)]
                         for text in sent:
-                            assert await chat.say(text) == 6
+                            assert await chat.say(text) == len(conns)
                     for conn in conns:
                         assert await _events(conn, f"after {round_}.", 5) == sent
                         assert conn.closed is None
-                assert all(conn.reconnects >= 1 for conn in conns)
+                assert all(conn.reconnects >= 1 for conn in first)
