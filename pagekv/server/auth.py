@@ -4,8 +4,10 @@ Every route needs `Authorization: Bearer <token>` except `/health` (which reveal
 liveness) and the web inspector's page and static assets (`/` and `/ui/...`: they hold no data;
 the page asks for the token and sends it with every data request, `ui.py`). The token is compared
 in constant time and only ever read from that header: a token in the query string or a cookie
-authenticates nothing. CORS answers exist only for origins configured by name, only on the
-browser-facing prefixes (the gateway and the inspector), and without
+authenticates nothing. A call forwarded by another server of the store carries no token: its
+proof of the cluster secret stands for the client's authentication there (`cluster.py`). CORS
+answers exist only for origins configured by name, only on the browser-facing prefixes (the
+gateway and the inspector), and without
 `Access-Control-Allow-Credentials` (a bearer token is not an ambient credential), so no arbitrary
 Origin is ever reflected.
 """
@@ -18,6 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pagekv.server.cluster import PEER_SCOPE_KEY
 from pagekv.server.codec import error_answer
 from pagekv.server.errors import HttpError
 from pagekv.server.protocol import ErrorCode
@@ -57,6 +60,7 @@ class BearerAuth:
             scope["type"] != "http"
             or scope["path"] in OPEN_PATHS
             or scope["path"].startswith(OPEN_PREFIXES)
+            or PEER_SCOPE_KEY in scope  # a forwarded call whose sender proved itself
             or self._authorized(scope)
         ):
             await self.app(scope, receive, send)

@@ -2,13 +2,15 @@
 runs on its one awake instance, wherever the call arrived.
 
 The receiving server sends the request on as it came (method, path, query, body bytes,
-`Content-Type`, `Accept` and `Authorization`: the owner checks the same token and the same body
-limit, and encodes its answer as the client asked), with `X-Pagekv-Forwarded: <sender> <owner>
-<lease end>` naming the sending registry, the owner it meant and the end of the owner's lease
-as the sender read it. The owner relays nothing further: a forwarded call is served there or
-refused with 503 `not_owner`, never forwarded again, so calls cannot loop. One that arrives
-after that lease end is refused too: its sender may have given up on it (`owner_timeout`) and
-the client retried, so running it late could apply it twice. The client gets the owner's answer
+`Content-Type` and `Accept`: the owner checks the same body limit, and encodes its answer as
+the client asked), with `X-Pagekv-Forwarded: <sender> <owner> <lease end>` naming the sending
+registry, the owner it meant and the end of the owner's lease as the sender read it. The
+client's `Authorization` stays here: the call is signed with the cluster secret instead, and
+an answer is relayed only if it proves it came from a server of the store (`cluster.py`). The
+owner relays nothing further: a forwarded call is served there or refused with 503
+`not_owner`, never forwarded again, so calls cannot loop. One that arrives after that lease end
+is refused too: its sender may have given up on it (`owner_timeout`) and the client retried,
+so running it late could apply it twice. The client gets the owner's answer
 byte for byte.
 
 `route` runs a call locally unless the registry says another registry owns the actor
@@ -36,12 +38,18 @@ from starlette.responses import Response
 from pagekv.actor import OwnedElsewhere, Registry
 from pagekv.actor.ownership import Forwarded, Owner
 from pagekv.actor.writes import Writes
+from pagekv.server.cluster import (
+    FORWARDED_HEADER,
+    PROOF_HEADER,
+    ClusterKey,
+    ProofError,
+    call_target,
+)
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode
 
-FORWARDED_HEADER = "x-pagekv-forwarded"
-_PASSED_HEADERS = frozenset({b"content-type", b"accept", b"authorization"})
+_PASSED_HEADERS = frozenset({b"content-type", b"accept"})
 _RELAYED_HEADERS = frozenset({b"content-type", b"retry-after", b"www-authenticate"})
 _FIRST_PAUSE_S = 0.02
 _LONGEST_PAUSE_S = 0.25
@@ -65,6 +73,7 @@ class Forwarder:
     def __init__(self, config: ServerConfig, registry: Registry) -> None:
         self._config = config
         self._registry = registry
+        self.key = ClusterKey(config.cluster_secret)
         self._http = httpcore.AsyncConnectionPool(
             max_connections=config.max_connections,
             max_keepalive_connections=100,
@@ -127,9 +136,10 @@ class Forwarder:
     ) -> Response | _Unreached:
         assert owner.address is not None, "the registry forwards only to owners with an address"
         headers = [(k, v) for k, v in request.scope["headers"] if k in _PASSED_HEADERS]
-        until = repr(owner.until)
-        forwarding = f"{self._registry.id} {owner.registry} {until}".encode()
-        headers.append((FORWARDED_HEADER.encode(), forwarding))
+        forwarding = f"{self._registry.id} {owner.registry} {owner.until!r}"
+        proof, nonce = self.key.sign_request(forwarding, request.method, call_target(request.scope))
+        headers.append((FORWARDED_HEADER.encode(), forwarding.encode()))
+        headers.append((PROOF_HEADER.encode(), proof.encode()))
         target = request.scope["raw_path"] or request.scope["path"].encode()
         if request.scope["query_string"]:
             target += b"?" + request.scope["query_string"]
@@ -149,6 +159,16 @@ class Forwarder:
             raise _no_answer(owner, repr(e)) from e
         except _LeaseLost as e:
             raise _no_answer(owner, str(e)) from e
+        try:
+            self.key.check_answer(_header(response, PROOF_HEADER.encode()), nonce, response.status)
+        except ProofError as e:
+            log.warning(
+                "forward to %s: answer not relayed: %s (a process that is no server of this "
+                "store listens there, or one with another --cluster-secret)",
+                owner.address,
+                e,
+            )
+            return _Unreached("answered without proof that it is a server of this store")
         media_type = _header(response, b"content-type")
         if response.status == 503 and _code(response.content, media_type) == ErrorCode.NOT_OWNER:
             return _Unreached("refused the call as not its owner any more")
