@@ -21,6 +21,7 @@ from pagekv.server.config import (
     ConfigError,
 )
 from pagekv.server.loader import AppNotFound
+from pagekv.server.logs import LOG_FORMATS, announce
 from pagekv.server.process import (
     StartupError,
     configure_logging,
@@ -47,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, AppNotFound) as e:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         store = open_store(args.kv)  # by the supervisor too, only to fail fast
     except StartupError as e:
@@ -68,12 +69,11 @@ def _serve(args: argparse.Namespace) -> int:
     bound = public.getsockname()[1]
     auth = "unauthenticated" if config.unauthenticated else "token required"
     workers = f", {args.workers} workers" if args.workers > 1 else ""
-    print(
+    announce(
         f"pagekv serve: {len(registry.definitions)} actor type(s) "
         f"({', '.join(sorted(registry.definitions))}) on {redact_url(args.kv)}, "
         f"{http_url(args.host, bound)} ({auth}){workers}",
-        file=sys.stderr,
-        flush=True,
+        args.log_format,
     )
     if args.workers > 1:
         store.close()  # each worker opens its own
@@ -258,4 +258,11 @@ def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="least level logged, pagekv's and the HTTP server's (default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text: time, level, logger, message, a traceback on the lines after; json: one "
+        "JSON object per record, for log shippers (default text)",
     )

@@ -57,7 +57,8 @@ class ServerConfig:
     since they append the route to it. None: it owns actors nobody can forward to, so the
     others take them over, as a process without placement would."""
     forward_timeout_s: float = 30.0
-    """How long a forwarded call may take at its owner (503 `owner_timeout` past it)."""
+    """How long a forwarded call may take at its owner before its answer begins (503
+    `owner_timeout` past it); a streamed answer then lasts as long as its handler makes it."""
     forward_connect_s: float = 1.0
     """How long connecting to an actor's owner may take before it counts as unreachable."""
     forward_keepalive_s: float = 2.0

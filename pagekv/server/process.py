@@ -14,7 +14,6 @@ import argparse
 import logging
 import os
 import socket
-import sys
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -26,6 +25,7 @@ from pagekv.server.advertise import check_address, http_url
 from pagekv.server.cluster import CLUSTER_SECRET_ENV, stored_secret
 from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.loader import load_registry
+from pagekv.server.logs import configure_logging as configure_logging
 from pagekv.server.protocol import TOKEN_ENV
 from pagekv.server.run import uvicorn_server
 
@@ -72,18 +72,6 @@ def with_stored_secret(config: ServerConfig, url: str) -> ServerConfig:
         return config if secret is None else replace(config, cluster_secret=secret)
     except (OSError, ConfigError) as e:
         raise StartupError(f"the store's cluster secret: {e}") from None
-
-
-def configure_logging(level: str) -> None:
-    """One format for pagekv's records and uvicorn's (which then adds no handlers of its own):
-    time, level, logger, message, on stderr."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if level != "debug":  # a line per request it makes: the address check, each forwarded call
-        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def open_store(url: str, *, create: bool = True) -> KvStore:

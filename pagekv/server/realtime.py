@@ -43,7 +43,7 @@ from pagekv.server.cluster import PEER_SCOPE_KEY, PROOF_HEADER, ProofError, call
 from pagekv.server.codec import query_params
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, forwarded
-from pagekv.server.gateway import MODES
+from pagekv.server.gateway import MODES, log_failure
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 from pagekv.server.runtime import Runtime
 
@@ -392,6 +392,8 @@ async def _answer(rt: Runtime, conn: Connection, frame: Frame, slots: anyio.Sema
             return
         except Exception as e:
             failure = classify(e, in_action=frame["t"] == "action")
+            if frame["t"] == "action":
+                log_failure("action", str(frame.get("name")), conn.name, conn.key, e, failure)
             _push_error(conn, request, failure.body()["error"])
             return
         answer = {"t": "result", "id": request, "result": result}

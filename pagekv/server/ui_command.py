@@ -25,6 +25,7 @@ from pagekv.server.command import (
     add_log_level_argument,
 )
 from pagekv.server.config import ConfigError, ServerConfig
+from pagekv.server.logs import announce
 from pagekv.server.process import StartupError, configure_logging, listen, open_store
 from pagekv.server.protocol import DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.run import store_server
@@ -44,7 +45,7 @@ def _ui(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"pagekv ui: {e}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         store = open_store(args.kv, create=False)
         try:
@@ -58,11 +59,7 @@ def _ui(args: argparse.Namespace) -> int:
     auth = "unauthenticated" if config.unauthenticated else "token required"
     address = http_url(args.host, public.getsockname()[1])
     label = redact_url(args.kv)
-    print(
-        f"pagekv ui: read-only inspector of {label} at {address}/ ({auth})",
-        file=sys.stderr,
-        flush=True,
-    )
+    announce(f"pagekv ui: read-only inspector of {label} at {address}/ ({auth})", args.log_format)
     server = store_server(
         kv=store,
         config=config,
