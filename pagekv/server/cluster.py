@@ -13,6 +13,10 @@ answer carries `X-Pagekv-Proof: <registry> <mac>` over the request's nonce, its 
 and the status, and the forwarder relays an answer only with a valid one: an answer without
 it came from a process that does not hold the secret, which cannot have served the call.
 
+An actor's `ctx.client` call to an actor another server owns (`OwnerCalls`) is signed the same
+way, without a forwarding header (it is served as a call of a client, routed afresh there),
+through `PeerTransport`.
+
 The proof says "holds the cluster secret", not "is the registry the lease named": a server
 restarted at the owner's address serves the calls meant for the registry that died there
 (`Registry._route`), so an answer from it is the actor's answer too. The secret is never
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -147,7 +152,8 @@ def call_target(scope: Scope) -> str:
 
 
 class PeerAuth:
-    """Lets a forwarded call (one with `X-Pagekv-Forwarded`) through only with a valid proof,
+    """Lets a forwarded call (one with `X-Pagekv-Forwarded`), or one with a proof (a server's
+    `ctx.client` call), through only with a valid proof,
     and signs every answer to it; a call without one is refused (HTTP 403, WebSocket close
     1008) before anything runs. Invariant: every answer this server sends to a call it
     accepted as forwarded carries the answer proof, so the forwarder can tell it from a
@@ -160,14 +166,14 @@ class PeerAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers", ())) if scope["type"] != "lifespan" else {}
         forwarding = headers.get(FORWARDED_HEADER.encode())
-        if forwarding is None:
+        proof = headers.get(PROOF_HEADER.encode())
+        if forwarding is None and proof is None:
             await self.app(scope, receive, send)
             return
-        proof = headers.get(PROOF_HEADER.encode())
         try:
             nonce = self._key.check_request(
                 proof.decode("latin-1") if proof is not None else None,
-                forwarding.decode("latin-1"),
+                (forwarding or b"").decode("latin-1"),
                 scope.get("method", "GET"),
                 call_target(scope),
             )
@@ -202,3 +208,32 @@ class PeerAuth:
             return
         error = HttpError(403, ErrorCode.UNAUTHORIZED, message)
         await error_answer(Request(scope), error)(scope, receive, send)
+
+
+class PeerTransport(httpx.AsyncBaseTransport):
+    """The transport of `ctx.client`'s calls to the server owning another actor: each request
+    signed with the cluster secret, with no token, and an answer without the proof of a server
+    of the store taken for an answer never received (`httpx.ConnectError`, which the client
+    retries, then reports as `ServerUnreachable`): a process squatting the owner's address ran
+    nothing of the call, learns no token and fools no actor."""
+
+    def __init__(self, key: ClusterKey) -> None:
+        self._key = key
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        query = request.url.query.decode("latin-1")
+        target = f"{request.url.path}?{query}" if query else request.url.path
+        proof, nonce = self._key.sign_request("", request.method, target)
+        request.headers[PROOF_HEADER] = proof
+        response = await self._inner.handle_async_request(request)
+        try:
+            self._key.check_answer(response.headers.get(PROOF_HEADER), nonce, response.status_code)
+        except ProofError as e:
+            await response.aclose()
+            log.warning("call to %s: answer not taken: %s", request.url.netloc.decode(), e)
+            raise httpx.ConnectError(f"no server of this store answered: {e}") from None
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

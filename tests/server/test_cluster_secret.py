@@ -20,7 +20,9 @@ import httpx
 import pytest
 from server_helpers import TOKEN, serving
 from test_cli import served_process
+from test_realtime import room
 
+from pagekv.client import RemoteError
 from pagekv.kv import MemoryStore
 from pagekv.server.cluster import PROOF_HEADER, ClusterKey
 from pagekv.server.forward import FORWARDED_HEADER
@@ -30,9 +32,10 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
 @contextmanager
-def squatter(port: int) -> Iterator[list[bytes]]:
-    """An HTTP server on loopback `port` answering every request 200 `{"result": "fake"}`;
-    yields the requests it got, each as its raw header block and body."""
+def squatter(port: int) -> Iterator[tuple[int, list[bytes]]]:
+    """An HTTP server on loopback `port` (0: any free one) answering every request 200
+    `{"result": "fake"}`; yields its port and the requests it got, each as its request line,
+    header block and body."""
     seen: list[bytes] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -56,7 +59,7 @@ def squatter(port: int) -> Iterator[list[bytes]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield seen
+        yield server.server_address[1], seen
     finally:
         server.shutdown()
         server.server_close()
@@ -81,7 +84,7 @@ async def test_a_process_on_a_killed_owners_port_gets_no_token_and_is_never_rela
         assert relayed.json()["result"]["rows"] == [1, 2], relayed.text
         owner.proc.send_signal(signal.SIGKILL)
         await anyio.to_thread.run_sync(owner.proc.wait)
-        with squatter(urlsplit(urls[0]).port or 0) as seen:
+        with squatter(urlsplit(urls[0]).port or 0) as (_, seen):
             fooled = await _add(urls[1], 3)
             assert seen, "the survivor sent the call to whatever listened at the owner's address"
         assert fooled.status_code == 503, fooled.text
@@ -153,3 +156,26 @@ async def test_servers_with_different_secrets_cannot_forward_to_each_other(
     assert "does not match this server's cluster secret" in logged
     assert "--cluster-secret" in logged
     assert "the-first-cluster-secret" not in logged and "the-other-cluster-secret" not in logged
+
+
+async def test_ctx_client_sends_no_token_to_a_process_at_the_owners_address() -> None:
+    """The owner's lease names an address where another process listens: an actor's call of
+    it through `ctx.client` gives that process no token and takes none of its answers."""
+    store = MemoryStore()
+    with squatter(0) as (port, seen):
+        async with (
+            serving([room], kv=store, advertise_url=f"http://127.0.0.1:{port}") as owner,
+            serving([room], kv=store, advertise=True) as caller,
+            owner.client() as at_owner,
+            caller.client() as at_caller,
+        ):
+            await at_owner.get_or_create("room", "callee").post("hi")
+            at_caller.retry_for = 0
+            with pytest.raises(RemoteError) as failed:
+                await at_caller.get_or_create("room", "caller").ask("callee")
+            assert seen, "the call went to the address the lease names"
+            assert "fake" not in str(failed.value)
+            assert caller.app.state.registry.counters["forwarded"] == 0
+    for request in seen:
+        assert b"authorization" not in request.lower(), request
+        assert TOKEN.encode() not in request
