@@ -18,6 +18,7 @@ from pagekv.server.advertise import ADVERTISE_ENV, default_url, http_url
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
     DEFAULT_INSPECT_MAX_BYTES,
+    DEFAULT_INSPECT_TEMP_BYTES,
     ConfigError,
 )
 from pagekv.server.loader import AppNotFound
@@ -242,6 +243,13 @@ def add_inspector_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_INSPECT_MAX_BYTES,
         help="most bytes of values in one inspector answer, and in any value a query reads "
         f"or makes (default {DEFAULT_INSPECT_MAX_BYTES}; 413 past it)",
+    )
+    parser.add_argument(
+        "--inspect-temp-bytes",
+        type=positive_int,
+        default=DEFAULT_INSPECT_TEMP_BYTES,
+        help="most bytes of temp files on disk one inspector query may write as it sorts "
+        f"(default {DEFAULT_INSPECT_TEMP_BYTES}; 403 query_refused past it)",
     )
     parser.add_argument(
         "--inspect-concurrency",

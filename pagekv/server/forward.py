@@ -24,9 +24,9 @@ go) is routed again after a short pause, since the lease entry moves on; past
 `forward_wait_s`, the answer is a retryable 503 `owner_unreachable` with `written: false`. A
 refusal is known by its header alone, which the owner sets on its refusals and removes from the
 answers of raw HTTP handlers: a handler's answer, whatever its body, is relayed, once. An owner
-that took the request but did not begin its answer in time (`forward_timeout_s`, or before its
-lease ran out) makes a 503 `owner_timeout` whose `written` is unknown: the call may have run
-there.
+that took the request but did not begin its answer in time (before its lease ran out, and
+within `forward_timeout_s`, which covers a short answer's body too) makes a 503 `owner_timeout`
+whose `written` is unknown: the call may have run there.
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ _HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
+_WHOLE_BYTES = 64 * 1024
+"""An answer of known length up to this is relayed in one piece (see `_relay`)."""
 _FIRST_PAUSE_S = 0.02
 _LONGEST_PAUSE_S = 0.25
 log = logging.getLogger("pagekv.server")
@@ -170,6 +172,13 @@ class Forwarder:
         try:
             with anyio.fail_after(self._config.forward_timeout_s):
                 response = await self._unless_lease_lost(sent, aid, owner)
+                if not self._proven(response, nonce, owner):
+                    await response.aclose()
+                    return _Unreached("answered without proof that it is a server of this store")
+                if _refused(response):
+                    await response.aclose()
+                    return _Unreached("refused the call as not its owner any more")
+                return await _relay(response, owner.address)
         except (httpcore.ConnectError, httpcore.ConnectTimeout, httpcore.PoolTimeout) as e:
             log.debug("forward to %s: not reached: %r", owner.address, e)
             return _Unreached("could not be reached")
@@ -180,29 +189,24 @@ class Forwarder:
             raise _no_answer(owner, why) from e
         except _LeaseLost as e:
             raise _no_answer(owner, str(e)) from e
-        proof = next(
-            (
-                v.decode("latin-1")
-                for k, v in response.headers
-                if k.lower() == PROOF_HEADER.encode()
-            ),
-            None,
-        )
+
+    def _proven(self, response: httpcore.Response, nonce: str, owner: Owner) -> bool:
+        """Whether the answer to the call `nonce` came from a server of the store: nothing
+        of one that did not is relayed (`cluster.py`)."""
+        proofs = [v for k, v in response.headers if k.lower() == PROOF_HEADER.encode()]
         try:
-            self.key.check_answer(proof, nonce, response.status)
+            self.key.check_answer(
+                proofs[0].decode("latin-1") if proofs else None, nonce, response.status
+            )
         except ProofError as e:
-            await response.aclose()
             log.warning(
                 "forward to %s: answer not relayed: %s (a process that is no server of this "
                 "store listens there, or one with another --cluster-secret)",
                 owner.address,
                 e,
             )
-            return _Unreached("answered without proof that it is a server of this store")
-        if _refused(response):
-            await response.aclose()
-            return _Unreached("refused the call as not its owner any more")
-        return _Relayed(response, owner.address)
+            return False
+        return True
 
     async def _unless_lease_lost(
         self, sent: Awaitable[httpcore.Response], aid: str, owner: Owner
@@ -351,17 +355,34 @@ def _refused(response: httpcore.Response) -> bool:
     return response.status == 503 and values == [b"not_owner"]
 
 
-class _Relayed(StreamingResponse):
-    """The owner's answer, relayed as it arrives: its status and end-to-end headers (`Date`
-    aside: this server dates what it sends), then its body piece by piece as the client takes
-    it, so at most a few pieces are held. The owner's response is closed however this ends
-    (read whole, the client gone, the owner broken off); one whose body broke off ends the
-    client's answer with `AnswerBrokenOff` (its connection is dropped, not the body ended as if
-    whole)."""
+async def _relay(response: httpcore.Response, address: str) -> Response:
+    """The client's answer from the owner's: its status and end-to-end headers (`Date` aside:
+    this server dates what it sends), and its body, read whole when its length is known and at
+    most `_WHOLE_BYTES` (an action's answer: cheaper than a stream), else streamed."""
+    headers = end_to_end(response.headers, frozenset({b"date", PROOF_HEADER.encode()}))
+    lengths = [v for k, v in headers if k == b"content-length"]
+    if len(lengths) == 1 and lengths[0].isdigit() and int(lengths[0]) <= _WHOLE_BYTES:
+        try:
+            answer = Response(await response.aread(), status_code=response.status)
+        finally:
+            await response.aclose()
+        answer.raw_headers = headers
+        return answer
+    return _Relayed(response, headers, address)
 
-    def __init__(self, response: httpcore.Response, address: str) -> None:
+
+class _Relayed(StreamingResponse):
+    """The owner's answer (`response`, with `headers`), relayed as it arrives: its body piece
+    by piece as the client takes it, so at most a few pieces are held. The owner's response is
+    closed however this ends (read whole, the client gone, the owner broken off); one whose body
+    broke off ends the client's answer with `AnswerBrokenOff` (its connection is dropped, not
+    the body ended as if whole)."""
+
+    def __init__(
+        self, response: httpcore.Response, headers: list[tuple[bytes, bytes]], address: str
+    ) -> None:
         super().__init__(self._pieces(), status_code=response.status)
-        self.raw_headers = end_to_end(response.headers, frozenset({b"date", PROOF_HEADER.encode()}))
+        self.raw_headers = headers
         self._response = response
         self._address = address
 

@@ -57,7 +57,7 @@ def _request_id(scope: Scope) -> str:
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line: `time` (UTC, ISO 8601), `level`, `logger`,
-    `message`, each `extra` field of the record, `request_id` inside a request, and
+    `message`, `request_id` inside a request, each other `extra` field of the record, and
     `traceback` when the record has one. Values JSON cannot hold are written as their `str`."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -71,7 +71,9 @@ class JsonFormatter(logging.Formatter):
         if request_id is not None:
             entry["request_id"] = request_id
         entry.update(
-            (key, value) for key, value in record.__dict__.items() if key not in _RECORD_FIELDS
+            (key, value)
+            for key, value in record.__dict__.items()
+            if key not in _RECORD_FIELDS and key not in entry
         )
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)

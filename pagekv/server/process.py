@@ -46,6 +46,7 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
         max_body_bytes=args.max_body_bytes,
         cors_origins=tuple(args.cors_origin),
         inspect_max_bytes=args.inspect_max_bytes,
+        inspect_temp_bytes=args.inspect_temp_bytes,
         inspect_concurrency=args.inspect_concurrency,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,

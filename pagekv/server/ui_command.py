@@ -40,6 +40,7 @@ def _ui(args: argparse.Namespace) -> int:
             token=args.token if args.token is not None else os.environ.get(TOKEN_ENV),
             unauthenticated=args.unauthenticated,
             inspect_max_bytes=args.inspect_max_bytes,
+            inspect_temp_bytes=args.inspect_temp_bytes,
             inspect_concurrency=args.inspect_concurrency,
         )
     except ConfigError as e:

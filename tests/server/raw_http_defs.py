@@ -1,12 +1,13 @@
 """A raw HTTP actor for the tests of raw HTTP through a server that does not own it
 (`test_raw_forwarding.py`, served by `pagekv serve` processes and in-process).
 
-`relay`'s `on_request` answers by path: `/headers` echoes the request's headers and body and answers
-with headers of its own (two cookies, a redirect, a cache policy, repeated custom ones);
-`/stream?mib=N` streams N MiB; `/events?every=S` is an endless event stream, one event every S
-seconds, and `/open` counts the event streams still being produced in this process;
-`/lookalike` counts its runs and answers with a 503 shaped like the runtime's `not_owner`
-refusal (with the refusal's header too if `?claim=1`); `/runs` reads that count.
+`relay`'s `on_request` answers by path: `/headers` echoes the request's headers and body and
+answers with headers of its own (two cookies, a redirect, a cache policy, repeated custom ones);
+`/stream?mib=N` streams N MiB, `/blob` answers 1 MiB in one piece; `/events?every=S` is an
+endless event stream, one event every S seconds, and `/open` counts the event streams still
+being produced in this process; `/lookalike` counts its runs and answers with a 503 shaped like
+the runtime's `not_owner` refusal (with the refusal's header too if `?claim=1`); `/runs` reads
+that count.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ async def _serve(ctx: ActorContext, request: Request) -> Response:
         return await _echo(request)
     if path == "/stream":
         return StreamingResponse(_mebibytes(int(query["mib"])), media_type="application/x-bytes")
+    if path == "/blob":
+        return Response(MIB, media_type="application/x-bytes")
     if path == "/events":
         return StreamingResponse(_events(float(query["every"])), media_type="text/event-stream")
     if path == "/open":

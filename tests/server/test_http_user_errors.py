@@ -272,3 +272,24 @@ async def test_names_from_the_request_cannot_break_the_log_line(
     assert "\n" not in message and len(message) < 300, message
     assert message.startswith("action 'no\\nsuch' of actor 'shop' key 'a\\nbxxx")
     assert "failed: ActionNotFound (404 unknown_action, written=false, request_id=" in message
+
+
+async def test_a_request_id_is_the_clients_when_it_is_a_short_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A proxy's `X-Request-Id` names the request in the log; anything else (spaces, quotes,
+    over 64 characters) could forge or bloat a line, so a fresh id replaces it."""
+    caplog.set_level(logging.INFO, logger="pagekv.server")
+    sent = ["proxy-7f3a:42", "a b", 'x"y', "z" * 65]
+    async with serving([shop]) as served, served.http() as http:
+        for request_id in sent:
+            response = await http.post(
+                "/actors/shop/actions/check",
+                params={"key": "k"},
+                json={"args": ["c"]},
+                headers={"x-request-id": request_id},
+            )
+            assert response.status_code == 400 and "x-request-id" not in response.headers
+    ids = [r.request_id for r in server_records(caplog)]  # type: ignore[attr-defined]
+    assert ids[0] == "proxy-7f3a:42" and len(ids) == 4, ids
+    assert all(re.fullmatch(r"[0-9a-f]{16}", i) for i in ids[1:]), ids

@@ -139,7 +139,7 @@ async def _timed_stream(url: str, mib: int) -> tuple[float, float, int]:
 async def test_a_streamed_answer_flows_through_in_bounded_memory(tmp_path: Path) -> None:
     """150 MiB streamed by the handler: through the other server its first byte comes long
     before its last, and that server's peak RSS grows by far less than the answer (it relayed
-    it piece by piece, as the client read it)."""
+    it piece by piece, as the client read it). An answer of known length comes through whole."""
     mib = 150
     async with owner_and_other(tmp_path) as (owner, other):
         assert other.url is not None and owner.url is not None
@@ -160,6 +160,8 @@ async def test_a_streamed_answer_flows_through_in_bounded_memory(tmp_path: Path)
             )
         )
         assert size == direct[2] == mib * MIB
+        blob = await _get(other, "/blob")
+        assert (blob.headers["content-length"], blob.content) == (str(MIB), b"x" * MIB)
         assert first < 1.0 and first < total / 4, (first, total)
         assert growth < 50 * MIB, f"the forwarder's peak RSS grew by {growth / MIB:.0f} MiB"
 
