@@ -72,15 +72,16 @@ class Holds:
         self._held[aid] = _Hold(name, key, generation, due, published)
 
     def drop(self, aid: str) -> None:
-        """A wake here replaced the hold."""
+        """A wake here replaced the hold (a renewal found it so, or the wake itself)."""
         self._held.pop(aid, None)
+        self._renewing.discard(aid)
 
     def held(self) -> list[str]:
         return list(self._held)
 
     def lapsing(self, now: float) -> list[str]:
         """The holds to renew now (half their lease gone, or their entry unknown), each
-        returned once until its `renew` ends."""
+        returned once until its `renew` (or a `drop`) ends."""
         due = [
             aid
             for aid, hold in self._held.items()

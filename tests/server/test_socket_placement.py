@@ -101,7 +101,7 @@ async def test_hibernating_sockets_get_every_event_wherever_their_actor_is_calle
     tmp_path: Path, count: int
 ) -> None:
     """Two sockets at server A; their actor goes to sleep between calls sent to every server in
-    turn, and between schedules that any server's poll may find due, for longer than a lease.
+    turn, and between schedules that any server's poll may find due, then for two leases.
     Every event reaches both sockets, in order; an action over a socket is answered; no
     `on_disconnect` runs while they are open, and exactly one per socket once they close."""
     async with _servers(f"file:{tmp_path}/store", count) as processes:
@@ -122,6 +122,10 @@ async def test_hibernating_sockets_get_every_event_wherever_their_actor_is_calle
                 expected.append(text)
             for socket_ in sockets:
                 assert await _said(socket_, len(expected)) == expected
+            await anyio.sleep(2 * float(LEASE))  # asleep past two leases: its hold renewed
+            assert await clients[-1].get("chat", "room").say("after a long sleep") == 2
+            for socket_ in sockets:
+                assert await _said(socket_, 1) == ["after a long sleep"]
             await sockets[0].send(json.dumps({"t": "action", "id": 2, "name": "name"}))
             assert json.loads(await sockets[0].recv()) == {"t": "result", "id": 2, "result": "ada"}
             assert await clients[-1].get("chat", "room").gone() == {}
