@@ -31,6 +31,7 @@ from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, Forwarder
+from pagekv.server.guard import HostAndOriginGuard
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.owner_calls import OwnerCalls
 from pagekv.server.protocol import ErrorCode
@@ -241,8 +242,9 @@ def _app(
     config: ServerConfig,
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[dict[str, Any]]],
 ) -> Starlette:
-    """A Starlette app with pagekv's middleware (auth, CORS, draining) and error answers."""
-    middleware = [Middleware(_CloseWhileDraining)]
+    """A Starlette app with pagekv's middleware (Host and Origin, auth, CORS, draining) and
+    error answers."""
+    middleware = [Middleware(HostAndOriginGuard, config=config), Middleware(_CloseWhileDraining)]
     if config.cors_origins:
         middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
     if config.token is not None:

@@ -19,6 +19,7 @@ from pagekv.server.config import (
     DEFAULT_INSPECT_MAX_BYTES,
     ConfigError,
 )
+from pagekv.server.guard import configured_name, is_loopback
 from pagekv.server.loader import AppNotFound
 from pagekv.server.process import (
     StartupError,
@@ -67,6 +68,9 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    warning = exposure_warning("serve", args.host, config.unauthenticated)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     if args.workers > 1:
         store.close()  # each worker opens its own
         return supervise(args, public)
@@ -214,7 +218,34 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
         "--token", help=f"bearer token clients must send (prefer ${TOKEN_ENV}: argv is visible)"
     )
     auth.add_argument(
-        "--unauthenticated", action="store_true", help="serve without any authentication"
+        "--unauthenticated",
+        action="store_true",
+        help="serve without any authentication, for development on this machine: only "
+        "requests to its own host names (see --allowed-hosts) are served, and pages of other "
+        "origins may not change anything",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        type=host_list,
+        metavar="HOST,...",
+        help="names the Host header may carry besides the loopback ones and the server's own "
+        "address; * allows any (default: these only with --unauthenticated, any with a token)",
+    )
+
+
+def host_list(text: str) -> tuple[str, ...]:
+    """`--allowed-hosts`: names separated by commas (`ServerConfig` checks each)."""
+    return tuple(name.strip() for name in text.split(","))
+
+
+def exposure_warning(command: str, host: str, unauthenticated: bool) -> str | None:
+    """The line that says an unauthenticated server listens beyond this machine."""
+    if not unauthenticated or is_loopback(configured_name(host)):
+        return None
+    return (
+        f"pagekv {command}: WARNING: --unauthenticated on {host}, not a loopback address: "
+        "anyone who can reach it can call every action and read every actor. Serve on "
+        f"127.0.0.1 or set a token (--token or ${TOKEN_ENV})."
     )
 
 

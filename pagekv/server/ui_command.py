@@ -23,6 +23,7 @@ from pagekv.server.command import (
     add_auth_arguments,
     add_inspector_arguments,
     add_log_level_argument,
+    exposure_warning,
 )
 from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.process import StartupError, configure_logging, listen, open_store
@@ -38,6 +39,8 @@ def _ui(args: argparse.Namespace) -> int:
         config = ServerConfig(
             token=args.token if args.token is not None else os.environ.get(TOKEN_ENV),
             unauthenticated=args.unauthenticated,
+            allowed_hosts=args.allowed_hosts,
+            listen_host=args.host,
             inspect_max_bytes=args.inspect_max_bytes,
             inspect_concurrency=args.inspect_concurrency,
         )
@@ -63,6 +66,9 @@ def _ui(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    warning = exposure_warning("ui", args.host, config.unauthenticated)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     server = store_server(
         kv=store,
         config=config,
