@@ -32,6 +32,7 @@ from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, Forwarder
 from pagekv.server.guard import HostAndOriginGuard
+from pagekv.server.logs import RequestIds
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.owner_calls import OwnerCalls
 from pagekv.server.protocol import ErrorCode
@@ -242,9 +243,13 @@ def _app(
     config: ServerConfig,
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[dict[str, Any]]],
 ) -> Starlette:
-    """A Starlette app with pagekv's middleware (Host and Origin, auth, CORS, draining) and
-    error answers."""
-    middleware = [Middleware(HostAndOriginGuard, config=config), Middleware(_CloseWhileDraining)]
+    """A Starlette app with pagekv's middleware (request ids, Host and Origin, auth, CORS,
+    draining) and error answers."""
+    middleware = [
+        Middleware(RequestIds),
+        Middleware(HostAndOriginGuard, config=config),
+        Middleware(_CloseWhileDraining),
+    ]
     if config.cors_origins:
         middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
     if config.token is not None:

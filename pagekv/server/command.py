@@ -17,10 +17,12 @@ from pagekv.server.advertise import ADVERTISE_ENV, default_url, http_url
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
     DEFAULT_INSPECT_MAX_BYTES,
+    DEFAULT_INSPECT_TEMP_BYTES,
     ConfigError,
 )
 from pagekv.server.guard import configured_name, is_loopback
 from pagekv.server.loader import AppNotFound
+from pagekv.server.logs import LOG_FORMATS, announce
 from pagekv.server.process import (
     StartupError,
     configure_logging,
@@ -46,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, AppNotFound) as e:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         store = open_store(args.kv)  # by the supervisor too, only to fail fast
     except StartupError as e:
@@ -61,16 +63,15 @@ def _serve(args: argparse.Namespace) -> int:
     bound = public.getsockname()[1]
     auth = "unauthenticated" if config.unauthenticated else "token required"
     workers = f", {args.workers} workers" if args.workers > 1 else ""
-    print(
+    announce(
         f"pagekv serve: {len(registry.definitions)} actor type(s) "
         f"({', '.join(sorted(registry.definitions))}) on {redact_url(args.kv)}, "
         f"{http_url(args.host, bound)} ({auth}){workers}",
-        file=sys.stderr,
-        flush=True,
+        args.log_format,
     )
     warning = exposure_warning("serve", args.host, config.unauthenticated)
     if warning is not None:
-        print(warning, file=sys.stderr, flush=True)
+        announce(warning, args.log_format)
     if args.workers > 1:
         store.close()  # each worker opens its own
         return supervise(args, public)
@@ -258,6 +259,13 @@ def add_inspector_arguments(parser: argparse.ArgumentParser) -> None:
         f"or makes (default {DEFAULT_INSPECT_MAX_BYTES}; 413 past it)",
     )
     parser.add_argument(
+        "--inspect-temp-bytes",
+        type=positive_int,
+        default=DEFAULT_INSPECT_TEMP_BYTES,
+        help="most bytes of temp files on disk one inspector query may write as it sorts "
+        f"(default {DEFAULT_INSPECT_TEMP_BYTES}; 403 query_refused past it)",
+    )
+    parser.add_argument(
         "--inspect-concurrency",
         type=positive_int,
         default=DEFAULT_INSPECT_CONCURRENCY,
@@ -272,4 +280,11 @@ def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="least level logged, pagekv's and the HTTP server's (default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text: time, level, logger, message, a traceback on the lines after; json: one "
+        "JSON object per record, for log shippers (default text)",
     )

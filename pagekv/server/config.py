@@ -14,6 +14,7 @@ from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 GRACEFUL_S = 10
 """How long a stopping server lets the requests it began finish before it cancels them."""
 DEFAULT_INSPECT_MAX_BYTES = 16 * 2**20
+DEFAULT_INSPECT_TEMP_BYTES = 512 * 2**20
 DEFAULT_INSPECT_CONCURRENCY = 4
 
 
@@ -44,6 +45,11 @@ class ServerConfig:
     inspect_max_bytes: int = DEFAULT_INSPECT_MAX_BYTES
     """The most bytes of values one inspector answer may hold (413 `answer_too_large` past
     it); no value read or built by a query may be longer either."""
+    inspect_temp_bytes: int = DEFAULT_INSPECT_TEMP_BYTES
+    """The most bytes of temp files on disk one inspector read may write as it sorts or builds
+    temporary tables (403 `query_refused`, `limit` `inspect_temp_bytes`, past it): sorting on
+    disk keeps a query's memory small (about 32 MiB plus, for each 16 MiB sorted, its largest
+    row), and this bounds the disk and that memory."""
     inspect_concurrency: int = DEFAULT_INSPECT_CONCURRENCY
     """Inspector reads that run at once on worker threads: more wait for a turn (up to
     `query_timeout_s`, then 503 `inspector_busy`), so the actors' work never waits behind
@@ -63,7 +69,8 @@ class ServerConfig:
     since they append the route to it. None: it owns actors nobody can forward to, so the
     others take them over, as a process without placement would."""
     forward_timeout_s: float = 30.0
-    """How long a forwarded call may take at its owner (503 `owner_timeout` past it)."""
+    """How long a forwarded call may take at its owner before its answer begins (503
+    `owner_timeout` past it); a streamed answer then lasts as long as its handler makes it."""
     forward_connect_s: float = 1.0
     """How long connecting to an actor's owner may take before it counts as unreachable."""
     forward_keepalive_s: float = 2.0
@@ -122,6 +129,8 @@ class ServerConfig:
                 )
         if self.inspect_max_bytes < 1:
             raise ConfigError(f"inspect_max_bytes must be >= 1, got {self.inspect_max_bytes}")
+        if self.inspect_temp_bytes < 1:
+            raise ConfigError(f"inspect_temp_bytes must be >= 1, got {self.inspect_temp_bytes}")
         if self.inspect_concurrency < 1:
             raise ConfigError(f"inspect_concurrency must be >= 1, got {self.inspect_concurrency}")
         for name in ("header_timeout_s", "body_timeout_s"):

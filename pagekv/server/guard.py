@@ -15,8 +15,10 @@ pages out:
   page's `Origin` with every such request, so a WebSocket, or any request but GET, HEAD and
   OPTIONS, whose `Origin` is neither this server's own (`scheme://` + its `Host`) nor one of
   `cors_origins` is a 403 `origin_not_allowed`. A request without `Origin` is not a browser
-  page's and passes. Raw HTTP routes (`on_request`) are the app's own (a webhook or a payment
-  provider's form may post from anywhere): only the Host check applies to them.
+  page's and passes, as does one forwarded by another server of the store
+  (`X-Pagekv-Forwarded`, which no page can send: the server it reached checked it). Raw HTTP
+  routes (`on_request`) are the app's own (a webhook or a payment provider's form may post from
+  anywhere): only the Host check applies to them.
 
 With a token the Origin check is off (a cross-site page has no token to send), and the Host
 check runs only if `allowed_hosts` is given. That a body must be JSON or CBOR (`codec`) holds
@@ -39,6 +41,7 @@ from pagekv.server.advertise import WILDCARD_HOSTS
 from pagekv.server.codec import error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError
+from pagekv.server.forward import FORWARDED_HEADER
 from pagekv.server.protocol import ErrorCode
 
 _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^\s:/@\[\]]+)(:[0-9]{1,5})?")
@@ -126,6 +129,8 @@ class HostAndOriginGuard:
     def _origin_refused(self, scope: Scope, host: str, headers: Headers) -> HttpError | None:
         origin = headers.get("origin")
         if not self.check_origin or origin is None or not _changes_state(scope):
+            return None
+        if FORWARDED_HEADER in headers:  # checked where it arrived; no page can set it
             return None
         parts = urlsplit(origin)
         same = parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()

@@ -14,7 +14,6 @@ import argparse
 import logging
 import os
 import socket
-import sys
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -25,6 +24,7 @@ from pagekv.kv import KvError, KvStore, open_kv, redact_url
 from pagekv.server.advertise import check_address, http_url
 from pagekv.server.config import ServerConfig
 from pagekv.server.loader import load_registry
+from pagekv.server.logs import configure_logging as configure_logging
 from pagekv.server.protocol import TOKEN_ENV
 from pagekv.server.run import uvicorn_server
 
@@ -47,6 +47,7 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
         allowed_hosts=args.allowed_hosts,
         listen_host=args.host,
         inspect_max_bytes=args.inspect_max_bytes,
+        inspect_temp_bytes=args.inspect_temp_bytes,
         inspect_concurrency=args.inspect_concurrency,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
@@ -59,18 +60,6 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
     )
     registry = load_registry(args.app)
     return replace(config, lease_s=registry.lease if args.lease is None else args.lease), registry
-
-
-def configure_logging(level: str) -> None:
-    """One format for pagekv's records and uvicorn's (which then adds no handlers of its own):
-    time, level, logger, message, on stderr."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if level != "debug":  # a line per request it makes: the address check, each forwarded call
-        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def open_store(url: str, *, create: bool = True) -> KvStore:

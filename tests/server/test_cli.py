@@ -298,7 +298,12 @@ async def test_serve_takes_its_defaults_from_the_environment_and_logs_with_times
     assert (tmp_path / "env-store").is_dir(), "the store of $PAGEKV_KV"
     assert f"on file:{tmp_path}/env-store, {url} " in log, "the banner, with the port bound"
     stamped = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) [\w.]+: ")
-    assert all(stamped.match(line) for line in log.splitlines()[1:] if line.strip()), log
+    traceback = re.compile(r"^(Traceback \(most recent call last\):|  |ValueError: no$)")
+    assert all(
+        stamped.match(line) or traceback.match(line)
+        for line in log.splitlines()[1:]
+        if line.strip()
+    ), log
     assert '"POST /actors/ledger/actions/add?key=k HTTP/1.1" 200' in log, "the access log"
     assert re.search(r"(WARNING|INFO|ERROR) pagekv\.server: .*fail", log), log
 

@@ -33,6 +33,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
 from pagekv.actor import ActorContext, actor
+from pagekv.kv import MemoryStore
 from pagekv.server import ConfigError, ServerConfig
 from pagekv.server.command import exposure_warning
 
@@ -200,6 +201,31 @@ async def test_cross_site_state_changes_are_refused() -> None:
         assert reads.status_code == 200  # a browser shows another origin no answer without CORS
         raw = await http.post("/actors/hooked/request/x?key=h", headers={"origin": FOREIGN})
         assert raw.status_code == 200 and raw.json()["hits"] == 1  # the app's own route
+
+
+async def test_a_page_of_the_server_it_called_is_served_by_the_actors_owner_elsewhere() -> None:
+    """The page's own server forwards the call (and relays the socket) to the owner, whose
+    Host differs from the page's origin: the check was made where the page's request arrived,
+    and a forwarded request (`X-Pagekv-Forwarded`, a header no page can set) is not refused."""
+    store = MemoryStore()
+    async with (
+        serving(ACTORS, kv=store, token=None, advertise=True) as owner,
+        serving(ACTORS, kv=store, token=None, advertise=True) as other,
+        owner.http() as http,
+    ):
+        assert (await http.post("/actors/hooked/actions/bump?key=k", json={})).status_code == 200
+        async with other.http() as at_other:
+            same = {"origin": other.url}
+            call = await at_other.post("/actors/hooked/actions/bump?key=k", json={}, headers=same)
+            assert call.status_code == 200, call.text
+            refused = await at_other.post(
+                "/actors/hooked/actions/bump?key=k", json={}, headers={"origin": FOREIGN}
+            )
+            assert refused.status_code == 403, refused.text
+        assert (await _socket_action(_ws(other), origin=other.url))["t"] == "result"  # type: ignore[arg-type]
+        assert await _hits(http) == 3
+        assert owner.app.state.registry.counters["connections_relayed"] == 0
+        assert other.app.state.registry.counters["connections_relayed"] == 1
 
 
 async def test_listed_cors_origins_may_change_state() -> None:
