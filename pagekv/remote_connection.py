@@ -1,10 +1,13 @@
 """A connection to an actor over WebSocket, for `HttpClient`: `handle.connect(params)`.
 
 It reconnects by itself when the server closes the socket with a code of `RECONNECT` (the actor
-moved to another process, or the server stops) or the socket drops: a new connection with the
-same params, and the same subscriptions, so events resume (those sent meanwhile are lost: events
-are never persisted). Calls under way when the socket drops raise `ConnectionClosed`: they may
-have run. Any other close (refused, destroyed, disconnected by the actor) ends it for good.
+moved to another process, or the server stops, drains or restarts: 1001, 1011, 1012, 1013, 4009) or
+the socket drops, through the URL it was given (a load balancer's sends it to a server that stays),
+waiting longer each time: a new connection with the same params, and the same subscriptions, which
+are in place again before `reconnects` counts it, so every event sent from then on arrives (those
+sent meanwhile are lost: events are never persisted). Calls under way when the socket drops raise
+`ConnectionClosed`: they may have run. Any other close (refused, destroyed, disconnected by the
+actor) ends it for good.
 """
 
 from __future__ import annotations
@@ -99,10 +102,37 @@ class RemoteConnection(ActorConnection):
         except BaseException:
             await socket.close()
             raise
+        try:
+            await self._subscribe_again(socket)
+        except BaseException:
+            await socket.close()
+            raise
         self.id = frame["conn"]
         self._socket = socket
-        for event in sorted(self.subscriptions):  # again, after a reconnect; unanswered (id 0)
-            await socket.send(cbor2.dumps({"t": "sub", "id": 0, "event": event}))
+
+    async def _subscribe_again(self, socket: ClientConnection) -> None:
+        """After a reconnect: subscribe to the events subscribed to before, and wait for each
+        answer (delivering events that come meanwhile); `ConnectionClosed` (`MOVED`, which is
+        retried) if one is refused."""
+        asked = {}
+        for event in sorted(self.subscriptions):
+            request = next(self._ids)
+            asked[request] = event
+            await socket.send(cbor2.dumps({"t": "sub", "id": request, "event": event}))
+        try:
+            while asked:
+                frame = cbor2.loads(await socket.recv())
+                if frame.get("t") in ("result", "error") and frame.get("id") in asked:
+                    event = asked.pop(frame["id"])
+                    if frame["t"] == "error":
+                        message = frame["error"].get("message", "")
+                        raise ConnectionClosed(
+                            CloseCode.MOVED, f"subscribing to {event!r} again failed: {message}"
+                        )
+                else:
+                    self._dispatch(frame)
+        except SocketClosed as e:
+            raise _closed(e) from None
 
     async def _read_forever(self) -> None:
         while True:

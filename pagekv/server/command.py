@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from dataclasses import replace
 from typing import Any
@@ -30,6 +31,7 @@ from pagekv.server.process import (
     open_store,
     serve_process,
     settings,
+    with_stored_secret,
 )
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.workers import supervise
@@ -55,6 +57,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 1
     try:
+        config = with_stored_secret(config, args.kv)
+    except StartupError as e:
+        store.close()
+        print(f"pagekv serve: {e}", file=sys.stderr)
+        return 1
+    try:
         public = listen(args.host, args.port)
     except StartupError as e:
         store.close()
@@ -74,6 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
         announce(warning, args.log_format)
     if args.workers > 1:
         store.close()  # each worker opens its own
+        args.cluster_secret = config.cluster_secret or secrets.token_hex(32)  # theirs to share
         return supervise(args, public)
     config = replace(config, advertise_url=config.advertise_url or default_url(args.host, bound))
     try:
@@ -124,6 +133,14 @@ def add_serve_command(commands: Any, summary: str) -> None:
         f"forward calls for the actors it owns (default ${ADVERTISE_ENV}, else --host and "
         "--port, this machine's hostname for a wildcard --host; with --workers, its host and "
         "each worker's own port)",
+    )
+    serve_cmd.add_argument(
+        "--cluster-secret",
+        metavar="SECRET",
+        help="what the processes sharing the store prove to each other that they are with: the "
+        "same for all, 16 characters or more (prefer $PAGEKV_CLUSTER_SECRET: argv is visible; "
+        "default for a file: store: one generated into its directory; required for "
+        "postgresql:// when several processes share it)",
     )
     serve_cmd.add_argument(
         "--workers",

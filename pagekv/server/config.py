@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from pagekv.actor.connection import ConnectionLimits
@@ -16,6 +16,7 @@ GRACEFUL_S = 10
 DEFAULT_INSPECT_MAX_BYTES = 16 * 2**20
 DEFAULT_INSPECT_TEMP_BYTES = 512 * 2**20
 DEFAULT_INSPECT_CONCURRENCY = 4
+MIN_SECRET_CHARS = 16
 
 
 class ConfigError(ValueError):
@@ -93,6 +94,10 @@ class ServerConfig:
     """How often a silent WebSocket is pinged; one that does not answer within
     `ws_ping_timeout_s` is closed and its `on_disconnect` runs."""
     ws_ping_timeout_s: float = 20.0
+    cluster_secret: str | None = field(default=None, repr=False)
+    """What the servers of a store prove to each other with (`cluster.py`): every server
+    that forwards calls to another needs the same. None: a secret of this process's own, so
+    only servers in this process can forward to each other (`pagekv serve` gives one)."""
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(
@@ -161,6 +166,15 @@ class ServerConfig:
             raise ConfigError(f"lease_s must be > 0, got {self.lease_s}")
         if self.advertise_url is not None:
             _check_advertise_url(self.advertise_url)
+        if self.cluster_secret is not None and (
+            len(self.cluster_secret) < MIN_SECRET_CHARS
+            or not self.cluster_secret.isprintable()
+            or any(c.isspace() for c in self.cluster_secret)
+        ):
+            raise ConfigError(
+                f"the cluster secret must be at least {MIN_SECRET_CHARS} printable characters "
+                "without whitespace"
+            )
 
 
 def _is_host_name(host: str) -> bool:

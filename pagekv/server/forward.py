@@ -2,11 +2,14 @@
 runs on its one awake instance, wherever the call arrived.
 
 The receiving server sends the request on as it came: method, path, query, body bytes and every
-end-to-end header (`Authorization` too: the owner checks the same token and the same body limit,
-and encodes its answer as the client asked), with `X-Pagekv-Forwarded: <sender> <owner> <lease
-end>` naming the sending registry, the owner it meant and the end of the owner's lease as the
-sender read it. Not sent on: the hop-by-hop headers (RFC 9110 §7.6.1), `Host`, `Content-Length`
-and `Expect` (of this connection) and the `X-Pagekv-*` a client sent (only servers set those).
+end-to-end header (the owner checks the same body limit, and encodes its answer as the client
+asked), with `X-Pagekv-Forwarded: <sender> <owner> <lease end>` naming the sending registry, the
+owner it meant and the end of the owner's lease as the sender read it. Not sent on: the
+hop-by-hop headers (RFC 9110 §7.6.1), `Host`, `Content-Length` and `Expect` (of this
+connection) and the `X-Pagekv-*` a client sent (only servers set those). The server's token
+is not among them (`BearerAuth` took it off the request): the call is signed with the cluster
+secret instead, and an answer is relayed only if it proves it came from a server of the store
+(`cluster.py`), so a process that is not one learns no token and fools no client.
 The owner relays nothing further: a forwarded call is served there or refused with 503
 `not_owner` and `X-Pagekv-Refused: not_owner`, never forwarded again, so calls cannot loop. One
 that arrives after that lease end is refused too: its sender may have given up on it
@@ -44,12 +47,18 @@ from starlette.types import Receive, Scope, Send
 from pagekv.actor import NotOwner, OwnedElsewhere, Registry
 from pagekv.actor.ownership import Forwarded, Owner
 from pagekv.actor.writes import Writes
+from pagekv.server.cluster import (
+    FORWARDED_HEADER,
+    PROOF_HEADER,
+    ClusterKey,
+    ProofError,
+    call_target,
+)
 from pagekv.server.codec import error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError
 from pagekv.server.protocol import ErrorCode
 
-FORWARDED_HEADER = "x-pagekv-forwarded"
 REFUSED_HEADER = "x-pagekv-refused"
 """On a server's refusal of a forwarded call (`not_owner`), and nowhere else."""
 OWN_HEADER_PREFIX = b"x-pagekv-"
@@ -89,6 +98,7 @@ class Forwarder:
     def __init__(self, config: ServerConfig, registry: Registry) -> None:
         self._config = config
         self._registry = registry
+        self.key = ClusterKey(config.cluster_secret)
         self._http = httpcore.AsyncConnectionPool(
             max_connections=config.max_connections,
             max_keepalive_connections=100,
@@ -143,9 +153,10 @@ class Forwarder:
     ) -> Response | _Unreached:
         assert owner.address is not None, "the registry forwards only to owners with an address"
         headers = outgoing_headers(request, owner.address, body)
-        until = repr(owner.until)
-        forwarding = f"{self._registry.id} {owner.registry} {until}".encode()
-        headers.append((FORWARDED_HEADER.encode(), forwarding))
+        forwarding = f"{self._registry.id} {owner.registry} {owner.until!r}"
+        proof, nonce = self.key.sign_request(forwarding, request.method, call_target(request.scope))
+        headers.append((FORWARDED_HEADER.encode(), forwarding.encode()))
+        headers.append((PROOF_HEADER.encode(), proof.encode()))
         target = request.scope["raw_path"] or request.scope["path"].encode()
         if request.scope["query_string"]:
             target += b"?" + request.scope["query_string"]
@@ -161,6 +172,9 @@ class Forwarder:
         try:
             with anyio.fail_after(self._config.forward_timeout_s):
                 response = await self._unless_lease_lost(sent, aid, owner)
+                if not self._proven(response, nonce, owner):
+                    await response.aclose()
+                    return _Unreached("answered without proof that it is a server of this store")
                 if _refused(response):
                     await response.aclose()
                     return _Unreached("refused the call as not its owner any more")
@@ -175,6 +189,24 @@ class Forwarder:
             raise _no_answer(owner, why) from e
         except _LeaseLost as e:
             raise _no_answer(owner, str(e)) from e
+
+    def _proven(self, response: httpcore.Response, nonce: str, owner: Owner) -> bool:
+        """Whether the answer to the call `nonce` came from a server of the store: nothing
+        of one that did not is relayed (`cluster.py`)."""
+        proofs = [v for k, v in response.headers if k.lower() == PROOF_HEADER.encode()]
+        try:
+            self.key.check_answer(
+                proofs[0].decode("latin-1") if proofs else None, nonce, response.status
+            )
+        except ProofError as e:
+            log.warning(
+                "forward to %s: answer not relayed: %s (a process that is no server of this "
+                "store listens there, or one with another --cluster-secret)",
+                owner.address,
+                e,
+            )
+            return False
+        return True
 
     async def _unless_lease_lost(
         self, sent: Awaitable[httpcore.Response], aid: str, owner: Owner
@@ -327,7 +359,7 @@ async def _relay(response: httpcore.Response, address: str) -> Response:
     """The client's answer from the owner's: its status and end-to-end headers (`Date` aside:
     this server dates what it sends), and its body, read whole when its length is known and at
     most `_WHOLE_BYTES` (an action's answer: cheaper than a stream), else streamed."""
-    headers = end_to_end(response.headers, frozenset({b"date"}))
+    headers = end_to_end(response.headers, frozenset({b"date", PROOF_HEADER.encode()}))
     lengths = [v for k, v in headers if k == b"content-length"]
     if len(lengths) == 1 and lengths[0].isdigit() and int(lengths[0]) <= _WHOLE_BYTES:
         try:

@@ -22,7 +22,8 @@ import anyio
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.kv import KvError, KvStore, open_kv, redact_url
 from pagekv.server.advertise import check_address, http_url
-from pagekv.server.config import ServerConfig
+from pagekv.server.cluster import CLUSTER_SECRET_ENV, stored_secret
+from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.loader import load_registry
 from pagekv.server.logs import configure_logging as configure_logging
 from pagekv.server.protocol import TOKEN_ENV
@@ -57,9 +58,23 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
         ws_max_in_bytes=args.ws_max_in,
         ws_max_out_bytes=args.ws_max_out,
         ws_buffer_bytes=args.ws_buffer,
+        cluster_secret=args.cluster_secret or os.environ.get(CLUSTER_SECRET_ENV),
     )
     registry = load_registry(args.app)
     return replace(config, lease_s=registry.lease if args.lease is None else args.lease), registry
+
+
+def with_stored_secret(config: ServerConfig, url: str) -> ServerConfig:
+    """`config` with its store's cluster secret if none was given and the store is a `file:`
+    directory (opened already), where it is generated once (`cluster.stored_secret`): so the
+    processes of one host need no setup to prove themselves to each other."""
+    if config.cluster_secret is not None:
+        return config
+    try:
+        secret = stored_secret(url)
+        return config if secret is None else replace(config, cluster_secret=secret)
+    except (OSError, ConfigError) as e:
+        raise StartupError(f"the store's cluster secret: {e}") from None
 
 
 def open_store(url: str, *, create: bool = True) -> KvStore:
@@ -138,6 +153,11 @@ async def serve_process(
         except Exception:  # the store, say: the check is advice, the server serves on
             log.exception("could not check that %s reaches this process", advertised)
             found = None
+        if found is None and config.cluster_secret is None and await app.state.registry.peers():
+            found = (
+                "other processes share the store, and this one has no cluster secret to prove "
+                f"itself to them with: give each the same --cluster-secret (${CLUSTER_SECRET_ENV})"
+            )
         if found is not None:
             problem.append(found)
             server.should_exit = True

@@ -8,13 +8,14 @@ set headers on a WebSocket), in the offered subprotocols as `pagekv.token.<token
 `CloseCode` and a reason, after the upgrade (a refused upgrade could carry no reason).
 
 A socket holds an actor's connection for as long as it is open; the hub keeps it while the actor
-sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.holds`). A socket whose actor
-is found served elsewhere (this server's hold on it ran out) gets a `not_owner` error frame for the
-frame that found it, which did not run, and is closed with `MOVED`: its client reconnects to where
-the actor runs. No refusal names another server. Frames from one socket run concurrently, at most
-`_IN_FLIGHT` at once: past it the socket is not read until one ends, so a flood of frames is held up
-in TCP, not in memory. Frames to the client wait in a buffer bounded by
-`ConnectionLimits.max_buffered_bytes` (`_Sender`).
+sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.holds`). A server that drains
+takes no new socket: it closes it with `GOING_AWAY`, and the client connects again, through its
+address, to a server that stays. A socket whose actor is found served elsewhere (this server's hold
+on it ran out) gets a `not_owner` error frame for the frame that found it, which did not run, and is
+closed with `MOVED`: its client reconnects to where the actor runs. No refusal names another server.
+Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it the socket is not
+read until one ends, so a flood of frames is held up in TCP, not in memory. Frames to the client
+wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pagekv.actor.connection import (
 )
 from pagekv.actor.ownership import Owner
 from pagekv.server.auth import header_token, token_matches
+from pagekv.server.cluster import PEER_SCOPE_KEY, PROOF_HEADER, ProofError, call_target
 from pagekv.server.codec import query_params
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, forwarded
@@ -209,6 +211,8 @@ async def connect(websocket: WebSocket) -> None:
 
 
 async def _serve(websocket: WebSocket, rt: Runtime) -> None:
+    if rt.registry.draining or not rt.registry.running:
+        raise _Refused(CloseCode.GOING_AWAY, "the server is shutting down; connect again")
     name = websocket.path_params["name"]
     try:
         params = query_params(websocket, _ROUTING)  # type: ignore[arg-type]
@@ -224,6 +228,8 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
     limits = rt.registry.hub.limits
     offered = _token_offered(websocket)
     expected = rt.config.token.encode() if rt.config.token is not None else None
+    if PEER_SCOPE_KEY in websocket.scope:  # relayed by a server that proved itself
+        expected = None
     if expected is not None and offered is not None and not token_matches(offered, expected):
         raise _Refused(CloseCode.UNAUTHORIZED, "wrong token")
     with anyio.move_on_after(rt.config.header_timeout_s) as waited:
@@ -260,6 +266,7 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
     except (UnknownActor, ActorNotFound) as e:
         raise _Refused(CloseCode.NOT_FOUND, str(e)) from None
     except OwnedElsewhere as e:
+        hello = {k: v for k, v in hello.items() if k != "token"}
         await _relay(websocket, rt, e.owner, encode(hello, media_type), media_type)
         return
     except NotOwner:  # relayed here, for an actor that left: the relaying server routes again
@@ -287,15 +294,18 @@ async def _relay(
     websocket: WebSocket, rt: Runtime, owner: Owner, hello: bytes, media_type: str
 ) -> None:
     """Another server owns the actor: carry the socket's frames to it and back, so a socket
-    opened at any server reaches the actor's one instance. The owner checks the token again
-    (it comes along as it came here) and serves the connection as forwarded: if it no longer
-    owns the actor it refuses, and the client reconnects (`RECONNECT`)."""
+    opened at any server reaches the actor's one instance. The token stays here (the relay
+    proves the cluster secret instead, and goes on only once the owner proved it too: see
+    `cluster.py`); the owner serves the connection as forwarded: if it no longer owns the
+    actor it refuses, and the client reconnects (`RECONNECT`)."""
     assert owner.address is not None, "the registry forwards only to owners with an address"
     target = owner.address.rstrip("/").replace("http", "ws", 1) + websocket.url.path
-    headers = {FORWARDED_HEADER: f"{rt.registry.id} {owner.registry} {owner.until!r}"}
-    if "authorization" in websocket.headers:
-        headers["authorization"] = websocket.headers["authorization"]
-    offered = list(websocket.scope.get("subprotocols", ())) or None
+    forwarding = f"{rt.registry.id} {owner.registry} {owner.until!r}"
+    proof, nonce = rt.forwarder.key.sign_request(forwarding, "GET", call_target(websocket.scope))
+    headers = {FORWARDED_HEADER: forwarding, PROOF_HEADER: proof}
+    offered = [
+        p for p in websocket.scope.get("subprotocols", ()) if not p.startswith(TOKEN_PREFIX)
+    ] or None
     try:
         upstream = await ws_connect(
             f"{target}?{websocket.url.query}",
@@ -307,6 +317,13 @@ async def _relay(
         )
     except (OSError, TimeoutError, InvalidHandshake) as e:
         raise _Refused(CloseCode.MOVED, f"the actor's owner could not be reached: {e}") from None
+    try:
+        assert upstream.response is not None
+        rt.forwarder.key.check_answer(upstream.response.headers.get(PROOF_HEADER), nonce, 101)
+    except ProofError as e:
+        await upstream.close()
+        log.warning("relay to %s: not relayed: %s", owner.address, e)
+        raise _Refused(CloseCode.MOVED, "the actor's owner could not be reached") from None
     rt.registry.counters["connections_relayed"] += 1
     async with upstream, anyio.create_task_group() as tg:
         tg.start_soon(_upstream_to_client, websocket, upstream, media_type, tg.cancel_scope)
