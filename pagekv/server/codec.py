@@ -30,7 +30,7 @@ def _is_count(text: str) -> bool:
 async def read_body(request: Request, config: ServerConfig) -> Any:
     """The decoded body; `{}` when it is empty. Raises `HttpError` for every bad body, and
     408 for one that does not arrive whole within `body_timeout_s`."""
-    return decode_body(request, await read_raw_body(request, config))
+    return decode_body(request, await read_raw_body(request, config), config)
 
 
 async def read_raw_body(request: Request, config: ServerConfig) -> bytes:
@@ -61,14 +61,21 @@ async def read_raw_body(request: Request, config: ServerConfig) -> bytes:
     return bytes(data)
 
 
-def decode_body(request: Request, data: bytes) -> Any:
+def decode_body(request: Request, data: bytes, config: ServerConfig) -> Any:
     """`data` decoded as the request's media type says; `{}` when empty.
 
-    A body must say it is JSON or CBOR, and a request with any other `Content-Type` is a
-    415 even when its body is empty: the media types a browser page may send to another site
-    without a preflight (forms, `text/plain`, none) thus never reach a route of pagekv's."""
+    On an unauthenticated server a body must say it is JSON or CBOR, and a request with any
+    other `Content-Type` is a 415 even when its body is empty: the media types a browser page
+    may send to another site without a preflight (forms, `text/plain`, none) thus never reach
+    a route of pagekv's. With a token a cross-site page has no credential to send, so API
+    clients keep the lenient reading: an empty body is `{}` whatever its type, and a body
+    without a `Content-Type` is JSON."""
     declared = request.headers.get("content-type")
-    if declared is None and not data:
+    if not config.unauthenticated:
+        if not data:
+            return {}
+        declared = declared or JSON
+    elif declared is None and not data:
         return {}
     media_type = (declared or "").split(";")[0].strip().lower()
     if media_type not in (JSON, CBOR):

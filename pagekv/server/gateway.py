@@ -144,7 +144,7 @@ async def _request(
     rt = runtime(request)
     params = query_params(request, _ROUTING)
     raw = await read_raw_body(request, rt.config)
-    body = read_fields(decode_body(request, raw), fields)
+    body = read_fields(decode_body(request, raw, rt.config), fields)
     return rt, params["key"], params, raw, body
 
 
@@ -199,7 +199,7 @@ async def create_actor(request: Request) -> Response:
     rt = runtime(request)
     key = query_params(request, {"key": True})["key"]
     raw = await read_raw_body(request, rt.config)
-    body = read_fields(decode_body(request, raw), _CREATE_FIELDS)
+    body = read_fields(decode_body(request, raw, rt.config), _CREATE_FIELDS)
     name = request.path_params["name"]
 
     async def serve(via: Forwarded | None) -> Response:

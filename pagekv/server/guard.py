@@ -21,8 +21,8 @@ pages out:
   anywhere): only the Host check applies to them.
 
 With a token the Origin check is off (a cross-site page has no token to send), and the Host
-check runs only if `allowed_hosts` is given. That a body must be JSON or CBOR (`codec`) holds
-on every server.
+check runs only if `allowed_hosts` is given. An unauthenticated server also refuses a body
+that does not say it is JSON or CBOR (`codec.decode_body`).
 """
 
 from __future__ import annotations
