@@ -33,7 +33,7 @@ import httpcore
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pagekv.actor import OwnedElsewhere, Registry
+from pagekv.actor import OwnedElsewhere, Registry, call_chain
 from pagekv.actor.ownership import Forwarded, Owner
 from pagekv.actor.writes import Writes
 from pagekv.server.config import ServerConfig
@@ -41,7 +41,9 @@ from pagekv.server.errors import HttpError
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode
 
 FORWARDED_HEADER = "x-pagekv-forwarded"
-_PASSED_HEADERS = frozenset({b"content-type", b"accept", b"authorization"})
+_PASSED_HEADERS = frozenset(
+    {b"content-type", b"accept", b"authorization", call_chain.HEADER.encode()}
+)
 _RELAYED_HEADERS = frozenset({b"content-type", b"retry-after", b"www-authenticate"})
 _FIRST_PAUSE_S = 0.02
 _LONGEST_PAUSE_S = 0.25
