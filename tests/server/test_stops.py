@@ -18,10 +18,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from server_helpers import TOKEN
+from server_helpers import TOKEN, Served
 from stops_app import STOP_GRACE
 from test_cli import ServeProcess
 
+from pagekv.actor.call_chain import HEADER
 from pagekv.client import HttpClient
 
 pytestmark = pytest.mark.anyio
@@ -132,3 +133,18 @@ async def test_a_call_cycle_through_a_transaction_fails_fast_and_sigterm_stays_b
                     assert answer.json() == {"result": ["x", 0]}, answer.text
         took = await _exit_time(servers[0])
     assert took < STOP_GRACE + DRAIN_S + MARGIN_S, f"SIGTERM took {took:.1f} s"
+
+
+async def test_the_call_chain_header_is_checked_and_a_foreign_chain_refuses_nothing(
+    served: Served,
+) -> None:
+    """A malformed `X-Pagekv-Chain` is a 400 naming the header; a well-formed one whose frames
+    hold nothing on this server (a client that made them up) changes nothing."""
+    async with _http(served.url) as http:
+        path, params = "/actors/ledger/actions/add", {"key": "k"}
+        for bad in ["nonsense", "0123456789abcdef@", ",".join(["0123456789abcdef@a/b"] * 65)]:
+            answer = await http.post(path, params=params, json={"args": [1]}, headers={HEADER: bad})
+            assert answer.status_code == 400 and HEADER in answer.text, answer.text
+        made_up = "0123456789abcdef@ledger/k,fedcba9876543210@other/x"
+        answer = await http.post(path, params=params, json={"args": [2]}, headers={HEADER: made_up})
+        assert answer.status_code == 200, answer.text
