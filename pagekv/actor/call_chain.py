@@ -8,7 +8,7 @@ no stop could end. The gate refuses such a call, knowing from the chain which of
 call is made on behalf of.
 
 The chain is a context variable, so it follows in-process calls (`ctx.client`) and the tasks that
-user code starts for them, and travels between servers in the `X-Pagekv-Chain` header, which
+user code starts for them, and travels between servers in the `Pagekv-Call-Chain` header, which
 `HttpClient` sends and the gateway reads: a cycle through several servers is refused as well.
 Tasks the registry starts by itself begin with an empty chain (`detached`). Invariant: every frame
 on a task's chain belongs to code that waits for that task to end, which is what makes a refusal
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from pagekv.actor.errors import CallCycle
 
-HEADER = "x-pagekv-chain"
+HEADER = "pagekv-call-chain"
+"""Not an `X-Pagekv-*` header: clients send it (`HttpClient`), and a forwarder passes it on."""
 MAX_DEPTH = 64
 """The most frames a chain may hold: deeper, a call is refused (`CallCycle`), as runaway
 recursion through actors would otherwise grow it (and its header) without bound."""

@@ -25,6 +25,10 @@ class InstanceHost(Protocol):
     def client(self) -> Any:
         """A client of the registry's actors (`ctx.client`)."""
 
+    def holds_sockets(self, aid: str) -> bool:
+        """Whether an instance of `aid` going to sleep keeps its lease, for the sockets this
+        process holds (`holds.py`)."""
+
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run `fn(*args)` in the background; its failure is logged."""
 

@@ -64,6 +64,21 @@ class QueryRefused(InspectError):
     ran out of time."""
 
 
+class QueryTooLarge(QueryRefused):
+    """A query whose sorts and temporary tables need more temp file bytes than a read may write
+    (`limit` names the cap)."""
+
+    limit = "inspect_temp_bytes"
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed = allowed
+        super().__init__(
+            f"read-only query refused: its sorts and temporary tables would write more than "
+            f"{allowed} bytes of temp files ({self.limit}); ask for less (LIMIT, fewer columns, "
+            "no ORDER BY on large values)"
+        )
+
+
 class TableNotFound(InspectError, LookupError):
     """No table of that name in the actor's database."""
 
@@ -119,13 +134,13 @@ def snapshot(
     """A read-only, consistent snapshot of an existing actor's database. With `max_bytes`,
     SQLite makes no string or blob longer than that (`SQLITE_LIMIT_LENGTH`): a query cannot
     build a value bigger than the answer may hold (`zeroblob(300000000)`), nor read one."""
-    with _snapshot(store.namespace(record.actor_id), max_bytes) as database:
+    with _snapshot(store.namespace(record.actor_id), max_bytes, None) as database:
         yield database
 
 
 @contextmanager
-def _snapshot(kv: ActorKv, max_bytes: int | None) -> Iterator[Database]:
-    database = open_database(kv, read_only=True)
+def _snapshot(kv: ActorKv, max_bytes: int | None, temp_bytes: int | None) -> Iterator[Database]:
+    database = open_database(kv, read_only=True, temp_bytes=temp_bytes)
     try:
         if max_bytes is not None:
             database.connection.limit(apsw.SQLITE_LIMIT_LENGTH, max_bytes)
@@ -146,10 +161,14 @@ def read_snapshot(
     fn: Callable[[Database], T],
     *,
     max_bytes: int | None = None,
+    temp_bytes: int | None = None,
 ) -> T:
     """`fn(database)` on a fresh snapshot, reopened while the writer rewrites (in place) or
     compacts away a page the snapshot had not read yet: `SNAPSHOT_ATTEMPTS` opens in all.
     `max_bytes` caps any one value (see `snapshot`): one over it is `AnswerTooLarge`.
+    `temp_bytes`: SQLite sorts on disk, in temp files of at most that many bytes together
+    (`open_database`), so a sort of large values is bounded in memory; past it the read is
+    `QueryTooLarge`. None: sorts stay in memory.
 
     `ActorNotFound` if the namespace holds no database although the index records the actor:
     it was destroyed, and its destroyer stopped (a crash) before it deleted the record, which
@@ -163,28 +182,44 @@ def read_snapshot(
             )
         return fn(database)
 
-    return read_namespace(store.namespace(record.actor_id), read, max_bytes=max_bytes)
+    return read_namespace(
+        store.namespace(record.actor_id), read, max_bytes=max_bytes, temp_bytes=temp_bytes
+    )
 
 
-def read_namespace(kv: ActorKv, fn: Callable[[Database], T], *, max_bytes: int | None = None) -> T:
+def read_namespace(
+    kv: ActorKv,
+    fn: Callable[[Database], T],
+    *,
+    max_bytes: int | None = None,
+    temp_bytes: int | None = None,
+) -> T:
     """`read_snapshot` of the database in namespace `kv` (an actor's, or any other)."""
     for _ in range(SNAPSHOT_ATTEMPTS - 1):
         try:
-            return _read_once(kv, fn, max_bytes)
+            return _read_once(kv, fn, max_bytes, temp_bytes)
         except SnapshotExpired:
             continue
-    return _read_once(kv, fn, max_bytes)
+    return _read_once(kv, fn, max_bytes, temp_bytes)
 
 
-def _read_once(kv: ActorKv, fn: Callable[[Database], T], max_bytes: int | None) -> T:
+def _read_once(
+    kv: ActorKv, fn: Callable[[Database], T], max_bytes: int | None, temp_bytes: int | None
+) -> T:
     """SQLite reports a page the snapshot cannot have as an I/O error; the `SnapshotExpired`
-    behind it, which the database keeps, tells it from any other failure."""
-    with _snapshot(kv, max_bytes) as database:
+    behind it, which the database keeps, tells it from any other failure. It reports temp files
+    past their budget as `SQLITE_FULL`, which the database's `temp_files_full` tells apart."""
+    with _snapshot(kv, max_bytes, temp_bytes) as database:
         try:
             return fn(database)
         except apsw.TooBigError as e:
             assert max_bytes is not None, "SQLite's own length limit is 1 GB"
             raise AnswerTooLarge(max_bytes) from e
+        except apsw.FullError as e:
+            full = database.temp_files_full
+            if full is not None:
+                raise QueryTooLarge(full.allowed) from e
+            raise
         except apsw.IOError as e:
             cause = database.take_last_kv_error()
             if isinstance(cause, SnapshotExpired):

@@ -109,6 +109,10 @@ class ActorInstance:
         """Seconds its lease on the actor runs from each renewal while this instance holds it;
         0 once it gives the lease up to sleep (see `_lease_target`)."""
         self._publishing = anyio.Lock()
+        self.holding = False
+        """It went to sleep keeping its lease, for the sockets this process holds (`holds.py`)."""
+        self.released_due: float | None = None
+        """The next run it published as it went to sleep."""
         self._stopping: Stop | None = None
         """How `stop` is stopping this instance, once it began."""
         self._dispatching = False
@@ -581,13 +585,18 @@ class ActorInstance:
           a due schedule a second time); and if this process dies, the actor is woken on time
           for its schedule or at most one lease after the death, whichever is later. Schedules
           stay at least once across crashes: one cut short by the crash runs again.
-        Without a lease (going to sleep), `due` is exactly `next_run` and there is no owner.
+        Without a lease (going to sleep), `due` is exactly `next_run` and there is no owner;
+        gone to sleep with its sockets held here (`holding`), it keeps the lease, and `due` is
+        exactly `next_run` all the same, since only this registry's poll may wake it then
+        (`holds.py`).
         """
         lease = self._lease
         if not lease:
             return Lease(next_run, None)
         kept = self._published.until if self._published is not None else None
         until = kept if kept is not None and now + lease / 2 <= kept <= now + lease else now + lease
+        if self.holding:
+            return Lease(next_run, until)
         return Lease(None if next_run is None else max(next_run, until), until)
 
     async def _publish(
@@ -688,9 +697,19 @@ class ActorInstance:
     async def _release_wake(self, run_pending: bool) -> None:
         """Going to sleep: give the lease up, so the next call is served wherever it arrives,
         and publish exactly the time the actor must run next (`_next_run`, with the run handler
-        as it was before the stop), so the actor is woken on time rather than a lease late."""
-        self._lease = 0.0
-        await self._publish_logged(self._next_run(time.time(), run_pending))
+        as it was before the stop), so the actor is woken on time rather than a lease late.
+        With connections open here, keep the lease instead, which the registry then renews
+        (`holds.py`): the actor must wake where its sockets are."""
+        self.holding = self.registry.holds_sockets(self.actor_id)
+        if not self.holding:
+            self._lease = 0.0
+        self.released_due = self._next_run(time.time(), run_pending)
+        await self._publish_logged(self.released_due)
+
+    @property
+    def published(self) -> Lease | None:
+        """What its lease entry holds, once written; None while that is unknown."""
+        return self._published
 
     async def _publish_logged(self, next_run: float | None) -> None:
         """`_publish`, with a store error logged, not raised: the lease left behind still wakes

@@ -267,6 +267,12 @@ class Ownership:
         entries = self._index.list(prefix=_lease_prefix(aid))
         return cbor2.loads(entries[-1][1])["due"] if entries else None
 
+    def newest_generation(self, aid: str) -> int | None:
+        """The generation of the newest lease entry of `aid` (None: no entry): whether another
+        instance took the actor over since a given one (`holds.py`)."""
+        entries = self._index.list(prefix=_lease_prefix(aid))
+        return int(entries[-1][0][len(_lease_prefix(aid)) :]) if entries else None
+
     def members(self, now: float, *, prune: bool = True) -> list[Member]:
         """The registries whose member lease is live at `now`; expired entries are deleted
         (a member that was only paused writes its entry again at its next renewal) unless

@@ -47,6 +47,7 @@ from pagekv.actor.errors import (
     OwnedElsewhere,
     UnknownActor,
 )
+from pagekv.actor.holds import Holds
 from pagekv.actor.hub import Hub
 from pagekv.actor.index import (
     ActorRecord,
@@ -121,6 +122,8 @@ class Registry:
         self.store: KvStore
         self.ownership: Ownership
         self.workers: Workers
+        self.holds: Holds
+        """Leases kept for sleeping actors whose sockets this process holds (`holds.py`)."""
         self._instances: dict[str, ActorInstance] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._owners: dict[str, Owner] = {}
@@ -147,6 +150,7 @@ class Registry:
         self.workers = Workers(threads=self._threads, inline=never_waits(self.store))
         index = await self.workers.run(self.store.namespace, REGISTRY_NAMESPACE)
         self.ownership = Ownership(index, self.id, self.address)
+        self.holds = Holds(self.ownership, self.workers, self.lease)
         self._index = index
         try:
             await self.workers.upkeep(self.ownership.join, time.time() + self.lease)
@@ -159,7 +163,9 @@ class Registry:
                     self.draining = True
                     self.hub.shutdown()
                     with anyio.CancelScope(shield=True):
+                        await self._release_holds()
                         await self._stop_all()
+                        await self._release_holds()  # of instances asleep as the stop began
                         await self._leave()
                     tg.cancel_scope.cancel()
         finally:
@@ -216,6 +222,8 @@ class Registry:
             try:
                 now = time.time()
                 self._tend_instances(now)
+                for aid in self.holds.lapsing(now):
+                    self.spawn(self._renew_hold, aid)
                 if self._stops_since_trim >= _TRIM_AFTER_STOPS and (
                     time.monotonic() - last_trim >= _TRIM_EVERY_S
                 ):
@@ -252,6 +260,35 @@ class Registry:
                 self.spawn(instance.renew_lease)
             if instance.sleepy():
                 self.spawn(instance.sleep_if_idle)
+
+    def holds_sockets(self, aid: str) -> bool:
+        """Whether an instance of `aid` going to sleep keeps its lease (`holds.py`): it has
+        connections open here, and other registries could otherwise wake it (this one has an
+        address to be forwarded to) while this one still serves."""
+        return (
+            self.address is not None
+            and self.running
+            and not self.draining
+            and bool(self.hub.connections(aid))
+        )
+
+    async def _renew_hold(self, aid: str) -> None:
+        """Renew (or release, its connections gone) the lease a sleeping actor keeps for its
+        sockets here; close them if the actor was taken over elsewhere meanwhile."""
+        async with self._exclusive(aid):
+            if aid in self._instances:  # woken here since: its instance holds the lease
+                self.holds.drop(aid)
+                return
+            release = self.draining or not self.hub.connections(aid)
+            if not await self.holds.renew(aid, release=release):
+                self.hub.stopped(aid, "moved")
+
+    async def _release_holds(self) -> None:
+        """The registry stops: release every held lease (its sockets are closed already), so
+        the other registries wake those actors at once."""
+        async with anyio.create_task_group() as tg:
+            for aid in self.holds.held():
+                tg.start_soon(self._renew_hold, aid)
 
     async def _wake(self, name: str, key: str) -> None:
         """Wake an actor the poll found due, if it still is (`Ownership.still_due`)."""
@@ -361,6 +398,7 @@ class Registry:
         if instance.created or not recorded:
             await self.workers.run(self._record, instance, recorded)
         self._instances[aid] = instance
+        self.holds.drop(aid)
         if must_be_new and not instance.created:  # created elsewhere since the index was read
             raise ActorExists(f"actor {name!r} with key {key!r} already exists")
         return instance
@@ -431,9 +469,11 @@ class Registry:
         and from then on send on the calls that would wake an actor here (`_route_away`)."""
         self.draining = True
         self.hub.shutdown()
+        await self._release_holds()
         until = time.time() + self.lease
         await self.workers.upkeep(partial(self.ownership.join, until, draining=True))
         await self._stop_all()
+        await self._release_holds()  # of instances asleep as the drain began
 
     async def _stop_all(self) -> None:
         """Stop every live instance at once: each stops taking calls now, and one busy with a
@@ -494,6 +534,15 @@ class Registry:
             del self._instances[instance.actor_id]
             self._drop_unused_lock(instance.actor_id)
         self.hub.stopped(instance.actor_id, how)
+        if how == "sleep" and instance.holding:
+            self.holds.keep(
+                instance.actor_id,
+                instance.definition.name,
+                instance.key,
+                instance.generation,
+                instance.released_due,
+                instance.published,
+            )
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         self._stops_since_trim += 1
         if destroyed:

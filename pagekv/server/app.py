@@ -27,10 +27,13 @@ from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import FlushCounts, KvStore, open_kv, redact_url
 from pagekv.server import gateway, inspector, raw_http, realtime, ui
 from pagekv.server.auth import BearerAuth, ScopedCors
+from pagekv.server.cluster import ClusterKey, PeerAuth
 from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, Forwarder
+from pagekv.server.guard import HostAndOriginGuard
+from pagekv.server.logs import RequestIds
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.owner_calls import OwnerCalls
 from pagekv.server.protocol import ErrorCode
@@ -189,6 +192,7 @@ def create_app(
         ],
         config,
         lifespan,
+        cluster=ClusterKey(config.cluster_secret),
     )
     app.state.drain = partial(drain, app, config)
     return app
@@ -240,11 +244,21 @@ def _app(
     routes: list[BaseRoute],
     config: ServerConfig,
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[dict[str, Any]]],
+    *,
+    cluster: ClusterKey | None = None,
 ) -> Starlette:
-    """A Starlette app with pagekv's middleware (auth, CORS, draining) and error answers."""
-    middleware = [Middleware(_CloseWhileDraining)]
+    """A Starlette app with pagekv's middleware (request ids, Host and Origin, auth, CORS,
+    draining) and error answers; with `cluster`, it serves forwarded calls that prove the
+    cluster secret (and no others)."""
+    middleware = [
+        Middleware(RequestIds),
+        Middleware(HostAndOriginGuard, config=config),
+        Middleware(_CloseWhileDraining),
+    ]
     if config.cors_origins:
         middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
+    if cluster is not None:
+        middleware.append(Middleware(PeerAuth, key=cluster))
     if config.token is not None:
         middleware.append(Middleware(BearerAuth, token=config.token))
     app = Starlette(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from dataclasses import replace
 from typing import Any
@@ -17,9 +18,12 @@ from pagekv.server.advertise import ADVERTISE_ENV, default_url, http_url
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
     DEFAULT_INSPECT_MAX_BYTES,
+    DEFAULT_INSPECT_TEMP_BYTES,
     ConfigError,
 )
+from pagekv.server.guard import configured_name, is_loopback
 from pagekv.server.loader import AppNotFound
+from pagekv.server.logs import LOG_FORMATS, announce
 from pagekv.server.process import (
     StartupError,
     configure_logging,
@@ -27,6 +31,7 @@ from pagekv.server.process import (
     open_store,
     serve_process,
     settings,
+    with_stored_secret,
 )
 from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.workers import supervise
@@ -45,10 +50,16 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, AppNotFound) as e:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         store = open_store(args.kv)  # by the supervisor too, only to fail fast
     except StartupError as e:
+        print(f"pagekv serve: {e}", file=sys.stderr)
+        return 1
+    try:
+        config = with_stored_secret(config, args.kv)
+    except StartupError as e:
+        store.close()
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 1
     try:
@@ -60,15 +71,18 @@ def _serve(args: argparse.Namespace) -> int:
     bound = public.getsockname()[1]
     auth = "unauthenticated" if config.unauthenticated else "token required"
     workers = f", {args.workers} workers" if args.workers > 1 else ""
-    print(
+    announce(
         f"pagekv serve: {len(registry.definitions)} actor type(s) "
         f"({', '.join(sorted(registry.definitions))}) on {redact_url(args.kv)}, "
         f"{http_url(args.host, bound)} ({auth}){workers}",
-        file=sys.stderr,
-        flush=True,
+        args.log_format,
     )
+    warning = exposure_warning("serve", args.host, config.unauthenticated)
+    if warning is not None:
+        announce(warning, args.log_format)
     if args.workers > 1:
         store.close()  # each worker opens its own
+        args.cluster_secret = config.cluster_secret or secrets.token_hex(32)  # theirs to share
         return supervise(args, public)
     config = replace(config, advertise_url=config.advertise_url or default_url(args.host, bound))
     try:
@@ -119,6 +133,14 @@ def add_serve_command(commands: Any, summary: str) -> None:
         f"forward calls for the actors it owns (default ${ADVERTISE_ENV}, else --host and "
         "--port, this machine's hostname for a wildcard --host; with --workers, its host and "
         "each worker's own port)",
+    )
+    serve_cmd.add_argument(
+        "--cluster-secret",
+        metavar="SECRET",
+        help="what the processes sharing the store prove to each other that they are with: the "
+        "same for all, 16 characters or more (prefer $PAGEKV_CLUSTER_SECRET: argv is visible; "
+        "default for a file: store: one generated into its directory; required for "
+        "postgresql:// when several processes share it)",
     )
     serve_cmd.add_argument(
         "--workers",
@@ -214,7 +236,34 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
         "--token", help=f"bearer token clients must send (prefer ${TOKEN_ENV}: argv is visible)"
     )
     auth.add_argument(
-        "--unauthenticated", action="store_true", help="serve without any authentication"
+        "--unauthenticated",
+        action="store_true",
+        help="serve without any authentication, for development on this machine: only "
+        "requests to its own host names (see --allowed-hosts) are served, and pages of other "
+        "origins may not change anything",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        type=host_list,
+        metavar="HOST,...",
+        help="names the Host header may carry besides the loopback ones and the server's own "
+        "address; * allows any (default: these only with --unauthenticated, any with a token)",
+    )
+
+
+def host_list(text: str) -> tuple[str, ...]:
+    """`--allowed-hosts`: names separated by commas (`ServerConfig` checks each)."""
+    return tuple(name.strip() for name in text.split(","))
+
+
+def exposure_warning(command: str, host: str, unauthenticated: bool) -> str | None:
+    """The line that says an unauthenticated server listens beyond this machine."""
+    if not unauthenticated or is_loopback(configured_name(host)):
+        return None
+    return (
+        f"pagekv {command}: WARNING: --unauthenticated on {host}, not a loopback address: "
+        "anyone who can reach it can call every action and read every actor. Serve on "
+        f"127.0.0.1 or set a token (--token or ${TOKEN_ENV})."
     )
 
 
@@ -225,6 +274,13 @@ def add_inspector_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_INSPECT_MAX_BYTES,
         help="most bytes of values in one inspector answer, and in any value a query reads "
         f"or makes (default {DEFAULT_INSPECT_MAX_BYTES}; 413 past it)",
+    )
+    parser.add_argument(
+        "--inspect-temp-bytes",
+        type=positive_int,
+        default=DEFAULT_INSPECT_TEMP_BYTES,
+        help="most bytes of temp files on disk one inspector query may write as it sorts "
+        f"(default {DEFAULT_INSPECT_TEMP_BYTES}; 403 query_refused past it)",
     )
     parser.add_argument(
         "--inspect-concurrency",
@@ -241,4 +297,11 @@ def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="least level logged, pagekv's and the HTTP server's (default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text: time, level, logger, message, a traceback on the lines after; json: one "
+        "JSON object per record, for log shippers (default text)",
     )

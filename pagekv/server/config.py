@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from pagekv.actor.connection import ConnectionLimits
@@ -13,7 +14,9 @@ from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 GRACEFUL_S = 10
 """How long a stopping server lets the requests it began finish before it cancels them."""
 DEFAULT_INSPECT_MAX_BYTES = 16 * 2**20
+DEFAULT_INSPECT_TEMP_BYTES = 512 * 2**20
 DEFAULT_INSPECT_CONCURRENCY = 4
+MIN_SECRET_CHARS = 16
 
 
 class ConfigError(ValueError):
@@ -32,11 +35,22 @@ class ServerConfig:
     unauthenticated: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] | None = None
+    """Names a request's `Host` may carry besides the server's own (its loopback names,
+    `listen_host`, the advertise URL's host); `*` allows any. None: the own names only on an
+    unauthenticated server, any with a token (`guard.py`)."""
+    listen_host: str | None = None
+    """The address the server listens on (`--host`), when known: a name of its own."""
     query_timeout_s: float = 5.0
     """How long a read-only inspector query may run."""
     inspect_max_bytes: int = DEFAULT_INSPECT_MAX_BYTES
     """The most bytes of values one inspector answer may hold (413 `answer_too_large` past
     it); no value read or built by a query may be longer either."""
+    inspect_temp_bytes: int = DEFAULT_INSPECT_TEMP_BYTES
+    """The most bytes of temp files on disk one inspector read may write as it sorts or builds
+    temporary tables (403 `query_refused`, `limit` `inspect_temp_bytes`, past it): sorting on
+    disk keeps a query's memory small (about 32 MiB plus, for each 16 MiB sorted, its largest
+    row), and this bounds the disk and that memory."""
     inspect_concurrency: int = DEFAULT_INSPECT_CONCURRENCY
     """Inspector reads that run at once on worker threads: more wait for a turn (up to
     `query_timeout_s`, then 503 `inspector_busy`), so the actors' work never waits behind
@@ -56,7 +70,8 @@ class ServerConfig:
     since they append the route to it. None: it owns actors nobody can forward to, so the
     others take them over, as a process without placement would."""
     forward_timeout_s: float = 30.0
-    """How long a forwarded call may take at its owner (503 `owner_timeout` past it)."""
+    """How long a forwarded call may take at its owner before its answer begins (503
+    `owner_timeout` past it); a streamed answer then lasts as long as its handler makes it."""
     forward_connect_s: float = 1.0
     """How long connecting to an actor's owner may take before it counts as unreachable."""
     forward_keepalive_s: float = 2.0
@@ -79,6 +94,10 @@ class ServerConfig:
     """How often a silent WebSocket is pinged; one that does not answer within
     `ws_ping_timeout_s` is closed and its `on_disconnect` runs."""
     ws_ping_timeout_s: float = 20.0
+    cluster_secret: str | None = field(default=None, repr=False)
+    """What the servers of a store prove to each other with (`cluster.py`): every server
+    that forwards calls to another needs the same. None: a secret of this process's own, so
+    only servers in this process can forward to each other (`pagekv serve` gives one)."""
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(
@@ -107,8 +126,16 @@ class ServerConfig:
                     f"CORS origin {origin!r} must be an exact origin like https://app.example "
                     "(no wildcard, no trailing slash)"
                 )
+        for host in self.allowed_hosts or ():
+            if host != "*" and not _is_host_name(host):
+                raise ConfigError(
+                    f"allowed host {host!r} must be a host name or address without a port "
+                    "(dev.example, 192.168.1.5, ::1) or *"
+                )
         if self.inspect_max_bytes < 1:
             raise ConfigError(f"inspect_max_bytes must be >= 1, got {self.inspect_max_bytes}")
+        if self.inspect_temp_bytes < 1:
+            raise ConfigError(f"inspect_temp_bytes must be >= 1, got {self.inspect_temp_bytes}")
         if self.inspect_concurrency < 1:
             raise ConfigError(f"inspect_concurrency must be >= 1, got {self.inspect_concurrency}")
         for name in ("header_timeout_s", "body_timeout_s"):
@@ -139,6 +166,25 @@ class ServerConfig:
             raise ConfigError(f"lease_s must be > 0, got {self.lease_s}")
         if self.advertise_url is not None:
             _check_advertise_url(self.advertise_url)
+        if self.cluster_secret is not None and (
+            len(self.cluster_secret) < MIN_SECRET_CHARS
+            or not self.cluster_secret.isprintable()
+            or any(c.isspace() for c in self.cluster_secret)
+        ):
+            raise ConfigError(
+                f"the cluster secret must be at least {MIN_SECRET_CHARS} printable characters "
+                "without whitespace"
+            )
+
+
+def _is_host_name(host: str) -> bool:
+    if ":" in host.strip("[]"):
+        try:
+            ipaddress.IPv6Address(host.strip("[]"))
+        except ValueError:
+            return False
+        return True
+    return bool(host) and all(c.isalnum() or c in "-._" for c in host) and host.isascii()
 
 
 def _check_advertise_url(url: str) -> None:

@@ -28,7 +28,13 @@ from pagekv.actor import (
     UserError,
 )
 from pagekv.actor.errors import STORAGE_ERRORS
-from pagekv.actor.inspect import AnswerTooLarge, InspectError, QueryRefused, TableNotFound
+from pagekv.actor.inspect import (
+    AnswerTooLarge,
+    InspectError,
+    QueryRefused,
+    QueryTooLarge,
+    TableNotFound,
+)
 from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
 from pagekv.actor.schedule import TooManySchedules
 from pagekv.actor.workflow import WorkflowChangeRefused
@@ -80,6 +86,7 @@ _KNOWN: tuple[tuple[type[BaseException], int, ErrorCode, str | None], ...] = (
     (InvalidQueueName, 400, ErrorCode.INVALID_QUEUE_NAME, "MAX_QUEUE_NAME_BYTES"),
     (AnswerTooLarge, 413, ErrorCode.ANSWER_TOO_LARGE, AnswerTooLarge.limit),
     (TableNotFound, 404, ErrorCode.TABLE_NOT_FOUND, None),
+    (QueryTooLarge, 403, ErrorCode.QUERY_REFUSED, QueryTooLarge.limit),
     (QueryRefused, 403, ErrorCode.QUERY_REFUSED, None),
     (WorkflowChangeRefused, 409, ErrorCode.WORKFLOW_CHANGE_REFUSED, None),
     (InspectError, 400, ErrorCode.INVALID_QUERY, None),

@@ -16,14 +16,15 @@ every failure an `{"error": {code, message, written}}` from `errors.py`: `writte
 the call committed anything (true), nothing (false: a retry is safe), or a commit's outcome is
 unknown (null).
 
-Every failed call is one line on the `pagekv.server` logger (only emitted: configuring handlers
-is the application's business), naming the actor, the operation and the error's type and code,
-never the arguments or the error's message (either may hold what the client sent): ERROR for a
-5xx of the runtime (the store failed, the actor was taken over), WARNING for the rest (the
-action raised, or the call was refused), INFO for a forwarded call refused as `not_owner` (a
-hand-off, which its sender routes again). The record carries them as `extra` fields too
-(`actor`, `actor_key`, `operation`, `action`, `queue`, `error_type`, `error_code`, `status`,
-`written`).
+Every failed call is one record on the `pagekv.server` logger (only emitted: configuring handlers
+is the application's business), naming the actor, the operation, the error's type and code and
+the request's id (`logs.py`), never the arguments: ERROR for a 5xx, with the exception's message
+and its traceback when the action's own code raised it (`action_error`: the operator's only way
+to the line that failed), INFO for a 4xx (the caller's fault: one line, no message, which may
+hold what the client sent) and for a forwarded call refused as `not_owner` (a hand-off, which its
+sender routes again). The record carries them as `extra` fields too (`actor`, `actor_key`,
+`operation`, `action`, `queue`, `error_type`, `error_code`, `status`, `written`, `request_id`,
+and `error_message` for an `action_error`). The client's answer is the same either way.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pagekv.actor.ownership import Forwarded
 from pagekv.actor.writes import Writes, tracking_writes
 from pagekv.server.codec import answer, decode_body, query_params, read_fields, read_raw_body
 from pagekv.server.errors import HttpError, classify
+from pagekv.server.logs import REQUEST_ID
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
 
@@ -52,28 +54,36 @@ _ACTION_FIELDS = frozenset({"args", "kwargs", "input"})
 _SEND_FIELDS = frozenset({"body", "input"})
 _CREATE_FIELDS = frozenset({"input"})
 
+_MESSAGE_CHARS = 500
 log = logging.getLogger("pagekv.server")
 
 
-def _failed(
+def log_failure(
     operation: str, target: str | None, name: str, key: str, error: Exception, failure: HttpError
 ) -> HttpError:
     """`failure`, the answer to a failed `operation` ("action", "send", "create", "destroy") of
-    `target` (the action or the queue), once it is logged (see the module's docstring)."""
-    runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
+    `target` (the action or the queue), once it is logged (see the module's docstring); a
+    WebSocket's failed action frame is logged here too."""
+    user_code = failure.code == ErrorCode.ACTION_ERROR
     written = failure.writes.state() if failure.writes is not None else None
     what = operation if target is None else f"{operation} {_shown(target)}"
-    level = logging.ERROR if runtime_failure else logging.WARNING
+    level = logging.ERROR if failure.status >= 500 else logging.INFO
+    error_message = _message(error) if user_code else None
+    request_id = REQUEST_ID.get()
     log.log(
         logging.INFO if failure.code == ErrorCode.NOT_OWNER else level,
-        "%s of actor %s key %s failed: %s (%d %s, written=%s)",
+        "%s of actor %s key %s failed: %s (%d %s, written=%s, request_id=%s)",
         what,
         _shown(name),
         _shown(key),
-        type(error).__name__,
+        type(error).__name__
+        if error_message is None
+        else f"{type(error).__name__}: {error_message}",
         failure.status,
         failure.code,
         "unknown" if written is None else str(written).lower(),
+        request_id,
+        exc_info=error if user_code else None,
         extra={
             "actor": name,
             "actor_key": key,
@@ -82,11 +92,20 @@ def _failed(
             "queue": target if operation == "send" else None,
             "error_type": type(error).__name__,
             "error_code": str(failure.code),
+            "error_message": error_message,
             "status": failure.status,
             "written": written,
+            "request_id": request_id,
         },
     )
     return failure
+
+
+def _message(error: Exception) -> str:
+    """An exception's text on one line (escaped like `_shown`, without its quotes), cut: the
+    traceback after it holds the whole of it."""
+    text = repr(str(error))[1:-1]
+    return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS] + "..."
 
 
 def _shown(text: str) -> str:
@@ -130,7 +149,7 @@ async def _request(
 
 
 def _chain(request: Request) -> tuple[call_chain.Frame, ...]:
-    """The call chain of the action that made this call (`X-Pagekv-Chain`, which `HttpClient`
+    """The call chain of the action that made this call (`Pagekv-Call-Chain`, which `HttpClient`
     sends from actor code): a call that re-enters one of its transactions is refused
     (`CallCycle`) rather than deadlocked. A malformed header is a 400."""
     try:
@@ -142,7 +161,7 @@ def _chain(request: Request) -> tuple[call_chain.Frame, ...]:
 @contextmanager
 def failures(operation: str, target: str | None, name: str, key: str) -> Iterator[Writes]:
     """Around the registry call of a route: what it writes, and any failure as its answer
-    (logged, see `_failed`), except `OwnedElsewhere`, which routes it to the owner."""
+    (logged, see `log_failure`), except `OwnedElsewhere`, which routes it to the owner."""
     with tracking_writes() as writes:
         try:
             yield writes
@@ -150,7 +169,7 @@ def failures(operation: str, target: str | None, name: str, key: str) -> Iterato
             raise
         except Exception as e:
             failure = classify(e, in_action=True, writes=writes)
-            raise _failed(operation, target, name, key, e, failure) from e
+            raise log_failure(operation, target, name, key, e, failure) from e
 
 
 async def call_action(request: Request) -> Response:

@@ -138,11 +138,12 @@ async def _snapshot_read(
     rt: StoreView, name: str, key: str, fn: Callable[[Database], T]
 ) -> tuple[inspect.ActorRecord, T]:
     """Find the actor in the registry's index and run `fn` on a snapshot of its database."""
-    limit = rt.config.inspect_max_bytes
+    limit, temp = rt.config.inspect_max_bytes, rt.config.inspect_temp_bytes
     try:
         record = await _in_inspector(rt, lambda: inspect.find_actor(_index(rt), name, key))
         value = await _in_inspector(
-            rt, lambda: inspect.read_snapshot(rt.store, record, fn, max_bytes=limit)
+            rt,
+            lambda: inspect.read_snapshot(rt.store, record, fn, max_bytes=limit, temp_bytes=temp),
         )
     except HttpError:
         raise

@@ -2,10 +2,11 @@
 
 A server sets its registry's `remote` to an `OwnerCalls`: a call of `ctx.client` that finds its
 actor owned by another registry of the store (`OwnedElsewhere`, raised before anything ran)
-goes to that registry's server over HTTP, with this server's token, through the same client
-users have (`HttpClient`, whose retries cover a hand-off under way), and a connection goes there
-over a WebSocket. The owner serves it as any call, so it is routed afresh there if the actor
-moved meanwhile.
+goes to that registry's server over HTTP, signed with the cluster secret rather than with a
+token (`cluster.PeerTransport`: an answer of a process that is no server of the store is never
+taken), through the same client users have (`HttpClient`, whose retries cover a hand-off under
+way), and a connection goes there over a WebSocket, with this server's token. The owner
+serves it as any call, so it is routed afresh there if the actor moved meanwhile.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from pagekv.actor.client_connection import ActorConnection
 from pagekv.actor.ownership import Owner
 from pagekv.client import HttpClient, raise_error
 from pagekv.remote_connection import RemoteConnection
+from pagekv.server.cluster import ClusterKey, PeerTransport
 from pagekv.server.config import ServerConfig
 
 
 class OwnerCalls:
     def __init__(self, config: ServerConfig) -> None:
         self._token = config.token
+        self._key = ClusterKey(config.cluster_secret)
         self._timeout = config.forward_timeout_s
         self._clients: dict[str, HttpClient] = {}
 
@@ -29,7 +32,8 @@ class OwnerCalls:
         assert owner.address is not None, "the registry forwards only to owners with an address"
         client = self._clients.get(owner.address)
         if client is None:
-            client = HttpClient(owner.address, token=self._token, timeout=self._timeout)
+            transport = PeerTransport(self._key)
+            client = HttpClient(owner.address, timeout=self._timeout, transport=transport)
             self._clients[owner.address] = client
         return client.get_or_create(name, key, input=input) if create else client.get(name, key)
 

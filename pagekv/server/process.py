@@ -14,7 +14,6 @@ import argparse
 import logging
 import os
 import socket
-import sys
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -23,8 +22,10 @@ import anyio
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.kv import KvError, KvStore, open_kv, redact_url
 from pagekv.server.advertise import check_address, http_url
-from pagekv.server.config import ServerConfig
+from pagekv.server.cluster import CLUSTER_SECRET_ENV, stored_secret
+from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.loader import load_registry
+from pagekv.server.logs import configure_logging as configure_logging
 from pagekv.server.protocol import TOKEN_ENV
 from pagekv.server.run import uvicorn_server
 
@@ -44,7 +45,10 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
         unauthenticated=args.unauthenticated,
         max_body_bytes=args.max_body_bytes,
         cors_origins=tuple(args.cors_origin),
+        allowed_hosts=args.allowed_hosts,
+        listen_host=args.host,
         inspect_max_bytes=args.inspect_max_bytes,
+        inspect_temp_bytes=args.inspect_temp_bytes,
         inspect_concurrency=args.inspect_concurrency,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
@@ -54,21 +58,23 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
         ws_max_in_bytes=args.ws_max_in,
         ws_max_out_bytes=args.ws_max_out,
         ws_buffer_bytes=args.ws_buffer,
+        cluster_secret=args.cluster_secret or os.environ.get(CLUSTER_SECRET_ENV),
     )
     registry = load_registry(args.app)
     return replace(config, lease_s=registry.lease if args.lease is None else args.lease), registry
 
 
-def configure_logging(level: str) -> None:
-    """One format for pagekv's records and uvicorn's (which then adds no handlers of its own):
-    time, level, logger, message, on stderr."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if level != "debug":  # a line per request it makes: the address check, each forwarded call
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+def with_stored_secret(config: ServerConfig, url: str) -> ServerConfig:
+    """`config` with its store's cluster secret if none was given and the store is a `file:`
+    directory (opened already), where it is generated once (`cluster.stored_secret`): so the
+    processes of one host need no setup to prove themselves to each other."""
+    if config.cluster_secret is not None:
+        return config
+    try:
+        secret = stored_secret(url)
+        return config if secret is None else replace(config, cluster_secret=secret)
+    except (OSError, ConfigError) as e:
+        raise StartupError(f"the store's cluster secret: {e}") from None
 
 
 def open_store(url: str, *, create: bool = True) -> KvStore:
@@ -147,6 +153,11 @@ async def serve_process(
         except Exception:  # the store, say: the check is advice, the server serves on
             log.exception("could not check that %s reaches this process", advertised)
             found = None
+        if found is None and config.cluster_secret is None and await app.state.registry.peers():
+            found = (
+                "other processes share the store, and this one has no cluster secret to prove "
+                f"itself to them with: give each the same --cluster-secret (${CLUSTER_SECRET_ENV})"
+            )
         if found is not None:
             problem.append(found)
             server.should_exit = True

@@ -76,6 +76,10 @@ class ErrorCode(enum.StrEnum):
     UNENCODABLE_RESULT = "unencodable_result"
     """The call ran and its writes (`written`) stand; only its result cannot be sent."""
     INTERNAL = "internal_error"
+    HOST_NOT_ALLOWED = "host_not_allowed"
+    """421: the request's `Host` is not a name of this server (`--allowed-hosts`)."""
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"
+    """403: a page of another origin may not change state on an unauthenticated server."""
 
 
 class BodyError(ValueError):

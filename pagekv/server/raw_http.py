@@ -2,13 +2,17 @@
 `on_request(ctx, request) -> Response` (Starlette's request and response).
 
 The handler sees the request as addressed to the actor: its path is what follows `/request`
-(`/` at least), its query string without `key` and `mode`, its body read whole first (under
-the server's body limit, so a call forwarded to the actor's owner carries it). Auth, the actor
-limits and the forwarding to the owner are the gateway's; a handler that returns anything but a
-`Response` is a 500 naming what it returned, and one that raises Starlette's `HTTPException`
-answers with its status. The query string reaches it as sent (minus `key` and `mode`), so a
-signature over it still holds. A streaming response's body is produced after the call has
-returned, outside the actor: it must not touch `ctx` (state, database) while it streams.
+(`/` at least), its query string without `key` and `mode`, its end-to-end headers (neither the
+hop-by-hop ones nor the servers' own `X-Pagekv-*`), its body read whole first (under the
+server's body limit, so a call forwarded to the actor's owner carries it), all the same
+whichever server the client called. Its answer reaches the client the same way too, less any
+`X-Pagekv-*` header (the servers' own: a forwarded call's refusal is known by one), relayed
+once, as it streams. Auth, the actor limits and the forwarding to the owner are the gateway's;
+a handler that returns anything but a `Response` is a 500 naming what it returned, and one that
+raises Starlette's `HTTPException` answers with its status. The query string reaches it as sent
+(minus `key` and `mode`), so a signature over it still holds. A streaming response's body is
+produced after the call has returned, outside the actor: it must not touch `ctx` (state,
+database) while it streams.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from starlette.types import Message
 from pagekv.actor.ownership import Forwarded
 from pagekv.server.codec import query_items, read_raw_body
 from pagekv.server.errors import HttpError
+from pagekv.server.forward import end_to_end, without_own_headers
 from pagekv.server.gateway import MODES, failures
 from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import runtime
@@ -67,6 +72,7 @@ def _inner(request: Request, body: bytes, path: str, query: bytes) -> Request:
         "raw_path": ("/" + path).encode(),
         "root_path": request.scope.get("root_path", "") + prefix,
         "query_string": query,
+        "headers": without_own_headers(end_to_end(request.scope["headers"])),
     }
     sent = False
 
@@ -108,6 +114,7 @@ async def handle(request: Request) -> Response:
                 f"on_request of actor {name!r} must return a starlette Response, "
                 f"got {type(response).__name__}",
             )
+        response.raw_headers = without_own_headers(response.raw_headers)
         return response
 
     return await rt.forwarder.route(request, body, serve)

@@ -7,10 +7,15 @@ set headers on a WebSocket), in the offered subprotocols as `pagekv.token.<token
 (`{"t": "connect", "token": ...}`); never in the URL. Every refusal is a close with a code of
 `CloseCode` and a reason, after the upgrade (a refused upgrade could carry no reason).
 
-A socket holds an actor's connection for as long as it is open; the hub keeps it while the
-actor sleeps. Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it the
-socket is not read until one ends, so a flood of frames is held up in TCP, not in memory. Frames
-to the client wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`).
+A socket holds an actor's connection for as long as it is open; the hub keeps it while the actor
+sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.holds`). A server that drains
+takes no new socket: it closes it with `GOING_AWAY`, and the client connects again, through its
+address, to a server that stays. A socket whose actor is found served elsewhere (this server's hold
+on it ran out) gets a `not_owner` error frame for the frame that found it, which did not run, and is
+closed with `MOVED`: its client reconnects to where the actor runs. No refusal names another server.
+Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it the socket is not
+read until one ends, so a flood of frames is held up in TCP, not in memory. Frames to the client
+wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 from websockets.exceptions import InvalidHandshake
 
-from pagekv.actor import ActorNotFound, OwnedElsewhere, UnknownActor
+from pagekv.actor import ActorNotFound, NotOwner, OwnedElsewhere, UnknownActor
 from pagekv.actor.connection import (
     CloseCode,
     Connection,
@@ -39,10 +44,11 @@ from pagekv.actor.connection import (
 )
 from pagekv.actor.ownership import Owner
 from pagekv.server.auth import header_token, token_matches
+from pagekv.server.cluster import PEER_SCOPE_KEY, PROOF_HEADER, ProofError, call_target
 from pagekv.server.codec import query_params
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, forwarded
-from pagekv.server.gateway import MODES
+from pagekv.server.gateway import MODES, log_failure
 from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 from pagekv.server.runtime import Runtime
 
@@ -72,6 +78,8 @@ class _Sender:
         self._sending: anyio.CancelScope | None = None
         self.conn: Connection | None = None
         self.closing: tuple[int, str] | None = None
+        self.farewell: bytes | None = None
+        """A last frame, sent (within `_CLOSE_GRACE_S`) before the close frame."""
 
     def first(self, frame: Frame) -> None:
         """Send `frame` before anything pushed so far (the `init` frame, after the events
@@ -124,14 +132,25 @@ class _Sender:
             data = self._queue.popleft()
             self._buffered -= len(data)
             with anyio.CancelScope() as self._sending:
-                if self._media_type == CBOR:
-                    await self._websocket.send_bytes(data)
-                else:
-                    await self._websocket.send_text(data.decode())
+                await self._send(data)
             self._sending = None
         code, reason = self.closing
         with anyio.move_on_after(_CLOSE_GRACE_S):
+            if self.farewell is not None:
+                await self._send(self.farewell)
             await self._websocket.close(code, reason)
+
+    async def _send(self, data: bytes) -> None:
+        if self._media_type == CBOR:
+            await self._websocket.send_bytes(data)
+        else:
+            await self._websocket.send_text(data.decode())
+
+    def close_with(self, frame: Frame, code: CloseCode, reason: str) -> None:
+        """Close the connection, `frame` its last frame before the close."""
+        if self.closing is None:
+            self.farewell = encode(frame, self._media_type)
+        self._close_conn(code, reason)
 
 
 def _token_offered(websocket: WebSocket) -> bytes | None:
@@ -192,6 +211,8 @@ async def connect(websocket: WebSocket) -> None:
 
 
 async def _serve(websocket: WebSocket, rt: Runtime) -> None:
+    if rt.registry.draining or not rt.registry.running:
+        raise _Refused(CloseCode.GOING_AWAY, "the server is shutting down; connect again")
     name = websocket.path_params["name"]
     try:
         params = query_params(websocket, _ROUTING)  # type: ignore[arg-type]
@@ -207,6 +228,8 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
     limits = rt.registry.hub.limits
     offered = _token_offered(websocket)
     expected = rt.config.token.encode() if rt.config.token is not None else None
+    if PEER_SCOPE_KEY in websocket.scope:  # relayed by a server that proved itself
+        expected = None
     if expected is not None and offered is not None and not token_matches(offered, expected):
         raise _Refused(CloseCode.UNAUTHORIZED, "wrong token")
     with anyio.move_on_after(rt.config.header_timeout_s) as waited:
@@ -243,8 +266,11 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
     except (UnknownActor, ActorNotFound) as e:
         raise _Refused(CloseCode.NOT_FOUND, str(e)) from None
     except OwnedElsewhere as e:
+        hello = {k: v for k, v in hello.items() if k != "token"}
         await _relay(websocket, rt, e.owner, encode(hello, media_type), media_type)
         return
+    except NotOwner:  # relayed here, for an actor that left: the relaying server routes again
+        raise _Refused(CloseCode.MOVED, "the actor is not served here; reconnect") from None
     except Exception as e:
         failure = classify(e, in_action=True)
         runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
@@ -268,15 +294,18 @@ async def _relay(
     websocket: WebSocket, rt: Runtime, owner: Owner, hello: bytes, media_type: str
 ) -> None:
     """Another server owns the actor: carry the socket's frames to it and back, so a socket
-    opened at any server reaches the actor's one instance. The owner checks the token again
-    (it comes along as it came here) and serves the connection as forwarded: if it no longer
-    owns the actor it refuses, and the client reconnects (`RECONNECT`)."""
+    opened at any server reaches the actor's one instance. The token stays here (the relay
+    proves the cluster secret instead, and goes on only once the owner proved it too: see
+    `cluster.py`); the owner serves the connection as forwarded: if it no longer owns the
+    actor it refuses, and the client reconnects (`RECONNECT`)."""
     assert owner.address is not None, "the registry forwards only to owners with an address"
     target = owner.address.rstrip("/").replace("http", "ws", 1) + websocket.url.path
-    headers = {FORWARDED_HEADER: f"{rt.registry.id} {owner.registry} {owner.until!r}"}
-    if "authorization" in websocket.headers:
-        headers["authorization"] = websocket.headers["authorization"]
-    offered = list(websocket.scope.get("subprotocols", ())) or None
+    forwarding = f"{rt.registry.id} {owner.registry} {owner.until!r}"
+    proof, nonce = rt.forwarder.key.sign_request(forwarding, "GET", call_target(websocket.scope))
+    headers = {FORWARDED_HEADER: forwarding, PROOF_HEADER: proof}
+    offered = [
+        p for p in websocket.scope.get("subprotocols", ()) if not p.startswith(TOKEN_PREFIX)
+    ] or None
     try:
         upstream = await ws_connect(
             f"{target}?{websocket.url.query}",
@@ -288,6 +317,13 @@ async def _relay(
         )
     except (OSError, TimeoutError, InvalidHandshake) as e:
         raise _Refused(CloseCode.MOVED, f"the actor's owner could not be reached: {e}") from None
+    try:
+        assert upstream.response is not None
+        rt.forwarder.key.check_answer(upstream.response.headers.get(PROOF_HEADER), nonce, 101)
+    except ProofError as e:
+        await upstream.close()
+        log.warning("relay to %s: not relayed: %s", owner.address, e)
+        raise _Refused(CloseCode.MOVED, "the actor's owner could not be reached") from None
     rt.registry.counters["connections_relayed"] += 1
     async with upstream, anyio.create_task_group() as tg:
         tg.start_soon(_upstream_to_client, websocket, upstream, media_type, tg.cancel_scope)
@@ -348,10 +384,12 @@ async def _read(
                 conn.close_code = CloseCode.NORMAL
             return
         await slots.acquire()
-        tg.start_soon(_answer, rt, conn, frame, slots)
+        tg.start_soon(_answer, rt, conn, sender, frame, slots)
 
 
-async def _answer(rt: Runtime, conn: Connection, frame: Frame, slots: anyio.Semaphore) -> None:
+async def _answer(
+    rt: Runtime, conn: Connection, sender: _Sender, frame: Frame, slots: anyio.Semaphore
+) -> None:
     hub = rt.registry.hub
     try:
         request = frame.get("id")
@@ -376,8 +414,15 @@ async def _answer(rt: Runtime, conn: Connection, frame: Frame, slots: anyio.Sema
         except _Refused as e:
             conn.close(e.code, e.reason)
             return
+        except OwnedElsewhere:  # found before it ran: the client sends it again once reconnected
+            moved = "the actor is served by another server now; reconnect and send it again"
+            error = {"code": ErrorCode.NOT_OWNER, "message": moved, "written": False}
+            sender.close_with({"t": "error", "id": request, "error": error}, CloseCode.MOVED, moved)
+            return
         except Exception as e:
             failure = classify(e, in_action=frame["t"] == "action")
+            if frame["t"] == "action":
+                log_failure("action", str(frame.get("name")), conn.name, conn.key, e, failure)
             _push_error(conn, request, failure.body()["error"])
             return
         answer = {"t": "result", "id": request, "result": result}

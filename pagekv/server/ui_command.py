@@ -23,8 +23,10 @@ from pagekv.server.command import (
     add_auth_arguments,
     add_inspector_arguments,
     add_log_level_argument,
+    exposure_warning,
 )
 from pagekv.server.config import ConfigError, ServerConfig
+from pagekv.server.logs import announce
 from pagekv.server.process import StartupError, configure_logging, listen, open_store
 from pagekv.server.protocol import DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.run import store_server
@@ -38,13 +40,16 @@ def _ui(args: argparse.Namespace) -> int:
         config = ServerConfig(
             token=args.token if args.token is not None else os.environ.get(TOKEN_ENV),
             unauthenticated=args.unauthenticated,
+            allowed_hosts=args.allowed_hosts,
+            listen_host=args.host,
             inspect_max_bytes=args.inspect_max_bytes,
+            inspect_temp_bytes=args.inspect_temp_bytes,
             inspect_concurrency=args.inspect_concurrency,
         )
     except ConfigError as e:
         print(f"pagekv ui: {e}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         store = open_store(args.kv, create=False)
         try:
@@ -58,11 +63,10 @@ def _ui(args: argparse.Namespace) -> int:
     auth = "unauthenticated" if config.unauthenticated else "token required"
     address = http_url(args.host, public.getsockname()[1])
     label = redact_url(args.kv)
-    print(
-        f"pagekv ui: read-only inspector of {label} at {address}/ ({auth})",
-        file=sys.stderr,
-        flush=True,
-    )
+    announce(f"pagekv ui: read-only inspector of {label} at {address}/ ({auth})", args.log_format)
+    warning = exposure_warning("ui", args.host, config.unauthenticated)
+    if warning is not None:
+        announce(warning, args.log_format)
     server = store_server(
         kv=store,
         config=config,

@@ -175,7 +175,7 @@ def _worker(fd: int, index: int) -> int:
     except (ConfigError, AppNotFound) as e:  # the app changed since the supervisor read it
         print(f"pagekv serve: worker {index}: {e}", file=sys.stderr, flush=True)
         return FATAL
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         store = open_store(args.kv)
     except StartupError as e:

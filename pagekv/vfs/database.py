@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 import apsw
 
 from pagekv.kv import ACTOR_KV_METHODS, ActorKv, KvIndeterminate
 from pagekv.vfs.file import MAIN_FILE, PINNED_PRAGMAS
 from pagekv.vfs.pages import Options, PageStore, check_options
-from pagekv.vfs.vfs import PageVfs
+from pagekv.vfs.vfs import PageVfs, TempFilesFull
+
+SPILL_CACHE_KIB: Final = 16384
+"""The page cache of a snapshot that sorts on disk, which is also the size of each sorted run
+SQLite writes: merging the runs holds a buffer of a row for each, so runs of 16 MiB keep both
+the runs (300 of 1 MiB rows: 160 MiB at SQLite's default 2 MiB runs, 38 MiB at 16 MiB) and the
+cache small (benchmarks/RESULTS.md, inspector)."""
 
 
 class Database:
@@ -50,6 +56,13 @@ class Database:
         if self._store.dead is not None:
             raise apsw.IOError(f"pagekv: {self._store._dead_error()}") from self._store.dead
         return self.connection.execute(sql, bindings)
+
+    @property
+    def temp_files_full(self) -> TempFilesFull | None:
+        """Why a statement failed with `SQLITE_FULL` if its temp files would have passed their
+        budget (`temp_bytes`); None while none has."""
+        budget = self._vfs.temp_budget
+        return None if budget is None else budget.refused
 
     def take_last_kv_error(self) -> BaseException | None:
         """The original exception behind the last storage failure (cleared by reading it)."""
@@ -91,6 +104,7 @@ def open_database(
     kv: ActorKv,
     *,
     read_only: bool = False,
+    temp_bytes: int | None = None,
     **options: Any,
 ) -> Database:
     """Take over `kv` (unless `read_only`), recover, preload page 1 and the hinted pages, and
@@ -99,6 +113,11 @@ def open_database(
     `kv` may be any object with the `ActorKv` methods. A read-only database is a consistent
     snapshot that never writes and never takes over; it is meant for inspection beside a writer.
     `options` are the fields of `Options` (cache size, staging and compaction thresholds).
+
+    `temp_bytes` (read-only only): SQLite sorts and builds temporary tables in temp files on
+    disk, together at most that many bytes (past it the statement fails with `SQLITE_FULL` and
+    `Database.temp_files_full` says why), in runs of `SPILL_CACHE_KIB`: what a query sorts is
+    bounded by the disk, not memory. Without it they stay in memory, as a writer's must.
     """
     missing = [name for name in ACTOR_KV_METHODS if not hasattr(kv, name)]
     if missing:
@@ -107,8 +126,13 @@ def open_database(
             f"{type(kv).__name__} lacks {', '.join(missing)}"
         )
     check_options(options)
+    if temp_bytes is not None and (not read_only or temp_bytes < 1):
+        raise ValueError(
+            f"temp_bytes ({temp_bytes}) is for a read-only snapshot, and at least 1: a writer's "
+            "temp files stay in memory"
+        )
     store = PageStore(kv, read_only=read_only, options=Options(**options))
-    vfs = PageVfs(store)
+    vfs = PageVfs(store, temp_bytes)
     flags = (
         apsw.SQLITE_OPEN_READONLY
         if read_only
@@ -121,6 +145,9 @@ def open_database(
         # Durability is the KV write at SQLITE_FCNTL_SYNC, which SQLite sends at every commit
         # whatever this setting; OFF only spares the xSync callback that would follow it.
         connection.execute("PRAGMA synchronous = OFF")
+        if temp_bytes is not None:
+            connection.execute("PRAGMA temp_store = FILE")
+            connection.execute(f"PRAGMA cache_size = -{SPILL_CACHE_KIB}")
         vfs.file.configuring = False
     except BaseException:
         vfs.unregister()

@@ -157,7 +157,43 @@ async def report(ctx: ActorContext) -> dict[str, Any]:
     return {**ctx.state, "rows": rows[0][0], "open": len(ctx.conns)}
 
 
-connected = Registry([member])
+chat = actor("chat", state={"gone": {}, "said": 0}, sleep_timeout=0.2)
+"""Hibernates 0.2 s after its last call, sockets open: its events must reach them wherever it
+wakes next; ends counted durably per connection id."""
+
+
+@chat.on_connect
+async def _chat_joined(ctx: ActorContext, conn: Any) -> None:
+    conn.state = {"name": conn.params["name"]}
+
+
+@chat.on_disconnect
+async def _chat_gone(ctx: ActorContext, conn: Any) -> None:
+    ctx.state["gone"][conn.id] = ctx.state["gone"].get(conn.id, 0) + 1
+
+
+@chat.action
+async def say(ctx: ActorContext, text: str) -> int:
+    ctx.state["said"] += 1
+    return ctx.broadcast("said", text)
+
+
+@chat.action
+async def say_later(ctx: ActorContext, seconds: float, text: str) -> None:
+    await ctx.schedule.after(seconds, "say", text)
+
+
+@chat.action
+async def gone(ctx: ActorContext) -> dict[str, int]:
+    return ctx.state["gone"]
+
+
+@chat.action
+async def name(ctx: ActorContext) -> Any:
+    return ctx.conn.state["name"] if ctx.conn is not None else None
+
+
+connected = Registry([member, chat])
 
 
 gauge = actor("gauge", state={"value": 0.0})

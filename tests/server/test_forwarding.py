@@ -18,6 +18,7 @@ from server_helpers import TOKEN, serving
 from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import KvStore, MemoryStore
 from pagekv.kv.wrappers import KvWrapper
+from pagekv.server.cluster import PROOF_HEADER, ClusterKey
 from pagekv.server.forward import FORWARDED_HEADER
 
 pytestmark = pytest.mark.anyio
@@ -41,6 +42,13 @@ async def cluster(count: int = 2, **config: Any) -> AsyncIterator[list[str]]:
             (await stack.enter_async_context(_server(store, **config)))[0] for _ in range(count)
         ]
         yield urls
+
+
+def _forwarding(value: str, query: str = "key=k") -> dict[str, str]:
+    """`X-Pagekv-Forwarded: value` on a call of `add`, with the proof a server of this process
+    would send (its servers share the process's own secret)."""
+    proof, _ = ClusterKey(None).sign_request(value, "POST", f"/actors/ledger/actions/add?{query}")
+    return {FORWARDED_HEADER: value, PROOF_HEADER: proof}
 
 
 async def _metric(url: str, name: str) -> int:
@@ -105,25 +113,25 @@ async def test_forwarding_keeps_error_codes_written_and_media_types() -> None:
         assert await _metric(other, "wakes") == 0
 
 
-async def test_the_owner_checks_the_token_and_the_body_limit_itself() -> None:
+async def test_the_owner_checks_the_proof_and_the_body_limit_itself() -> None:
     """A forwarded call is authenticated and bounded by each server it reaches: the forwarding
-    header opens nothing, and the receiver passes the client's token on."""
+    header opens nothing without a proof of the cluster secret, and a server with another
+    secret cannot forward to the owner."""
     store = MemoryStore()
     async with (
         _server(store, max_body_bytes=4096) as (owner, _),
         _server(store) as (other, _),
-        _server(store, token="another-token-of-this-receiver") as (third, _),
+        _server(store, cluster_secret="another-cluster-secret-0123") as (third, _),
     ):
         await _call(owner, "add", {"args": [1]})
-        refused = await _call(
-            third,
-            "add",
-            {"args": [2]},
-            headers={"authorization": "Bearer another-token-of-this-receiver"},
-        )
-        assert refused.status_code == 401, "the owner refused the receiver's token"
-        sneaked = await _call(owner, "add", {"args": [2]}, headers={FORWARDED_HEADER: "a b 1e12"})
-        assert sneaked.status_code == 401
+        refused = await _call(third, "add", {"args": [2]})
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "owner_unreachable"
+        assert refused.json()["error"]["written"] is False
+        assert await _metric(third, "forwarded") == 0
+        for headers in ({FORWARDED_HEADER: "a b 1e12"}, {**AUTH, FORWARDED_HEADER: "a b 1e12"}):
+            sneaked = await _call(owner, "add", {"args": [2]}, headers=headers)
+            assert sneaked.status_code == 403, sneaked.text
         big = await _call(other, "echo", {"args": ["x" * 8000]})
         assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
         assert big.json()["error"]["limit"] == "max_body_bytes"
@@ -134,7 +142,7 @@ async def test_the_owner_checks_the_token_and_the_body_limit_itself() -> None:
 async def test_a_forwarded_call_is_never_forwarded_again() -> None:
     async with cluster() as (owner, other):
         await _call(owner, "add", {"args": [1]})
-        headers = {**AUTH, FORWARDED_HEADER: f"sender-id owner-id {time.time() + 60}"}
+        headers = {**AUTH, **_forwarding(f"sender-id owner-id {time.time() + 60}")}
         refused = await _call(other, "add", {"args": [2]}, headers=headers)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"] | {"message": ""} == {
@@ -142,9 +150,7 @@ async def test_a_forwarded_call_is_never_forwarded_again() -> None:
             "message": "",
             "written": False,
         }
-        malformed = await _call(
-            other, "add", {"args": [2]}, headers={**AUTH, FORWARDED_HEADER: "x"}
-        )
+        malformed = await _call(other, "add", {"args": [2]}, headers={**AUTH, **_forwarding("x")})
         assert malformed.status_code == 400
         assert await _metric(other, "forwarded") == 0
         assert (await _call(owner, "read", {})).json()["result"]["count"] == 1
@@ -158,7 +164,7 @@ async def test_a_forwarded_call_arriving_after_the_lease_its_sender_saw_is_refus
         await _call(owner, "add", {"args": [1]})
         for until in (time.time() - 0.01, time.time() - 3600):
             late = await _call(
-                owner, "add", {"args": [2]}, headers={**AUTH, FORWARDED_HEADER: f"s o {until}"}
+                owner, "add", {"args": [2]}, headers={**AUTH, **_forwarding(f"s o {until}")}
             )
             assert late.status_code == 503, late.text
             assert (late.json()["error"]["code"], late.json()["error"]["written"]) == (
@@ -167,14 +173,14 @@ async def test_a_forwarded_call_arriving_after_the_lease_its_sender_saw_is_refus
             )
         for malformed in ("s o", "s o nan", "s o inf", "s  o 1", "s o 1 x"):
             bad = await _call(
-                owner, "add", {"args": [2]}, headers={**AUTH, FORWARDED_HEADER: malformed}
+                owner, "add", {"args": [2]}, headers={**AUTH, **_forwarding(malformed)}
             )
             assert bad.status_code == 400, malformed
         in_time = await _call(
             owner,
             "add",
             {"args": [3]},
-            headers={**AUTH, FORWARDED_HEADER: f"s o {time.time() + 5}"},
+            headers={**AUTH, **_forwarding(f"s o {time.time() + 5}")},
         )
         assert in_time.json()["result"]["rows"] == [1, 3]
 
@@ -283,7 +289,7 @@ async def test_a_draining_server_sends_the_calls_that_would_wake_an_actor_elsewh
                 "/actors/ledger/actions/add",
                 params={"key": "k"},
                 json={"args": [3]},
-                headers={FORWARDED_HEADER: f"s o {time.time() + 5}"},
+                headers=_forwarding(f"s o {time.time() + 5}"),
             )
         assert (health.status_code, health.json()) == (503, {"status": "draining"})
         assert answer.json()["result"]["rows"] == [1, 2], answer.text

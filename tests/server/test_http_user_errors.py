@@ -1,11 +1,13 @@
 """Failures that are the caller's fault, over real HTTP: a `UserError` answers its own 4xx and
 code with `written`, annotated arguments are checked before the actor is created (400
-`invalid_arguments`), and every failed action is one log line on `pagekv.server` naming the
-actor, the action and the error's type, never the arguments or the error's message."""
+`invalid_arguments`), and every failed action is one record on `pagekv.server` naming the
+actor, the action and the error's type: a 4xx one INFO line without the arguments or the
+error's message, an action's crash an ERROR with its message and traceback (#43 item 10)."""
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import cbor2
@@ -169,14 +171,14 @@ def server_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "pagekv.server" and r.levelno >= logging.INFO]
 
 
-async def test_a_failed_action_is_one_log_line_without_its_arguments(
+async def test_a_failed_action_is_one_record_and_a_refusal_has_no_arguments(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pagekv.server")
     async with serving([shop]) as served, served.http() as http:
         assert (await call(http, "touch")).status_code == 200
         caplog.clear()
-        crashed = await call(http, "crash", args=[SECRET])
+        crashed = await call(http, "crash", args=["pw"])
         crash_lines = server_records(caplog)
         caplog.clear()
         refused = await call(http, "check", args=[SECRET])
@@ -188,25 +190,27 @@ async def test_a_failed_action_is_one_log_line_without_its_arguments(
         assert (await call(http, "touch")).status_code == 200
         assert server_records(caplog) == [], "a call that succeeds is not logged"
     assert (crashed.status_code, refused.status_code, invalid.status_code) == (500, 400, 400)
+    ids = [r.request_id for r in crash_lines + refused_lines + invalid_lines]  # type: ignore[attr-defined]
+    assert len(set(ids)) == 3 and all(re.fullmatch(r"[0-9a-f]{16}", i) for i in ids), ids
     assert [(r.levelno, r.getMessage()) for r in crash_lines] == [
         (
-            logging.WARNING,
-            "action 'crash' of actor 'shop' key 'k' failed: ValueError "
-            "(500 action_error, written=false)",
+            logging.ERROR,
+            "action 'crash' of actor 'shop' key 'k' failed: ValueError: bad password pw "
+            f"(500 action_error, written=false, request_id={ids[0]})",
         )
     ]
     assert [(r.levelno, r.getMessage()) for r in refused_lines] == [
         (
-            logging.WARNING,
+            logging.INFO,
             "action 'check' of actor 'shop' key 'k' failed: UserError "
-            "(400 user_error, written=false)",
+            f"(400 user_error, written=false, request_id={ids[1]})",
         )
     ]
     assert [(r.levelno, r.getMessage()) for r in invalid_lines] == [
         (
-            logging.WARNING,
+            logging.INFO,
             "action 'buy' of actor 'shop' key 'k' failed: InvalidArguments "
-            "(400 invalid_arguments, written=false)",
+            f"(400 invalid_arguments, written=false, request_id={ids[2]})",
         )
     ]
     (record,) = crash_lines
@@ -216,9 +220,23 @@ async def test_a_failed_action_is_one_log_line_without_its_arguments(
         "action_error",
         500,
     )
+    assert record.exc_info is not None and record.exc_info[1] is crashed_error(record)
+    assert all(r.exc_info is None for r in refused_lines + invalid_lines)
     for r in caplog.records:  # every record of the run, of every logger
         assert SECRET not in r.getMessage() and SECRET not in str(r.__dict__)
     assert SECRET not in caplog.text
+
+
+def crashed_error(record: logging.LogRecord) -> BaseException:
+    """The exception a crash record carries: the action's own, raised from its line."""
+    assert record.exc_info is not None
+    error = record.exc_info[1]
+    assert isinstance(error, ValueError) and error.__traceback__ is not None
+    frame = error.__traceback__
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    assert frame.tb_frame.f_code.co_name == "crash"
+    return error
 
 
 async def test_a_runtime_failure_is_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
@@ -234,12 +252,14 @@ async def test_a_runtime_failure_is_logged_as_an_error(caplog: pytest.LogCapture
     (record,) = lines
     assert record.levelno == logging.ERROR
     assert record.getMessage().startswith("action 'touch' of actor 'shop' key 'k' failed: ")
-    assert "(503 storage_unavailable, written=false)" in record.getMessage()
+    assert "(503 storage_unavailable, written=false, request_id=" in record.getMessage()
+    assert record.exc_info is None, "a failure of the runtime, not of the action's code"
 
 
 async def test_names_from_the_request_cannot_break_the_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="pagekv.server")
     async with serving([shop]) as served, served.http() as http:
         caplog.clear()
         response = await http.post(
@@ -251,4 +271,25 @@ async def test_names_from_the_request_cannot_break_the_log_line(
     message = record.getMessage()
     assert "\n" not in message and len(message) < 300, message
     assert message.startswith("action 'no\\nsuch' of actor 'shop' key 'a\\nbxxx")
-    assert message.endswith("failed: ActionNotFound (404 unknown_action, written=false)")
+    assert "failed: ActionNotFound (404 unknown_action, written=false, request_id=" in message
+
+
+async def test_a_request_id_is_the_clients_when_it_is_a_short_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A proxy's `X-Request-Id` names the request in the log; anything else (spaces, quotes,
+    over 64 characters) could forge or bloat a line, so a fresh id replaces it."""
+    caplog.set_level(logging.INFO, logger="pagekv.server")
+    sent = ["proxy-7f3a:42", "a b", 'x"y', "z" * 65]
+    async with serving([shop]) as served, served.http() as http:
+        for request_id in sent:
+            response = await http.post(
+                "/actors/shop/actions/check",
+                params={"key": "k"},
+                json={"args": ["c"]},
+                headers={"x-request-id": request_id},
+            )
+            assert response.status_code == 400 and "x-request-id" not in response.headers
+    ids = [r.request_id for r in server_records(caplog)]  # type: ignore[attr-defined]
+    assert ids[0] == "proxy-7f3a:42" and len(ids) == 4, ids
+    assert all(re.fullmatch(r"[0-9a-f]{16}", i) for i in ids[1:]), ids

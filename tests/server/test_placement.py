@@ -29,6 +29,8 @@ ACTORS = [f"a{i}" for i in range(8)]
 
 @asynccontextmanager
 async def servers(store: str, count: int, *args: str) -> AsyncIterator[list[ServeProcess]]:
+    if not store.startswith("file:"):  # a file: store's servers share one they generate
+        args = (*args, "--cluster-secret", "the-placement-tests-cluster-secret")
     async with AsyncExitStack() as stack:
         started = [
             await stack.enter_async_context(served_process("--kv", store, *args))

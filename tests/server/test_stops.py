@@ -138,7 +138,7 @@ async def test_a_call_cycle_through_a_transaction_fails_fast_and_sigterm_stays_b
 async def test_the_call_chain_header_is_checked_and_a_foreign_chain_refuses_nothing(
     served: Served,
 ) -> None:
-    """A malformed `X-Pagekv-Chain` is a 400 naming the header; a well-formed one whose frames
+    """A malformed `Pagekv-Call-Chain` is a 400 naming the header; a well-formed one whose frames
     hold nothing on this server (a client that made them up) changes nothing."""
     async with _http(served.url) as http:
         path, params = "/actors/ledger/actions/add", {"key": "k"}

@@ -1,0 +1,239 @@
+"""Servers of one store proving to each other that they are servers of it: a shared cluster
+secret, with which a forwarded call and its answer are each signed (HMAC-SHA256).
+
+A forwarder sends neither the client's `Authorization` nor any other credential of its own:
+whatever listens at an owner's address (a process that bound the port of a killed owner,
+say) learns no token from it. Instead the request carries `X-Pagekv-Proof: <timestamp>
+<nonce> <mac>` over the `X-Pagekv-Forwarded` value (the sender, the registry it means and its
+lease end), the method, the path and query, the timestamp and a fresh nonce. The receiving
+server (`PeerAuth`) serves a forwarded call only with a valid proof, a timestamp within
+`PROOF_WINDOW_S` of its clock and a nonce it has not seen in that window (a replay changes
+nothing); it then trusts the sender's authentication of the client in place of a token. Its
+answer carries `X-Pagekv-Proof: <registry> <mac>` over the request's nonce, its registry id
+and the status, and the forwarder relays an answer only with a valid one: an answer without
+it came from a process that does not hold the secret, which cannot have served the call.
+
+An actor's `ctx.client` call to an actor another server owns (`OwnerCalls`) is signed the same
+way, without a forwarding header (it is served as a call of a client, routed afresh there),
+through `PeerTransport`.
+
+The proof says "holds the cluster secret", not "is the registry the lease named": a server
+restarted at the owner's address serves the calls meant for the registry that died there
+(`Registry._route`), so an answer from it is the actor's answer too. The secret is never
+logged nor shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pagekv.server.codec import error_answer
+from pagekv.server.config import ConfigError
+from pagekv.server.errors import HttpError
+from pagekv.server.protocol import ErrorCode
+
+CLUSTER_SECRET_ENV = "PAGEKV_CLUSTER_SECRET"
+SECRET_FILE = "cluster-secret"
+"""The secret generated into a `file:` store's directory (mode 0600) when none is given."""
+FORWARDED_HEADER = "x-pagekv-forwarded"
+PROOF_HEADER = "x-pagekv-proof"
+PEER_SCOPE_KEY = "pagekv.peer"
+"""Set in the scope of a forwarded call whose proof holds (its nonce): `BearerAuth` lets it
+through without a token."""
+PROOF_WINDOW_S = 30.0
+_PROCESS_SECRET = secrets.token_hex(32)
+log = logging.getLogger("pagekv.server")
+
+
+class ProofError(Exception):
+    """A forwarded call, or its answer, without a valid proof of the cluster secret."""
+
+
+def stored_secret(kv_url: str) -> str | None:
+    """The secret of a `file:` store (read from, or generated once into, its directory, which
+    must exist: open the store first); None for other stores. Several processes starting at
+    once agree: the file appears whole or not at all (a link of a complete file)."""
+    parts = urlsplit(kv_url)
+    if parts.scheme != "file":
+        return None
+    directory = Path(
+        parts.netloc + parts.path if parts.netloc not in ("", "localhost") else parts.path
+    )
+    path = directory / SECRET_FILE
+    if not path.exists():
+        draft = directory / f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+            with contextlib.suppress(FileExistsError):  # another's came first: it is everyone's
+                os.link(draft, path)
+        finally:
+            draft.unlink()
+    if path.stat().st_mode & 0o077:
+        raise ConfigError(
+            f"{path} is readable by other users: chmod 600 it (it authenticates the servers "
+            "of the store to each other)"
+        )
+    return path.read_text().strip()
+
+
+class ClusterKey:
+    """Signs and checks proofs with the cluster secret (None: a secret of this process's own,
+    so that servers in one process forward to each other and no other process's do), and
+    remembers the nonces of the calls accepted within `PROOF_WINDOW_S`."""
+
+    def __init__(self, secret: str | None) -> None:
+        self._key = (secret or _PROCESS_SECRET).encode()
+        self._seen: dict[str, float] = {}
+
+    def _mac(self, *fields: str) -> str:
+        message = "\n".join(fields).encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def sign_request(self, forwarding: str, method: str, target: str) -> tuple[str, str]:
+        """The proof header's value for a forwarded call, and its nonce (to check the answer
+        by)."""
+        stamp, nonce = repr(time.time()), secrets.token_hex(16)
+        mac = self._mac("request", forwarding, method, target, stamp, nonce)
+        return f"{stamp} {nonce} {mac}", nonce
+
+    def check_request(self, proof: str | None, forwarding: str, method: str, target: str) -> str:
+        """The nonce of a forwarded call whose proof holds; else `ProofError` saying why."""
+        parts = (proof or "").split(" ")
+        if len(parts) != 3:
+            raise ProofError("it carries no proof of the cluster secret")
+        stamp, nonce, mac = parts
+        if not hmac.compare_digest(
+            mac, self._mac("request", forwarding, method, target, *parts[:2])
+        ):
+            raise ProofError("its proof does not match this server's cluster secret")
+        now = time.time()
+        if not abs(now - float(stamp)) <= PROOF_WINDOW_S:
+            raise ProofError(f"its proof is more than {PROOF_WINDOW_S:g} s old or ahead")
+        while self._seen and next(iter(self._seen.values())) < now:
+            del self._seen[next(iter(self._seen))]
+        if nonce in self._seen:
+            raise ProofError("its proof was used before (a replay)")
+        self._seen[nonce] = now + 2 * PROOF_WINDOW_S
+        return nonce
+
+    def sign_answer(self, nonce: str, registry: str, status: int) -> str:
+        return f"{registry} {self._mac('answer', nonce, registry, str(status))}"
+
+    def check_answer(self, proof: str | None, nonce: str, status: int) -> str:
+        """The id of the registry that answered the call `nonce`; `ProofError` if the answer's
+        proof does not hold."""
+        registry, _, mac = (proof or "").partition(" ")
+        if not registry or not hmac.compare_digest(
+            mac, self._mac("answer", nonce, registry, str(status))
+        ):
+            raise ProofError("its answer carries no valid proof of the cluster secret")
+        return registry
+
+
+def call_target(scope: Scope) -> str:
+    """What a proof names of a request's address: its path (as decoded, which sender and
+    receiver see alike) and raw query string."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    return f"{scope['path']}?{query}" if query else scope["path"]
+
+
+class PeerAuth:
+    """Lets a forwarded call (one with `X-Pagekv-Forwarded`), or one with a proof (a server's
+    `ctx.client` call), through only with a valid proof,
+    and signs every answer to it; a call without one is refused (HTTP 403, WebSocket close
+    1008) before anything runs. Invariant: every answer this server sends to a call it
+    accepted as forwarded carries the answer proof, so the forwarder can tell it from a
+    squatter's."""
+
+    def __init__(self, app: ASGIApp, key: ClusterKey) -> None:
+        self.app = app
+        self._key = key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers", ())) if scope["type"] != "lifespan" else {}
+        forwarding = headers.get(FORWARDED_HEADER.encode())
+        proof = headers.get(PROOF_HEADER.encode())
+        if forwarding is None and proof is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            nonce = self._key.check_request(
+                proof.decode("latin-1") if proof is not None else None,
+                (forwarding or b"").decode("latin-1"),
+                scope.get("method", "GET"),
+                call_target(scope),
+            )
+        except (ProofError, ValueError) as e:
+            await self._refuse(scope, receive, send, str(e))
+            return
+        registry = getattr(scope["app"].state, "registry", None)
+        registry_id: str = registry.id if registry is not None else ""
+
+        async def signed(message: Message) -> None:
+            kind = message["type"]
+            if kind in ("http.response.start", "websocket.accept"):
+                status = message.get("status", 101)
+                proof = self._key.sign_answer(nonce, registry_id, status).encode()
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (PROOF_HEADER.encode(), proof)],
+                }
+            await send(message)
+
+        scope[PEER_SCOPE_KEY] = nonce
+        await self.app(scope, receive, signed)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, why: str) -> None:
+        message = (
+            f"a forwarded call refused: {why}; every server of the store needs the same "
+            f"--cluster-secret (${CLUSTER_SECRET_ENV})"
+        )
+        log.warning("%s", message)
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": "unproven forward"})
+            return
+        error = HttpError(403, ErrorCode.UNAUTHORIZED, message)
+        await error_answer(Request(scope), error)(scope, receive, send)
+
+
+class PeerTransport(httpx.AsyncBaseTransport):
+    """The transport of `ctx.client`'s calls to the server owning another actor: each request
+    signed with the cluster secret, with no token, and an answer without the proof of a server
+    of the store taken for an answer never received (`httpx.ConnectError`, which the client
+    retries, then reports as `ServerUnreachable`): a process squatting the owner's address ran
+    nothing of the call, learns no token and fools no actor."""
+
+    def __init__(self, key: ClusterKey) -> None:
+        self._key = key
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        query = request.url.query.decode("latin-1")
+        target = f"{request.url.path}?{query}" if query else request.url.path
+        proof, nonce = self._key.sign_request("", request.method, target)
+        request.headers[PROOF_HEADER] = proof
+        response = await self._inner.handle_async_request(request)
+        try:
+            self._key.check_answer(response.headers.get(PROOF_HEADER), nonce, response.status_code)
+        except ProofError as e:
+            await response.aclose()
+            log.warning("call to %s: answer not taken: %s", request.url.netloc.decode(), e)
+            raise httpx.ConnectError(f"no server of this store answered: {e}") from None
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
