@@ -123,7 +123,7 @@ class Holds:
         """Write `lease` as the hold's entry; whether it was written. A store error is logged,
         not raised: the hold is renewed (or released) again at the next round, and meanwhile its
         lease runs out at worst, as a dead owner's does."""
-        previous, hold.published = hold.published, None
+        previous = hold.published
 
         def write() -> None:
             self._ownership.publish(aid, hold.generation, hold.name, hold.key, lease, previous)
@@ -131,7 +131,11 @@ class Holds:
         try:
             await self._workers.upkeep(write)
         except KvError:
+            hold.published = None
             log.exception("actor %s: the lease its sockets hold here was not written", aid)
             return False
+        except BaseException:
+            hold.published = None
+            raise
         hold.published = lease
         return True
