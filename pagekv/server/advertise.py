@@ -18,6 +18,7 @@ import httpx
 
 from pagekv.actor import Registry
 from pagekv.actor.ownership import Member
+from pagekv.server.cluster import ClusterKey, PeerTransport
 
 CHECK_TIMEOUT_S = 3.0
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
@@ -54,7 +55,9 @@ def is_loopback(url: str) -> bool:
         return False  # a name: what it resolves to elsewhere is unknown here
 
 
-async def check_address(registry: Registry, url: str, token: str | None, fix: str) -> str | None:
+async def check_address(
+    registry: Registry, url: str, cluster_secret: str | None, fix: str
+) -> str | None:
     """None if this process may serve with `url` as its advertise address; else the one line
     saying why not, ending with `fix` (what to pass instead).
 
@@ -62,7 +65,7 @@ async def check_address(registry: Registry, url: str, token: str | None, fix: st
     share the store (then a warning is logged); and it must not be a loopback address while a
     peer runs on another host.
     """
-    reason = await _unreached(registry.id, url, token)
+    reason = await _unreached(registry.id, url, cluster_secret)
     peers = await registry.peers()
     if reason is not None and peers:
         return (
@@ -86,13 +89,14 @@ async def check_address(registry: Registry, url: str, token: str | None, fix: st
     return None
 
 
-async def _unreached(registry_id: str, url: str, token: str | None) -> str | None:
-    """Why `url` does not lead to the registry `registry_id`, or None if it does."""
+async def _unreached(registry_id: str, url: str, cluster_secret: str | None) -> str | None:
+    """Why `url` does not lead to the registry `registry_id`, or None if it does. Asked with
+    the cluster secret's proof, not the token, which a process there that is no server of the
+    store (a mistyped address) would learn."""
     headers = {"accept": "application/json"}
-    if token is not None:
-        headers["authorization"] = f"Bearer {token}"
+    transport = PeerTransport(ClusterKey(cluster_secret))
     try:
-        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S) as http:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, transport=transport) as http:
             response = await http.get(f"{url}/cluster/member", headers=headers)
     except httpx.HTTPError as e:
         return f"{type(e).__name__}: {' '.join(str(e).split())}" if str(e) else type(e).__name__

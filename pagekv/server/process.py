@@ -147,7 +147,7 @@ async def serve_process(
         )
         log.info("advertising %s to the other processes of the store", advertised)
         try:
-            found = await check_address(app.state.registry, advertised, config.token, fix)
+            found = await check_address(app.state.registry, advertised, config.cluster_secret, fix)
         except Exception:  # the store, say: the check is advice, the server serves on
             log.exception("could not check that %s reaches this process", advertised)
             found = None

@@ -21,7 +21,10 @@ import pytest
 from server_helpers import TOKEN, serving
 from test_cli import served_process
 from test_realtime import room
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed as SocketClosed
 
+from pagekv.actor.connection import CloseCode
 from pagekv.client import RemoteError
 from pagekv.kv import MemoryStore
 from pagekv.server.cluster import PROOF_HEADER, ClusterKey
@@ -158,9 +161,10 @@ async def test_servers_with_different_secrets_cannot_forward_to_each_other(
     assert "the-first-cluster-secret" not in logged and "the-other-cluster-secret" not in logged
 
 
-async def test_ctx_client_sends_no_token_to_a_process_at_the_owners_address() -> None:
-    """The owner's lease names an address where another process listens: an actor's call of
-    it through `ctx.client` gives that process no token and takes none of its answers."""
+async def test_calls_give_no_token_to_a_process_at_the_owners_address() -> None:
+    """The owner's lease names an address where another process listens: an actor's call
+    through `ctx.client` and a client's socket relayed there give that process no token, and
+    none of its answers is taken."""
     store = MemoryStore()
     with squatter(0) as (port, seen):
         async with (
@@ -170,10 +174,23 @@ async def test_ctx_client_sends_no_token_to_a_process_at_the_owners_address() ->
             caller.client() as at_caller,
         ):
             await at_owner.get_or_create("room", "callee").post("hi")
+            relayed = f"{caller.url.replace('http', 'ws', 1)}/actors/room/connect?key=callee"
+            async with ws_connect(
+                relayed,
+                additional_headers=AUTH,
+                subprotocols=["pagekv", f"pagekv.token.{TOKEN}"],  # type: ignore[list-item]
+            ) as socket:
+                await socket.send(
+                    json.dumps({"t": "connect", "params": {"name": "eve"}, "token": TOKEN})
+                )
+                with pytest.raises(SocketClosed):
+                    await socket.recv()
+            assert socket.close_code == CloseCode.MOVED, socket.close_reason
+            assert [b"upgrade: websocket" in r.lower() for r in seen] == [True]
             at_caller.retry_for = 0
             with pytest.raises(RemoteError) as failed:
                 await at_caller.get_or_create("room", "caller").ask("callee")
-            assert seen, "the call went to the address the lease names"
+            assert len(seen) > 1, "the call went to the address the lease names"
             assert "fake" not in str(failed.value)
             assert caller.app.state.registry.counters["forwarded"] == 0
     for request in seen:
