@@ -47,8 +47,10 @@ from pagekv.actor import (
     ActorNotFound,
     ActorStopped,
     ActorTakenOver,
+    CallCycle,
     InvalidArguments,
     UnknownActor,
+    call_chain,
 )
 from pagekv.actor.calls_by_name import CallsByName
 from pagekv.actor.registry import LEASE_S
@@ -63,6 +65,7 @@ _ACTOR_ERRORS: dict[str, type[Exception]] = {
     ErrorCode.ACTOR_TAKEN_OVER: ActorTakenOver,
     ErrorCode.ACTOR_STOPPED: ActorStopped,
     ErrorCode.INVALID_ARGUMENTS: InvalidArguments,
+    ErrorCode.CALL_CYCLE: CallCycle,
 }
 
 RETRY_FOR_S = 1.5 * LEASE_S
@@ -191,11 +194,15 @@ class HttpClient:
         """One call, sent again while its answer says it did not run and `retry_for` lasts;
         returns the decoded answer or raises the error the last attempt carries."""
         content = encode(body, CBOR) if body is not None else None
+        chain = call_chain.current()  # made from an action: its server refuses a cycle
+        headers = {call_chain.HEADER: call_chain.encode(chain)} if chain else None
         give_up_at = self._clock() + self.retry_for
         retried = 0
         while True:
             try:
-                response = await self._http.request(method, path, params=params, content=content)
+                response = await self._http.request(
+                    method, path, params=params, content=content, headers=headers
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 if await self._wait_to_retry(retried, None, give_up_at):
                     retried += 1

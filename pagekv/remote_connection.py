@@ -1,10 +1,13 @@
 """A connection to an actor over WebSocket, for `HttpClient`: `handle.connect(params)`.
 
 It reconnects by itself when the server closes the socket with a code of `RECONNECT` (the actor
-moved to another process, or the server stops) or the socket drops: a new connection with the
-same params, and the same subscriptions, so events resume (those sent meanwhile are lost: events
-are never persisted). Calls under way when the socket drops raise `ConnectionClosed`: they may
-have run. Any other close (refused, destroyed, disconnected by the actor) ends it for good.
+moved to another process, or the server stops, drains or restarts: 1001, 1011, 1012, 1013, 4009) or
+the socket drops, through the URL it was given (a load balancer's sends it to a server that stays),
+waiting longer each time: a new connection with the same params, and the same subscriptions, which
+are in place again before `reconnects` counts it, so every event sent from then on arrives (those
+sent meanwhile are lost: events are never persisted). Calls under way when the socket drops raise
+`ConnectionClosed`: they may have run. Any other close (refused, destroyed, disconnected by the
+actor) ends it for good.
 """
 
 from __future__ import annotations
@@ -61,10 +64,12 @@ class RemoteConnection(ActorConnection):
         self._answers: dict[int, dict[str, Any]] = {}
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
+        self._settled = anyio.Event()
+        """Set while a socket is open, or once the connection ended; not while reconnecting."""
         self.reconnects = 0
 
     async def __aenter__(self) -> RemoteConnection:
-        await self._open()
+        await self._first_open()
         # websockets runs on asyncio alone; the reader is a task of its own, so connections
         # may be opened and closed in any order
         self._reader = asyncio.get_running_loop().create_task(self._read_forever())
@@ -99,10 +104,38 @@ class RemoteConnection(ActorConnection):
         except BaseException:
             await socket.close()
             raise
+        try:
+            await self._subscribe_again(socket)
+        except BaseException:
+            await socket.close()
+            raise
         self.id = frame["conn"]
         self._socket = socket
-        for event in sorted(self.subscriptions):  # again, after a reconnect; unanswered (id 0)
-            await socket.send(cbor2.dumps({"t": "sub", "id": 0, "event": event}))
+        self._settled.set()
+
+    async def _subscribe_again(self, socket: ClientConnection) -> None:
+        """After a reconnect: subscribe to the events subscribed to before, and wait for each
+        answer (delivering events that come meanwhile); `ConnectionClosed` (`MOVED`, which is
+        retried) if one is refused."""
+        asked = {}
+        for event in sorted(self.subscriptions):
+            request = next(self._ids)
+            asked[request] = event
+            await socket.send(cbor2.dumps({"t": "sub", "id": request, "event": event}))
+        try:
+            while asked:
+                frame = cbor2.loads(await socket.recv())
+                if frame.get("t") in ("result", "error") and frame.get("id") in asked:
+                    event = asked.pop(frame["id"])
+                    if frame["t"] == "error":
+                        message = frame["error"].get("message", "")
+                        raise ConnectionClosed(
+                            CloseCode.MOVED, f"subscribing to {event!r} again failed: {message}"
+                        )
+                else:
+                    self._dispatch(frame)
+        except SocketClosed as e:
+            raise _closed(e) from None
 
     async def _read_forever(self) -> None:
         while True:
@@ -116,6 +149,7 @@ class RemoteConnection(ActorConnection):
             except SocketClosed as e:
                 error = _closed(e)
             self._socket = None
+            self._settled = anyio.Event()
             self._fail_pending(error)
             if self.closed is not None:
                 return
@@ -125,10 +159,21 @@ class RemoteConnection(ActorConnection):
             if not await self._reconnect(error):
                 return
 
+    async def _first_open(self) -> None:
+        """`_open`, again after a refusal of `RECONNECT` (a draining server's, say), as a
+        reconnect would; any other failure, or the last refusal, is raised."""
+        for attempt in range(_ATTEMPTS):
+            try:
+                await self._open()
+                return
+            except ConnectionClosed as refused:
+                if refused.code not in RECONNECT or attempt == _ATTEMPTS - 1:
+                    raise
+            await _back_off(attempt)
+
     async def _reconnect(self, error: ConnectionClosed) -> bool:
         for attempt in range(_ATTEMPTS):
-            wait = min(_MAX_WAIT_S, _FIRST_WAIT_S * 2**attempt)
-            await anyio.sleep(random.uniform(wait / 2, wait))
+            await _back_off(attempt)
             try:
                 await self._open()
             except ConnectionClosed as refused:
@@ -145,6 +190,7 @@ class RemoteConnection(ActorConnection):
 
     def _finish(self, code: int, reason: str) -> None:
         self._ended(code, reason)
+        self._settled.set()
         if self._sink is not self:
             self._sink._ended(code, reason)
 
@@ -191,13 +237,29 @@ class RemoteConnection(ActorConnection):
         )
 
     async def _subscribe(self, event: str, on: bool) -> None:
-        await self._request({"t": "sub" if on else "unsub", "event": event})
+        """Sent again once reconnected if the socket drops first (a subscription is the same
+        however often it is sent); `ConnectionClosed` once the connection ended for good."""
+        while True:
+            try:
+                await self._request({"t": "sub" if on else "unsub", "event": event})
+                return
+            except ConnectionClosed:
+                await self._settled.wait()
+                self._check_open()
 
     async def _close(self) -> None:
         self._ended(CloseCode.NORMAL, "closed by the client")
+        self._settled.set()
         socket, self._socket = self._socket, None
         if socket is not None:
             await socket.close()
+
+
+async def _back_off(attempt: int) -> None:
+    """The wait before attempt `attempt + 1`: doubling from `_FIRST_WAIT_S` up to `_MAX_WAIT_S`,
+    jittered, so clients sent away together do not come back together."""
+    wait = min(_MAX_WAIT_S, _FIRST_WAIT_S * 2**attempt)
+    await anyio.sleep(random.uniform(wait / 2, wait))
 
 
 def _closed(e: SocketClosed) -> ConnectionClosed:

@@ -31,17 +31,22 @@ Frame = dict[str, Any]
 
 class CloseCode(enum.IntEnum):
     """Why a connection ended, as WebSocket close codes. The client library reconnects by
-    itself after the ones in `RECONNECT` (the actor went elsewhere, or the server stops)."""
+    itself after the ones in `RECONNECT` (the actor went elsewhere, or the server stops or
+    restarts, whoever closed the socket: pagekv, uvicorn at its exit, or a proxy)."""
 
     NORMAL = 1000
     """`conn.disconnect(reason)`, or the client closed it."""
     GOING_AWAY = 1001
-    """The server shuts down."""
+    """The server shuts down, or drains and takes no new socket: connect again (elsewhere)."""
     MALFORMED = 1007
     """A frame that does not decode, or is not one of the frames above."""
     TOO_LARGE = 1009
     """A frame from the client beyond `ConnectionLimits.max_in_bytes`."""
     INTERNAL = 1011
+    SERVICE_RESTART = 1012
+    """The server restarts (uvicorn closes the sockets still open with it as it exits)."""
+    TRY_AGAIN_LATER = 1013
+    """An overloaded server or proxy: connect again later."""
     UNAUTHORIZED = 4001
     REFUSED = 4003
     """`on_before_connect` raised (its message is the reason), or the parameters are invalid."""
@@ -57,7 +62,15 @@ class CloseCode(enum.IntEnum):
     connect again, and the connection is served wherever the actor runs now."""
 
 
-RECONNECT = frozenset({CloseCode.GOING_AWAY, CloseCode.MOVED, CloseCode.INTERNAL})
+RECONNECT = frozenset(
+    {
+        CloseCode.GOING_AWAY,
+        CloseCode.MOVED,
+        CloseCode.INTERNAL,
+        CloseCode.SERVICE_RESTART,
+        CloseCode.TRY_AGAIN_LATER,
+    }
+)
 
 _REASON_BYTES = 123
 """The most bytes a WebSocket close reason may hold."""

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import anyio
 import apsw
 
+from pagekv.actor import call_chain
 from pagekv.actor.errors import ActorStopped, ActorTakenOver, ReservedName
 from pagekv.actor.gate import Gate
 from pagekv.actor.internal import Reserved
@@ -114,9 +115,11 @@ class ActorDb:
         return ActorStopped(f"the actor's database failed: {cause!r}")
 
     async def locked(self, fn: Callable[[apsw.Connection], T], *, internal: bool = False) -> T:
-        """`run` under the database lock, unless this task is inside a transaction already."""
+        """`run` under the database lock, unless this task is inside a transaction already;
+        `CallCycle` if the lock is a transaction's that waits for this task (`call_chain.py`)."""
         if _in_transaction.get() is self:
             return await self.run(fn, internal=internal)
+        self.gate.refuse_cycle(call_chain.current())
         async with self._lock:
             return await self.run(fn, internal=internal)
 
@@ -136,30 +139,34 @@ class ActorDb:
         """BEGIN ... COMMIT around the block, with the actor's state saved in the same commit.
 
         If the block raises or the commit fails, the SQL is rolled back and the state restored
-        to what it was at BEGIN. No other action runs meanwhile (see `gate.py`).
-        `before_commit(connection)` runs internal writes in the commit's own worker hop.
+        to what it was at BEGIN; so does a cancellation (a stop past `stop_grace`), before the
+        lock is released. No other action runs meanwhile (see `gate.py`); the transaction is a
+        frame of the call chain, so a call back into this actor from inside it fails at once
+        (`CallCycle`). `before_commit(connection)` runs internal writes in the commit's own
+        worker hop.
         """
         if _in_transaction.get() is self:
             raise RuntimeError("ctx.db.transaction() does not nest; use SAVEPOINT inside it")
-        async with self.gate.exclusive(), self._lock:
-            token = _in_transaction.set(self)
-            snapshot = self.state.snapshot()
-            try:
-                self._begin_pending = True
+        with call_chain.entering(self.gate.actor_id) as frame:
+            async with self.gate.exclusive(frame), self._lock:
+                token = _in_transaction.set(self)
+                snapshot = self.state.snapshot()
                 try:
-                    yield self
-                    commit = partial(self._commit, before=before_commit)
-                    self.state.mark_saved(await self.run(commit, internal=True))
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        self.state.restore(snapshot)
-                        if not self.database.is_dead and not self._begin_pending:
-                            await self.run(_rollback)
-                    raise
-            finally:
-                self._begin_pending = False
-                _in_transaction.reset(token)
-                after, self._after_transaction = self._after_transaction, []
+                    self._begin_pending = True
+                    try:
+                        yield self
+                        commit = partial(self._commit, before=before_commit)
+                        self.state.mark_saved(await self.run(commit, internal=True))
+                    except BaseException:
+                        with anyio.CancelScope(shield=True):
+                            self.state.restore(snapshot)
+                            if not self.database.is_dead and not self._begin_pending:
+                                await self.run(_rollback)
+                        raise
+                finally:
+                    self._begin_pending = False
+                    _in_transaction.reset(token)
+                    after, self._after_transaction = self._after_transaction, []
         with anyio.CancelScope(shield=True):
             for fn in after:
                 await fn()

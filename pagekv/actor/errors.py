@@ -92,6 +92,13 @@ class ActorStopped(ActorError):
     """The instance stopped (slept, was destroyed or crashed) while the call was in flight."""
 
 
+class CallCycle(ActorError):
+    """A call that could only wait for actor code that waits for it: it re-enters an actor whose
+    transaction (or whose action, while the call opens a transaction) is on its call chain
+    (`call_chain.py`), e.g. A in `ctx.db.transaction()` calls B, which calls A. Refused before it
+    runs; the message names the chain. Over HTTP, 409 `call_cycle`."""
+
+
 class OwnedElsewhere(ActorError):
     """Another live registry owns actor `actor_id` (`owner`, an `ownership.Owner`): the call is
     for it. Raised before anything is woken or written; a server forwards the call to

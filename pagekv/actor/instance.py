@@ -21,6 +21,7 @@ import anyio
 import apsw
 import cbor2
 
+from pagekv.actor import call_chain
 from pagekv.actor.connection import Connection, calling_connection
 from pagekv.actor.context import ActorContext
 from pagekv.actor.database import ActorDb
@@ -46,6 +47,9 @@ FRESHNESS_S = 0.05
 instance checked less than this long ago, so a stale instance rarely runs user code at all. The
 answer is what must be current: see `ActorInstance._answer_current`."""
 Stop = Literal["sleep", "destroy", "crash"]
+UNWIND_S = 2.0
+"""How long a stop waits for the work it cancelled at the end of `stop_grace` to unwind (a
+transaction to roll back) before it closes the database without it (`ActorInstance._stop`)."""
 
 
 class NotServing(ActorStopped):
@@ -112,7 +116,9 @@ class ActorInstance:
         self._stopping: Stop | None = None
         """How `stop` is stopping this instance, once it began."""
         self._dispatching = False
-        self.gate = Gate()
+        self._calls: set[anyio.CancelScope] = set()
+        """A scope around the user code of each call in flight (`_cut_off_by_stop`)."""
+        self.gate = Gate(actor_id)
         self._idle = anyio.Event()
         self.stopped = anyio.Event()
         self.ctx: ActorContext
@@ -341,16 +347,17 @@ class ActorInstance:
             commits = self.ctx.db.database.commits
             with tracking_writes() as writes:
                 try:
-                    async with self.gate.shared():
-                        with self.ctx.queue.redeliver_on_failure():
-                            try:
-                                result = await fn(self.ctx, *args, **kwargs)
-                            except Exception:
+                    with self._cut_off_by_stop(), call_chain.entering(self.actor_id) as frame:
+                        async with self.gate.shared(frame):
+                            with self.ctx.queue.redeliver_on_failure():
+                                try:
+                                    result = await fn(self.ctx, *args, **kwargs)
+                                except Exception:
+                                    ended = time.monotonic()
+                                    await self._keep_state()
+                                    raise
                                 ended = time.monotonic()
-                                await self._keep_state()
-                                raise
-                            ended = time.monotonic()
-                            await self.registry.hub.save(self.ctx)  # the state too
+                                await self.registry.hub.save(self.ctx)  # the state too
                 except ActorTakenOver as e:
                     if self._wrote_nothing(writes, commits):  # the fence refused it all
                         self._count_takeover()
@@ -365,6 +372,25 @@ class ActorInstance:
             if answered:
                 await self._answer_current(ended, writes, commits)
             return result
+
+    @contextmanager
+    def _cut_off_by_stop(self) -> Iterator[None]:
+        """Around a call's user code: a stop that waited `stop_grace` for it cancels it here
+        (`_cut_off`), and the call fails with `ActorStopped`; a transaction it had open was rolled
+        back by then, its state restored with it."""
+        scope = anyio.CancelScope()
+        self._calls.add(scope)
+        try:
+            with scope:
+                yield
+        finally:
+            self._calls.discard(scope)
+        if scope.cancelled_caught:
+            raise ActorStopped(
+                f"actor {self.actor_id} stopped ({self._stopping}) while this call ran: it was "
+                f"cancelled after the stop waited stop_grace ({self.definition.stop_grace:g} s) "
+                "for it, and a transaction it had open was rolled back"
+            )
 
     async def send(self, message: Outgoing) -> int:
         """Append `message` to this instance's queue, as a call would: refused (`NotServing`)
@@ -388,7 +414,8 @@ class ActorInstance:
         try:
             yield
         except (ActorTakenOver, ActorStopped) as e:
-            self._requested = "crash"
+            if self._stopping is None:
+                self._requested = "crash"
             if isinstance(e, ActorTakenOver):
                 self._count_takeover()
             raise
@@ -756,15 +783,28 @@ class ActorInstance:
         return how
 
     async def _stop(self, how: Stop) -> None:
+        """The stop spends at most `stop_grace` on user code, from its start: it waits that
+        long for the calls in flight and the run handler (cancelled at once), then cancels what
+        is left of them and runs the stop hook with what is left of the time.
+
+        Invariant: nothing acknowledged is lost, nothing half-written is saved. A call is
+        acknowledged only once its state was saved, so the stop's own save may only add to that;
+        a transaction cancelled here rolls back, state and SQL, before it releases the database
+        lock, so the save after it writes no part of it. Should the cancelled work not unwind
+        within `UNWIND_S` (user code shielded from cancellation, a store that does not answer),
+        the hook and the save are skipped, keeping the last committed state, since what memory
+        then holds may be a transaction's unfinished work: the stop never waits on its lock."""
         with anyio.CancelScope(shield=True):
             destroyed = False
             run_pending = self._run_pending()  # before `stop_run` cancels its waits
+            deadline = anyio.current_time() + self.definition.stop_grace
             try:
-                with anyio.move_on_after(self.definition.stop_grace):
+                with anyio.move_on_at(deadline):
                     await self.stop_run()
                     while self.active:
                         await self._idle.wait()
-                await self._stop_hooks(how)
+                if await self._cut_off():
+                    await self._stop_hooks(how, deadline)
                 if how == "sleep":
                     await self._release_wake(run_pending)
             finally:
@@ -781,7 +821,41 @@ class ActorInstance:
                 finally:
                     await self.registry.forget(self, how=how, destroyed=destroyed)
 
-    async def _stop_hooks(self, how: Stop) -> None:
+    async def _cut_off(self) -> bool:
+        """Cancel the calls and the run handler still running once the stop's grace is over,
+        and wait for them to unwind (a transaction rolls back as it does); True once none is
+        left, False if some still runs after `UNWIND_S`."""
+        if not self.active and not self._run_active:
+            return True
+        log.warning(
+            "actor %s: cancelling %d call(s)%s still running after stop_grace (%g s)",
+            self.actor_id,
+            len(self._calls),
+            " and its run handler" if self._run_active else "",
+            self.definition.stop_grace,
+        )
+        for scope in self._calls:
+            scope.cancel()
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+        with anyio.move_on_after(UNWIND_S):
+            if self._run_active:
+                await self._run_ended.wait()
+            while self.active:
+                await self._idle.wait()
+            return True
+        log.error(
+            "actor %s: work still running %g s after it was cancelled; stopping without the "
+            "stop hook or a save (the last committed state stands)",
+            self.actor_id,
+            UNWIND_S,
+        )
+        return False
+
+    async def _stop_hooks(self, how: Stop, deadline: float) -> None:
+        """Run the stop hook until `deadline` (the end of the stop's grace), then save the
+        state; a hook that fails or is cut off is logged and skips the save, as a failed action
+        keeps only what it committed."""
         hooks, ctx = self.definition.hooks, self.ctx
         match how:
             case "sleep":
@@ -794,7 +868,16 @@ class ActorInstance:
                 assert_never(how)
         try:
             if hook is not None:
-                await hook(ctx)
+                with anyio.move_on_at(deadline) as scope:
+                    await hook(ctx)
+                if scope.cancelled_caught:
+                    log.warning(
+                        "actor %s: stopping (%s) with its hook cut off at stop_grace (%g s)",
+                        self.actor_id,
+                        how,
+                        self.definition.stop_grace,
+                    )
+                    return
             await self.registry.hub.save(ctx)  # the state too
         except Exception:
             log.exception("actor %s: stopping (%s) despite a failed hook", self.actor_id, how)

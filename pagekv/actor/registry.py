@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
+from pagekv.actor import call_chain
 from pagekv.actor.calls_by_name import CallsByName
 from pagekv.actor.client_connection import LocalConnection, Relay
 from pagekv.actor.connection import ConnectionLimits
@@ -179,10 +180,12 @@ class Registry:
             log.exception("registry %s: member entry not removed; it expires", self.id)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Run `fn(*args)` in the background; its failure is logged, never the registry's."""
+        """Run `fn(*args)` in the background; its failure is logged, never the registry's. It
+        waits for nobody: its call chain starts empty, whoever spawned it."""
         assert self._tg is not None, "the registry is not running"
 
         async def guarded() -> None:
+            call_chain.detached()
             try:
                 await fn(*args)
             except Exception:

@@ -32,6 +32,7 @@ from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, Forwarder
+from pagekv.server.guard import HostAndOriginGuard
 from pagekv.server.logs import RequestIds
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.owner_calls import OwnerCalls
@@ -246,10 +247,14 @@ def _app(
     *,
     cluster: ClusterKey | None = None,
 ) -> Starlette:
-    """A Starlette app with pagekv's middleware (request ids, auth, CORS, draining) and error
-    answers; with `cluster`, it serves forwarded calls that prove the cluster secret (and no
-    others)."""
-    middleware = [Middleware(RequestIds), Middleware(_CloseWhileDraining)]
+    """A Starlette app with pagekv's middleware (request ids, Host and Origin, auth, CORS,
+    draining) and error answers; with `cluster`, it serves forwarded calls that prove the
+    cluster secret (and no others)."""
+    middleware = [
+        Middleware(RequestIds),
+        Middleware(HostAndOriginGuard, config=config),
+        Middleware(_CloseWhileDraining),
+    ]
     if config.cors_origins:
         middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
     if cluster is not None:

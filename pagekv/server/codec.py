@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 
 import anyio
 import cbor2
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
 from pagekv.actor.writes import Writes
@@ -27,14 +27,10 @@ def _is_count(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _media_type(request: Request) -> str:
-    return request.headers.get("content-type", JSON).split(";")[0].strip().lower()
-
-
 async def read_body(request: Request, config: ServerConfig) -> Any:
     """The decoded body; `{}` when it is empty. Raises `HttpError` for every bad body, and
     408 for one that does not arrive whole within `body_timeout_s`."""
-    return decode_body(request, await read_raw_body(request, config))
+    return decode_body(request, await read_raw_body(request, config), config)
 
 
 async def read_raw_body(request: Request, config: ServerConfig) -> bytes:
@@ -65,17 +61,32 @@ async def read_raw_body(request: Request, config: ServerConfig) -> bytes:
     return bytes(data)
 
 
-def decode_body(request: Request, data: bytes) -> Any:
-    """`data` decoded as the request's media type says; `{}` when empty."""
-    if not data:
+def decode_body(request: Request, data: bytes, config: ServerConfig) -> Any:
+    """`data` decoded as the request's media type says; `{}` when empty.
+
+    On an unauthenticated server a body must say it is JSON or CBOR, and a request with any
+    other `Content-Type` is a 415 even when its body is empty: the media types a browser page
+    may send to another site without a preflight (forms, `text/plain`, none) thus never reach
+    a route of pagekv's. With a token a cross-site page has no credential to send, so API
+    clients keep the lenient reading: an empty body is `{}` whatever its type, and a body
+    without a `Content-Type` is JSON."""
+    declared = request.headers.get("content-type")
+    if not config.unauthenticated:
+        if not data:
+            return {}
+        declared = declared or JSON
+    elif declared is None and not data:
         return {}
-    media_type = _media_type(request)
+    media_type = (declared or "").split(";")[0].strip().lower()
     if media_type not in (JSON, CBOR):
+        shown = repr(media_type[:100]) if declared is not None else "(none)"
         raise HttpError(
             415,
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-            f"unsupported Content-Type {media_type!r}; send {JSON} or {CBOR}",
+            f"unsupported Content-Type {shown}; send the body as {JSON} or {CBOR}",
         )
+    if not data:
+        return {}
     try:
         return decode(data, media_type)
     except BodyError as e:
@@ -115,7 +126,7 @@ def answer(
     return Response(content, status_code=status, media_type=media_type)
 
 
-def error_answer(request: Request, error: HttpError) -> Response:
+def error_answer(request: HTTPConnection, error: HttpError) -> Response:
     media_type = CBOR if CBOR in request.headers.get("accept", "") else JSON
     headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
     if error.status == 408:  # the rest of the body may still trickle in: drop the connection

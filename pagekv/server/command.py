@@ -21,6 +21,7 @@ from pagekv.server.config import (
     DEFAULT_INSPECT_TEMP_BYTES,
     ConfigError,
 )
+from pagekv.server.guard import configured_name, is_loopback
 from pagekv.server.loader import AppNotFound
 from pagekv.server.logs import LOG_FORMATS, announce
 from pagekv.server.process import (
@@ -76,6 +77,9 @@ def _serve(args: argparse.Namespace) -> int:
         f"{http_url(args.host, bound)} ({auth}){workers}",
         args.log_format,
     )
+    warning = exposure_warning("serve", args.host, config.unauthenticated)
+    if warning is not None:
+        announce(warning, args.log_format)
     if args.workers > 1:
         store.close()  # each worker opens its own
         args.cluster_secret = config.cluster_secret or secrets.token_hex(32)  # theirs to share
@@ -232,7 +236,34 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
         "--token", help=f"bearer token clients must send (prefer ${TOKEN_ENV}: argv is visible)"
     )
     auth.add_argument(
-        "--unauthenticated", action="store_true", help="serve without any authentication"
+        "--unauthenticated",
+        action="store_true",
+        help="serve without any authentication, for development on this machine: only "
+        "requests to its own host names (see --allowed-hosts) are served, and pages of other "
+        "origins may not change anything",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        type=host_list,
+        metavar="HOST,...",
+        help="names the Host header may carry besides the loopback ones and the server's own "
+        "address; * allows any (default: these only with --unauthenticated, any with a token)",
+    )
+
+
+def host_list(text: str) -> tuple[str, ...]:
+    """`--allowed-hosts`: names separated by commas (`ServerConfig` checks each)."""
+    return tuple(name.strip() for name in text.split(","))
+
+
+def exposure_warning(command: str, host: str, unauthenticated: bool) -> str | None:
+    """The line that says an unauthenticated server listens beyond this machine."""
+    if not unauthenticated or is_loopback(configured_name(host)):
+        return None
+    return (
+        f"pagekv {command}: WARNING: --unauthenticated on {host}, not a loopback address: "
+        "anyone who can reach it can call every action and read every actor. Serve on "
+        f"127.0.0.1 or set a token (--token or ${TOKEN_ENV})."
     )
 
 

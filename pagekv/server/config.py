@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -34,6 +35,12 @@ class ServerConfig:
     unauthenticated: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] | None = None
+    """Names a request's `Host` may carry besides the server's own (its loopback names,
+    `listen_host`, the advertise URL's host); `*` allows any. None: the own names only on an
+    unauthenticated server, any with a token (`guard.py`)."""
+    listen_host: str | None = None
+    """The address the server listens on (`--host`), when known: a name of its own."""
     query_timeout_s: float = 5.0
     """How long a read-only inspector query may run."""
     inspect_max_bytes: int = DEFAULT_INSPECT_MAX_BYTES
@@ -119,6 +126,12 @@ class ServerConfig:
                     f"CORS origin {origin!r} must be an exact origin like https://app.example "
                     "(no wildcard, no trailing slash)"
                 )
+        for host in self.allowed_hosts or ():
+            if host != "*" and not _is_host_name(host):
+                raise ConfigError(
+                    f"allowed host {host!r} must be a host name or address without a port "
+                    "(dev.example, 192.168.1.5, ::1) or *"
+                )
         if self.inspect_max_bytes < 1:
             raise ConfigError(f"inspect_max_bytes must be >= 1, got {self.inspect_max_bytes}")
         if self.inspect_temp_bytes < 1:
@@ -162,6 +175,16 @@ class ServerConfig:
                 f"the cluster secret must be at least {MIN_SECRET_CHARS} printable characters "
                 "without whitespace"
             )
+
+
+def _is_host_name(host: str) -> bool:
+    if ":" in host.strip("[]"):
+        try:
+            ipaddress.IPv6Address(host.strip("[]"))
+        except ValueError:
+            return False
+        return True
+    return bool(host) and all(c.isalnum() or c in "-._" for c in host) and host.isascii()
 
 
 def _check_advertise_url(url: str) -> None:

@@ -39,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pagekv.actor import OwnedElsewhere
+from pagekv.actor import OwnedElsewhere, call_chain
 from pagekv.actor.ownership import Forwarded
 from pagekv.actor.writes import Writes, tracking_writes
 from pagekv.server.codec import answer, decode_body, query_params, read_fields, read_raw_body
@@ -144,8 +144,18 @@ async def _request(
     rt = runtime(request)
     params = query_params(request, _ROUTING)
     raw = await read_raw_body(request, rt.config)
-    body = read_fields(decode_body(request, raw), fields)
+    body = read_fields(decode_body(request, raw, rt.config), fields)
     return rt, params["key"], params, raw, body
+
+
+def _chain(request: Request) -> tuple[call_chain.Frame, ...]:
+    """The call chain of the action that made this call (`Pagekv-Call-Chain`, which `HttpClient`
+    sends from actor code): a call that re-enters one of its transactions is refused
+    (`CallCycle`) rather than deadlocked. A malformed header is a 400."""
+    try:
+        return call_chain.decode(request.headers.get(call_chain.HEADER, ""))
+    except ValueError as e:
+        raise HttpError(400, ErrorCode.INVALID_PARAMETER, str(e)) from e
 
 
 @contextmanager
@@ -167,9 +177,10 @@ async def call_action(request: Request) -> Response:
     name, action = request.path_params["name"], request.path_params["action"]
     create = _create_flag(params, body)
     args, kwargs = _arguments(body)
+    chain = _chain(request)
 
     async def serve(via: Forwarded | None) -> Response:
-        with failures("action", action, name, key) as writes:
+        with failures("action", action, name, key) as writes, call_chain.continuing(chain):
             started = time.perf_counter()
             result = await rt.registry.call(
                 name, key, action, args, kwargs, create=create, input=body.get("input"), via=via
@@ -184,9 +195,10 @@ async def send_message(request: Request) -> Response:
     rt, key, params, raw, body = await _request(request, _SEND_FIELDS)
     name, queue = request.path_params["name"], request.path_params["queue"]
     create = _create_flag(params, body)
+    chain = _chain(request)
 
     async def serve(via: Forwarded | None) -> Response:
-        with failures("send", queue, name, key):
+        with failures("send", queue, name, key), call_chain.continuing(chain):
             message_id = await rt.registry.send(
                 name, key, queue, body.get("body"), create=create, input=body.get("input"), via=via
             )
@@ -199,7 +211,7 @@ async def create_actor(request: Request) -> Response:
     rt = runtime(request)
     key = query_params(request, {"key": True})["key"]
     raw = await read_raw_body(request, rt.config)
-    body = read_fields(decode_body(request, raw), _CREATE_FIELDS)
+    body = read_fields(decode_body(request, raw, rt.config), _CREATE_FIELDS)
     name = request.path_params["name"]
 
     async def serve(via: Forwarded | None) -> Response:

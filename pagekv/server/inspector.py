@@ -375,7 +375,7 @@ async def _change_workflow(request: Request, change: str, fields: frozenset[str]
     _, name, key, _ = _address(request)
     rt = runtime(request)
     raw = await read_raw_body(request, rt.config)
-    body = read_fields(decode_body(request, raw), fields)
+    body = read_fields(decode_body(request, raw, rt.config), fields)
     location = body.get("from")
     if location is not None and not isinstance(location, str):
         raise HttpError(400, ErrorCode.INVALID_BODY, "from must be an entry's location or null")

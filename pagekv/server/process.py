@@ -45,6 +45,8 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
         unauthenticated=args.unauthenticated,
         max_body_bytes=args.max_body_bytes,
         cors_origins=tuple(args.cors_origin),
+        allowed_hosts=args.allowed_hosts,
+        listen_host=args.host,
         inspect_max_bytes=args.inspect_max_bytes,
         inspect_temp_bytes=args.inspect_temp_bytes,
         inspect_concurrency=args.inspect_concurrency,

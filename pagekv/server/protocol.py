@@ -45,6 +45,9 @@ class ErrorCode(enum.StrEnum):
     ACTOR_TAKEN_OVER = "actor_taken_over"
     ACTOR_STOPPED = "actor_stopped"
     NOT_OWNER = "not_owner"
+    CALL_CYCLE = "call_cycle"
+    """The call re-entered an actor whose transaction on the same call chain waits for it
+    (`CallCycle`); refused before it ran. The message names the chain."""
     """A forwarded call reached a registry that does not own the actor (it just went to sleep
     there, was taken over, or the registry is draining): nothing was written; retry."""
     OWNER_UNREACHABLE = "owner_unreachable"
@@ -73,6 +76,10 @@ class ErrorCode(enum.StrEnum):
     UNENCODABLE_RESULT = "unencodable_result"
     """The call ran and its writes (`written`) stand; only its result cannot be sent."""
     INTERNAL = "internal_error"
+    HOST_NOT_ALLOWED = "host_not_allowed"
+    """421: the request's `Host` is not a name of this server (`--allowed-hosts`)."""
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"
+    """403: a page of another origin may not change state on an unauthenticated server."""
 
 
 class BodyError(ValueError):

@@ -8,13 +8,14 @@ set headers on a WebSocket), in the offered subprotocols as `pagekv.token.<token
 `CloseCode` and a reason, after the upgrade (a refused upgrade could carry no reason).
 
 A socket holds an actor's connection for as long as it is open; the hub keeps it while the actor
-sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.holds`). A socket whose actor
-is found served elsewhere (this server's hold on it ran out) gets a `not_owner` error frame for the
-frame that found it, which did not run, and is closed with `MOVED`: its client reconnects to where
-the actor runs. No refusal names another server. Frames from one socket run concurrently, at most
-`_IN_FLIGHT` at once: past it the socket is not read until one ends, so a flood of frames is held up
-in TCP, not in memory. Frames to the client wait in a buffer bounded by
-`ConnectionLimits.max_buffered_bytes` (`_Sender`).
+sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.holds`). A server that drains
+takes no new socket: it closes it with `GOING_AWAY`, and the client connects again, through its
+address, to a server that stays. A socket whose actor is found served elsewhere (this server's hold
+on it ran out) gets a `not_owner` error frame for the frame that found it, which did not run, and is
+closed with `MOVED`: its client reconnects to where the actor runs. No refusal names another server.
+Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it the socket is not
+read until one ends, so a flood of frames is held up in TCP, not in memory. Frames to the client
+wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`).
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ async def connect(websocket: WebSocket) -> None:
 
 
 async def _serve(websocket: WebSocket, rt: Runtime) -> None:
+    if rt.registry.draining or not rt.registry.running:
+        raise _Refused(CloseCode.GOING_AWAY, "the server is shutting down; connect again")
     name = websocket.path_params["name"]
     try:
         params = query_params(websocket, _ROUTING)  # type: ignore[arg-type]

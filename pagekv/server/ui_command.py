@@ -23,6 +23,7 @@ from pagekv.server.command import (
     add_auth_arguments,
     add_inspector_arguments,
     add_log_level_argument,
+    exposure_warning,
 )
 from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.logs import announce
@@ -39,6 +40,8 @@ def _ui(args: argparse.Namespace) -> int:
         config = ServerConfig(
             token=args.token if args.token is not None else os.environ.get(TOKEN_ENV),
             unauthenticated=args.unauthenticated,
+            allowed_hosts=args.allowed_hosts,
+            listen_host=args.host,
             inspect_max_bytes=args.inspect_max_bytes,
             inspect_temp_bytes=args.inspect_temp_bytes,
             inspect_concurrency=args.inspect_concurrency,
@@ -61,6 +64,9 @@ def _ui(args: argparse.Namespace) -> int:
     address = http_url(args.host, public.getsockname()[1])
     label = redact_url(args.kv)
     announce(f"pagekv ui: read-only inspector of {label} at {address}/ ({auth})", args.log_format)
+    warning = exposure_warning("ui", args.host, config.unauthenticated)
+    if warning is not None:
+        announce(warning, args.log_format)
     server = store_server(
         kv=store,
         config=config,

@@ -37,7 +37,7 @@ def _read_all(sock: socket.socket) -> bytes:
 
 def _request(path: bytes, body: bytes = b"", content_type: bytes = b"application/json") -> bytes:
     return (
-        b"POST %s HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: %s\r\n"
+        b"POST %s HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: %s\r\n"
         b"content-length: %d\r\n\r\n" % (path, content_type, len(body))
     ) + body
 
@@ -63,7 +63,9 @@ async def test_slow_headers_and_bodies_are_cut_off_with_a_408() -> None:
                 sock.sendall(first)
                 return _read_all(sock)
 
-        partial_headers = b"POST /actors/ledger/actions/read?key=k HTTP/1.1\r\nhost: t\r\nx-sl"
+        partial_headers = (
+            b"POST /actors/ledger/actions/read?key=k HTTP/1.1\r\nhost: localhost\r\nx-sl"
+        )
         partial_body = _request(GET + b"?key=k", b'{"args": []}')[:-4]
         for first, what in ((partial_headers, b"headers"), (partial_body, b"body")):
             with anyio.fail_after(5):  # cut off at 0.5 s, not when the client gives up
@@ -128,14 +130,14 @@ async def test_bad_bytes_are_a_400_naming_them(
         assert status == 400, answer
         assert named in answer, answer
         listed = await _exchange(
-            served, b"GET /inspect/actors HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
+            served, b"GET /inspect/actors HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
         )
     assert b'"actors":[]' in listed[2], "a refused request created an actor"
 
 
 async def test_a_trailing_slash_is_a_404_never_a_redirect() -> None:
-    async with serving(token=None) as served:
-        request = _request(GET + b"/?key=k").replace(b"host: t", b"host: evil.example")
+    async with serving(token=None, allowed_hosts=("*",)) as served:  # a Host it answers
+        request = _request(GET + b"/?key=k").replace(b"host: localhost", b"host: evil.example")
         status, head, _ = await _exchange(served, request)
     assert status == 404 and b"location" not in head.lower() and b"evil" not in head
 
@@ -163,7 +165,7 @@ async def test_headers_over_the_cap_are_a_431_and_a_408_closes_the_connection() 
 
         def whole_in_one_write(size: int) -> bytes:
             with _connect(served) as sock:
-                head = b"POST /actors/ledger/actions/read?key=k HTTP/1.1\r\nhost: x\r\n"
+                head = b"POST /actors/ledger/actions/read?key=k HTTP/1.1\r\nhost: localhost\r\n"
                 sock.sendall(head + b"x-big: " + b"a" * size + b"\r\nconnection: close\r\n\r\n")
                 return _read_all(sock)
 

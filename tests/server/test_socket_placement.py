@@ -1,15 +1,18 @@
 """Sockets across several `pagekv serve` processes on one store (real processes, loopback, real
 `websockets` clients): a hibernating actor's sockets get every event wherever its calls and
-schedules arrive; a server that lost the actor anyway tells its sockets to reconnect."""
+schedules arrive; a server stopped with SIGTERM loses no later event for the client library's
+connections, which reconnect through a load balancer to the servers that stay."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
 import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from websockets.exceptions import ConnectionClosed as SocketClosed
 from pagekv.actor.connection import RECONNECT, CloseCode
 from pagekv.client import HttpClient
 from pagekv.kv import open_kv
+from pagekv.remote_connection import RemoteConnection
 
 pytestmark = pytest.mark.anyio
 APP_CONNECTED = f"{APP}:connected"
@@ -208,3 +212,107 @@ def _asleep(registry: Any) -> Any:
         return registry.metrics()["live"] == 0
 
     return check
+
+
+class _Balancer:
+    """A TCP load balancer on loopback: each connection goes to the next backend in turn that
+    takes it (one whose process exited is skipped, as a balancer's health check would)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self._backends = [url.removeprefix("http://").rsplit(":", 1) for url in urls]
+        self._turn = 0
+        self.url = ""
+
+    async def __aenter__(self) -> _Balancer:
+        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in self._backends:
+            host, port = self._backends[self._turn % len(self._backends)]
+            self._turn += 1
+            try:
+                up_reader, up_writer = await asyncio.open_connection(host, int(port))
+            except OSError:
+                continue
+            await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
+            return
+        writer.close()
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    with contextlib.suppress(OSError):
+        writer.close()
+
+
+async def _events(conn: RemoteConnection, prefix: str, count: int) -> list[str]:
+    texts: list[str] = []
+    with anyio.move_on_after(15):
+        while len(texts) < count:
+            event = await conn.next_event("said")
+            if event.payload.startswith(prefix):
+                texts.append(event.payload)
+    return texts
+
+
+async def _draining(url: str) -> bool:
+    async with httpx.AsyncClient(base_url=url) as http:
+        answer = await http.get("/health")
+    return answer.status_code == 503 and answer.json()["status"] == "draining"
+
+
+async def _all_back(chat: Any, conns: list[RemoteConnection]) -> bool:
+    """Whether a broadcast reaches every connection (each probe an event they skip)."""
+    return await chat.say("probe") == len(conns)
+
+
+async def test_sigterm_loses_no_later_event_for_client_library_sockets(tmp_path: Path) -> None:
+    """Six client-library connections through a load balancer in front of three servers: one
+    server holds them all (the actor's), the others relay theirs to it. SIGTERM of a relaying
+    server, then of the holding one, with three connections more opened as each drains: every
+    connection reconnects or connects (retrying the codes of a server going away, and the
+    draining server's refusals) and gets every event sent after, through the last server;
+    none ends."""
+    async with _servers(f"file:{tmp_path}/store", 3) as processes:
+        urls = [await process.started() for process in processes]
+        async with _Balancer(urls) as balancer, HttpClient(balancer.url, token=TOKEN) as client:
+            handle = client.get_or_create("chat", "hall")
+            conns = [handle.connect({"name": f"c{i}"}) for i in range(6)]
+            async with AsyncExitStack() as stack:
+                for conn in conns:
+                    await stack.enter_async_context(conn)
+                    await conn.subscribe("said")
+                held = [(await _gauges(url))["connections_open"] for url in urls]
+                holder = held.index(6)
+                relaying = (holder + 1) % 3
+                survivor = 3 - holder - relaying
+                first = list(conns)
+                for round_, victim in enumerate((relaying, holder)):
+                    processes[victim].proc.send_signal(signal.SIGTERM)
+                    await _until("it drains", partial(_draining, urls[victim]))
+                    for i in range(3):  # one at least sent to it, refused there, retried
+                        late = handle.connect({"name": f"late {round_}.{i}"})
+                        await stack.enter_async_context(late)
+                        await late.subscribe("said")
+                        conns.append(late)
+                    exited = await anyio.to_thread.run_sync(processes[victim].proc.wait)
+                    assert exited in (0, -signal.SIGTERM)
+                    async with HttpClient(urls[survivor], token=TOKEN) as direct:
+                        chat = direct.get("chat", "hall")
+                        await _until("every connection back", partial(_all_back, chat, conns))
+                        sent = [f"after {round_}.{i}" for i in range(5)]
+                        for text in sent:
+                            assert await chat.say(text) == len(conns)
+                    for conn in conns:
+                        assert await _events(conn, f"after {round_}.", 5) == sent
+                        assert conn.closed is None
+                assert all(conn.reconnects >= 1 for conn in first)

@@ -1,8 +1,5 @@
-"""The web inspector in a real browser: Debian's headless Chromium, driven by Selenium through
-chromium-driver, against a real server on loopback (one server and one browser per module).
-
-Without chromium, chromium-driver or selenium these tests are skipped with a message saying how
-to enable them; under CI (`CI` set, as `.ci/run` does) they fail instead.
+"""The web inspector in a real browser (`browser_helpers.chromium`), against a real server on
+loopback (one server and one browser per module).
 
 Actor data carries markup throughout (a key, the state, table values, a query's error, a
 workflow step's error): each view must show it as text, add no element from it and run none of
@@ -12,31 +9,27 @@ it (the payloads would set `window.__pwned` or open an alert).
 from __future__ import annotations
 
 import json
-import os
-import queue
 import re
-import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 import httpx
 import pytest
+from browser_helpers import chromium, on_a_thread
 from server_helpers import Served, serving, serving_store
 
 from pagekv.actor import ActorContext, actor
 from pagekv.actor.workflow import StepContext, WorkflowContext
 
 try:
-    from selenium import webdriver
     from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support.ui import WebDriverWait
-except ImportError:  # the fixture says what to install
-    webdriver = None
+except ImportError:  # the `browser` fixture says what to install
+    pass
 
 PAYLOAD = (
     '<img src=x onerror="window.__pwned=1;alert(1)">'
@@ -130,46 +123,21 @@ async def visits(ctx: ActorContext) -> list[int]:
     return list(ctx.state["visits"])
 
 
-def _missing() -> str | None:
-    if webdriver is None:
-        return "selenium is not installed (pip install -e '.[dev]')"
-    for command in ("chromium", "chromedriver"):
-        if shutil.which(command) is None:
-            return f"{command} is not installed (apt-get install -y chromium chromium-driver)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[Served, Served]]:
-    """A server, and `pagekv ui`'s read-only view of its store beside it, on a thread of their
-    own (their own event loop), so that the blocking Selenium calls never stall them."""
-    ready: queue.Queue[tuple[Served, Served] | BaseException] = queue.Queue()
-    stop = threading.Event()
+    """A server, and `pagekv ui`'s read-only view of its store beside it."""
 
-    async def main() -> None:
-        try:
-            async with (
-                serving([probe, stepper, approver, looper], advertise=True) as served,
-                serving_store(served.store) as view,
-            ):
-                ready.put((served, view))
-                while not stop.is_set():
-                    await anyio.sleep(0.05)
-        except BaseException as e:
-            ready.put(e)
-            raise
+    @asynccontextmanager
+    async def both() -> AsyncIterator[tuple[Served, Served]]:
+        async with (
+            serving([probe, stepper, approver, looper], advertise=True) as served,
+            serving_store(served.store) as view,
+        ):
+            yield served, view
 
-    thread = threading.Thread(target=anyio.run, args=(main,), daemon=True)
-    thread.start()
-    started = ready.get(timeout=30)
-    if isinstance(started, BaseException):
-        raise started
-    try:
+    with on_a_thread(both) as started:
         _populate(started[0])
         yield started
-    finally:
-        stop.set()
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -210,29 +178,8 @@ def _populate(served: Served) -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
-    missing = _missing()
-    if missing is not None:
-        message = f"browser tests need Chromium and Selenium: {missing}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or ""
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # CI runs as root
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1280,1000",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(
-        options=options, service=Service(executable_path=shutil.which("chromedriver"))
-    )
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _wait(driver: WebDriver, check: Callable[[WebDriver], Any], what: str) -> Any:
