@@ -32,6 +32,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -57,7 +58,7 @@ _PROCESS_SECRET = secrets.token_hex(32)
 log = logging.getLogger("pagekv.server")
 
 
-class ProofError(Exception):
+class ProofError(ValueError):
     """A forwarded call, or its answer, without a valid proof of the cluster secret."""
 
 
@@ -208,6 +209,19 @@ class PeerAuth:
             return
         error = HttpError(403, ErrorCode.UNAUTHORIZED, message)
         await error_answer(Request(scope), error)(scope, receive, send)
+
+
+def socket_proof(
+    key: ClusterKey, target: str
+) -> tuple[dict[str, str], Callable[[Mapping[str, str]], None]]:
+    """A `RemoteConnection`'s `Prove` for `ctx.client`'s sockets to another server: its
+    handshake signed, and the answer's proof checked (`ProofError`)."""
+    proof, nonce = key.sign_request("", "GET", target)
+
+    def check(headers: Mapping[str, str]) -> None:
+        key.check_answer(headers.get(PROOF_HEADER), nonce, 101)
+
+    return {PROOF_HEADER: proof}, check
 
 
 class PeerTransport(httpx.AsyncBaseTransport):

@@ -162,9 +162,9 @@ async def test_servers_with_different_secrets_cannot_forward_to_each_other(
 
 
 async def test_calls_give_no_token_to_a_process_at_the_owners_address() -> None:
-    """The owner's lease names an address where another process listens: an actor's call
-    through `ctx.client` and a client's socket relayed there give that process no token, and
-    none of its answers is taken."""
+    """The owner's lease names an address where another process listens: a client's socket
+    relayed there, and an actor's socket and call through `ctx.client`, give that process no
+    token, and none of its answers is taken."""
     store = MemoryStore()
     with squatter(0) as (port, seen):
         async with (
@@ -188,9 +188,12 @@ async def test_calls_give_no_token_to_a_process_at_the_owners_address() -> None:
             assert socket.close_code == CloseCode.MOVED, socket.close_reason
             assert [b"upgrade: websocket" in r.lower() for r in seen] == [True]
             at_caller.retry_for = 0
+            with pytest.raises(RemoteError):  # ctx.client's socket there
+                await at_caller.get_or_create("room", "listener").listen("callee")
+            assert [b"upgrade: websocket" in r.lower() for r in seen] == [True, True]
             with pytest.raises(RemoteError) as failed:
                 await at_caller.get_or_create("room", "caller").ask("callee")
-            assert len(seen) > 1, "the call went to the address the lease names"
+            assert len(seen) > 2, "the call went to the address the lease names"
             assert "fake" not in str(failed.value)
             assert caller.app.state.registry.counters["forwarded"] == 0
     for request in seen:
