@@ -14,11 +14,12 @@ import logging
 import socket
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 
 from pagekv.actor import Registry
 from pagekv.actor.ownership import Member
-from pagekv.server.cluster import ClusterKey, PeerTransport
+from pagekv.server.cluster import CLUSTER_SECRET_ENV, ClusterKey, PeerTransport, UnprovenAnswer
 
 CHECK_TIMEOUT_S = 3.0
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
@@ -87,6 +88,38 @@ async def check_address(
             f"{', '.join(elsewhere)} sharing the store cannot reach: {fix}"
         )
     return None
+
+
+async def check_peers(registry: Registry, cluster_secret: str | None) -> None:
+    """Log an error for each process sharing the store that does not prove this process's
+    cluster secret (`_warn_if_unproven`), so a mismatch shows at start, not at the first
+    forwarded call."""
+    async with anyio.create_task_group() as tg:
+        for peer in await registry.peers():
+            tg.start_soon(_warn_if_unproven, peer, cluster_secret)
+
+
+async def _warn_if_unproven(peer: Member, cluster_secret: str | None) -> None:
+    """Log an error if `peer` answers at its address without the proof of this cluster secret:
+    no call can be forwarded between it and this process (a peer that cannot be reached is
+    none of this check's business: its lease runs out)."""
+    if peer.address is None:
+        return
+    transport = PeerTransport(ClusterKey(cluster_secret))
+    try:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, transport=transport) as http:
+            await http.get(f"{peer.address}/cluster/member")
+    except UnprovenAnswer:
+        log.error(
+            "the process at %s (registry %s) shares the store but not this process's cluster "
+            "secret: no call can be forwarded between them; give every process of the store "
+            "the same --cluster-secret (or $%s)",
+            peer.address,
+            peer.id,
+            CLUSTER_SECRET_ENV,
+        )
+    except httpx.HTTPError as e:
+        log.debug("peer %s at %s not checked: %r", peer.id, peer.address, e)
 
 
 async def _unreached(registry_id: str, url: str, cluster_secret: str | None) -> str | None:

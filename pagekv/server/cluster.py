@@ -211,6 +211,10 @@ class PeerAuth:
         await error_answer(Request(scope), error)(scope, receive, send)
 
 
+class UnprovenAnswer(httpx.ConnectError):
+    """An answer without the proof of a server of the store: taken for none (`PeerTransport`)."""
+
+
 def socket_proof(
     key: ClusterKey, target: str
 ) -> tuple[dict[str, str], Callable[[Mapping[str, str]], None]]:
@@ -227,9 +231,9 @@ def socket_proof(
 class PeerTransport(httpx.AsyncBaseTransport):
     """The transport of `ctx.client`'s calls to the server owning another actor: each request
     signed with the cluster secret, with no token, and an answer without the proof of a server
-    of the store taken for an answer never received (`httpx.ConnectError`, which the client
-    retries, then reports as `ServerUnreachable`): a process squatting the owner's address ran
-    nothing of the call, learns no token and fools no actor."""
+    of the store taken for an answer never received (`UnprovenAnswer`, an `httpx.ConnectError`,
+    which the client retries, then reports as `ServerUnreachable`): a process squatting the
+    owner's address ran nothing of the call, learns no token and fools no actor."""
 
     def __init__(self, key: ClusterKey) -> None:
         self._key = key
@@ -246,7 +250,7 @@ class PeerTransport(httpx.AsyncBaseTransport):
         except ProofError as e:
             await response.aclose()
             log.warning("call to %s: answer not taken: %s", request.url.netloc.decode(), e)
-            raise httpx.ConnectError(f"no server of this store answered: {e}") from None
+            raise UnprovenAnswer(f"no server of this store answered: {e}") from None
         return response
 
     async def aclose(self) -> None:

@@ -19,7 +19,7 @@ import anyio
 import httpx
 import pytest
 from server_helpers import TOKEN, serving
-from test_cli import served_process
+from test_cli import APP, ServeProcess, pagekv, served_process
 from test_realtime import room
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
@@ -27,7 +27,9 @@ from websockets.exceptions import ConnectionClosed as SocketClosed
 from pagekv.actor.connection import CloseCode
 from pagekv.client import RemoteError
 from pagekv.kv import MemoryStore
+from pagekv.server import ServerConfig
 from pagekv.server.cluster import PROOF_HEADER, ClusterKey
+from pagekv.server.config import ConfigError
 from pagekv.server.forward import FORWARDED_HEADER
 
 pytestmark = pytest.mark.anyio
@@ -199,3 +201,40 @@ async def test_calls_give_no_token_to_a_process_at_the_owners_address() -> None:
     for request in seen:
         assert b"authorization" not in request.lower(), request
         assert TOKEN.encode() not in request
+
+
+async def test_a_process_with_another_secret_says_so_at_start(tmp_path: Path) -> None:
+    store = f"file:{tmp_path}/store"
+    async with served_process("--kv", store) as first:
+        await first.started()
+        other = ServeProcess("--kv", store, "--cluster-secret", "not-the-stored-secret-0123")
+        try:
+            await other.started()
+            with anyio.fail_after(20):
+                while "shares the store but not this process's cluster secret" not in "".join(
+                    other.log
+                ):
+                    await anyio.sleep(0.1)
+        finally:
+            other.proc.kill()
+            other.proc.wait()
+    assert "not-the-stored-secret" not in "".join(other.log + first.log)
+
+
+def test_a_secret_must_be_long_and_its_file_private(tmp_path: Path) -> None:
+    for short in ("", "short", "sixteen chars ok"):
+        with pytest.raises(ConfigError, match="at least 16 printable characters"):
+            ServerConfig(token=TOKEN, cluster_secret=short)
+    assert "the-secret-of-the-cluster" not in repr(
+        ServerConfig(token=TOKEN, cluster_secret="the-secret-of-the-cluster")
+    )
+    env = {"PAGEKV_TOKEN": TOKEN, "PAGEKV_CLUSTER_SECRET": "short"}
+    refused = pagekv("serve", APP, "--kv", f"file:{tmp_path}", env=env)
+    assert refused.returncode == 2 and "the cluster secret must be at least 16" in refused.stderr
+    path = tmp_path / "cluster-secret"
+    path.write_text("a-secret-others-can-read-0123\n")
+    path.chmod(0o644)
+    shared = pagekv("serve", APP, "--kv", f"file:{tmp_path}", env={"PAGEKV_TOKEN": TOKEN})
+    assert shared.returncode == 1, shared.stderr
+    assert f"{path} is readable by other users: chmod 600 it" in shared.stderr
+    assert "a-secret-others-can-read" not in shared.stderr
