@@ -138,6 +138,9 @@ async def test_a_forwarded_call_without_a_valid_proof_is_refused_and_changes_not
                     refused = await http.post(target, json={"args": [9]}, headers=sent | auth)
                     assert refused.status_code == 403, (sent, refused.text)
                     assert PROOF_HEADER not in refused.headers
+            doubled = [*_signed("s o 3e12", target).items(), (FORWARDED_HEADER, "s o 1e12")]
+            twice = await http.post(target, json={"args": [9]}, headers=doubled)
+            assert twice.status_code == 403, twice.text
             count = await http.post(
                 "/actors/ledger/actions/read", params={"key": "k"}, json={}, headers=AUTH
             )
