@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import random
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -33,6 +34,12 @@ _FIRST_WAIT_S = 0.05
 _MAX_WAIT_S = 1.0
 
 
+Prove = Callable[[str], tuple[dict[str, str], Callable[[Mapping[str, str]], None]]]
+"""Given a socket's path and query: the headers to open it with, and a check of the handshake's
+answer headers that raises `ValueError` unless the server proved itself (then the socket is
+closed and counted as refused with `MOVED`, which is retried)."""
+
+
 class RemoteConnection(ActorConnection):
     def __init__(
         self,
@@ -46,9 +53,11 @@ class RemoteConnection(ActorConnection):
         input: Any,
         raise_error: Any,
         sink: ActorConnection | None = None,
+        prove: Prove | None = None,
     ) -> None:
         """`sink`: where events and the connection's end are delivered, if not to this one (a
-        connection of an actor's `ctx.client` relayed to the server that owns its actor)."""
+        connection of an actor's `ctx.client` relayed to the server that owns its actor).
+        `prove`: how a server opening it proves itself instead of with a token (`Prove`)."""
         super().__init__(name, key, params)
         self._sink: ActorConnection = sink if sink is not None else self
         query = urlencode(
@@ -56,7 +65,9 @@ class RemoteConnection(ActorConnection):
         )
         base = url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/")
         self._url = f"{base}/actors/{quote(name, safe='')}/connect?{query}"
+        self._target = f"/actors/{name}/connect?{query}"
         self._token = token
+        self._prove = prove
         self._input = input if create else None
         self._raise_error = raise_error
         self._socket: ClientConnection | None = None
@@ -86,12 +97,21 @@ class RemoteConnection(ActorConnection):
     async def _open(self) -> None:
         """Open a socket and send the connect frame; `ConnectionClosed` if refused."""
         protocols = ["pagekv"] + ([f"pagekv.token.{self._token}"] if self._token else [])
+        headers, check = self._prove(self._target) if self._prove is not None else ({}, None)
         socket = await connect(
             self._url,
+            additional_headers=headers,
             subprotocols=protocols,
             max_size=None,
             compression=None,  # type: ignore[arg-type]
         )
+        if check is not None:
+            assert socket.response is not None, "an open socket had its handshake's answer"
+            try:
+                check(socket.response.headers)
+            except ValueError as e:
+                await socket.close()
+                raise ConnectionClosed(CloseCode.MOVED, f"the server is not trusted: {e}") from None
         hello: dict[str, Any] = {"t": "connect", "params": self.params}
         if self._input is not None:
             hello["input"] = self._input

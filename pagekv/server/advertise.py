@@ -14,10 +14,12 @@ import logging
 import socket
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 
 from pagekv.actor import Registry
 from pagekv.actor.ownership import Member
+from pagekv.server.cluster import CLUSTER_SECRET_ENV, ClusterKey, PeerTransport, UnprovenAnswer
 
 CHECK_TIMEOUT_S = 3.0
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
@@ -54,7 +56,9 @@ def is_loopback(url: str) -> bool:
         return False  # a name: what it resolves to elsewhere is unknown here
 
 
-async def check_address(registry: Registry, url: str, token: str | None, fix: str) -> str | None:
+async def check_address(
+    registry: Registry, url: str, cluster_secret: str | None, fix: str
+) -> str | None:
     """None if this process may serve with `url` as its advertise address; else the one line
     saying why not, ending with `fix` (what to pass instead).
 
@@ -62,7 +66,7 @@ async def check_address(registry: Registry, url: str, token: str | None, fix: st
     share the store (then a warning is logged); and it must not be a loopback address while a
     peer runs on another host.
     """
-    reason = await _unreached(registry.id, url, token)
+    reason = await _unreached(registry.id, url, cluster_secret)
     peers = await registry.peers()
     if reason is not None and peers:
         return (
@@ -86,13 +90,46 @@ async def check_address(registry: Registry, url: str, token: str | None, fix: st
     return None
 
 
-async def _unreached(registry_id: str, url: str, token: str | None) -> str | None:
-    """Why `url` does not lead to the registry `registry_id`, or None if it does."""
-    headers = {"accept": "application/json"}
-    if token is not None:
-        headers["authorization"] = f"Bearer {token}"
+async def check_peers(registry: Registry, cluster_secret: str | None) -> None:
+    """Log an error for each process sharing the store that does not prove this process's
+    cluster secret (`_warn_if_unproven`), so a mismatch shows at start, not at the first
+    forwarded call."""
+    async with anyio.create_task_group() as tg:
+        for peer in await registry.peers():
+            tg.start_soon(_warn_if_unproven, peer, cluster_secret)
+
+
+async def _warn_if_unproven(peer: Member, cluster_secret: str | None) -> None:
+    """Log an error if `peer` answers at its address without the proof of this cluster secret:
+    no call can be forwarded between it and this process (a peer that cannot be reached is
+    none of this check's business: its lease runs out)."""
+    if peer.address is None:
+        return
+    transport = PeerTransport(ClusterKey(cluster_secret))
     try:
-        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S) as http:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, transport=transport) as http:
+            await http.get(f"{peer.address}/cluster/member")
+    except UnprovenAnswer:
+        log.error(
+            "the process at %s (registry %s) shares the store but not this process's cluster "
+            "secret: no call can be forwarded between them; give every process of the store "
+            "the same --cluster-secret (or $%s)",
+            peer.address,
+            peer.id,
+            CLUSTER_SECRET_ENV,
+        )
+    except httpx.HTTPError as e:
+        log.debug("peer %s at %s not checked: %r", peer.id, peer.address, e)
+
+
+async def _unreached(registry_id: str, url: str, cluster_secret: str | None) -> str | None:
+    """Why `url` does not lead to the registry `registry_id`, or None if it does. Asked with
+    the cluster secret's proof, not the token, which a process there that is no server of the
+    store (a mistyped address) would learn."""
+    headers = {"accept": "application/json"}
+    transport = PeerTransport(ClusterKey(cluster_secret))
+    try:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, transport=transport) as http:
             response = await http.get(f"{url}/cluster/member", headers=headers)
     except httpx.HTTPError as e:
         return f"{type(e).__name__}: {' '.join(str(e).split())}" if str(e) else type(e).__name__

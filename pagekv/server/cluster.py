@@ -1,21 +1,28 @@
 """Servers of one store proving to each other that they are servers of it: a shared cluster
 secret, with which a forwarded call and its answer are each signed (HMAC-SHA256).
 
-A forwarder sends neither the client's `Authorization` nor any other credential of its own:
-whatever listens at an owner's address (a process that bound the port of a killed owner,
-say) learns no token from it. Instead the request carries `X-Pagekv-Proof: <timestamp>
-<nonce> <mac>` over the `X-Pagekv-Forwarded` value (the sender, the registry it means and its
-lease end), the method, the path and query, the timestamp and a fresh nonce. The receiving
-server (`PeerAuth`) serves a forwarded call only with a valid proof, a timestamp within
-`PROOF_WINDOW_S` of its clock and a nonce it has not seen in that window (a replay changes
-nothing); it then trusts the sender's authentication of the client in place of a token. Its
-answer carries `X-Pagekv-Proof: <registry> <mac>` over the request's nonce, its registry id
-and the status, and the forwarder relays an answer only with a valid one: an answer without
-it came from a process that does not hold the secret, which cannot have served the call.
+A forwarder sends no token (the server's own is taken off every request once checked,
+`BearerAuth`) nor any other credential of its own: whatever listens at an owner's address (a
+process that bound the port of a killed owner, say) learns no token from it. Instead the
+request carries `X-Pagekv-Proof: <timestamp> <nonce> <mac>` over the `X-Pagekv-Forwarded`
+value (the sender, the registry it means and its lease end), the method, the path and query,
+the timestamp and a fresh nonce. The receiving server (`PeerAuth`) serves a forwarded call
+only with a valid proof, a timestamp within `PROOF_WINDOW_S` of its clock and a nonce it has
+not seen in that window (a replay changes nothing); it then trusts the sender's authentication
+of the client in place of a token. Its answer carries `X-Pagekv-Proof: <registry> <mac>` over
+the request's nonce, its registry id and the status, and the forwarder relays an answer only
+with a valid one: an answer without it came from a process that does not hold the secret,
+which cannot have served the call.
 
-An actor's `ctx.client` call to an actor another server owns (`OwnerCalls`) is signed the same
-way, without a forwarding header (it is served as a call of a client, routed afresh there),
-through `PeerTransport`.
+What the proof cannot do is keep the rest of a call from such a process: it is sent before
+the answer proves anything, so its body and end-to-end headers (cookies; an app's own
+`Authorization` under `--unauthenticated`, where the server has no token) reach it. Servers
+on a network others can listen on or bind addresses in should reach each other over https.
+
+An actor's `ctx.client` call or socket to an actor another server owns (`OwnerCalls`) is
+signed the same way, without a forwarding header (it is served as a client's, routed afresh
+there), through `PeerTransport` and `socket_proof`; so is the check of a process's own advertise
+URL at start.
 
 The proof says "holds the cluster secret", not "is the registry the lease named": a server
 restarted at the owner's address serves the calls meant for the registry that died there
@@ -32,6 +39,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -57,7 +65,7 @@ _PROCESS_SECRET = secrets.token_hex(32)
 log = logging.getLogger("pagekv.server")
 
 
-class ProofError(Exception):
+class ProofError(ValueError):
     """A forwarded call, or its answer, without a valid proof of the cluster secret."""
 
 
@@ -153,31 +161,33 @@ def call_target(scope: Scope) -> str:
 
 class PeerAuth:
     """Lets a forwarded call (one with `X-Pagekv-Forwarded`), or one with a proof (a server's
-    `ctx.client` call), through only with a valid proof,
-    and signs every answer to it; a call without one is refused (HTTP 403, WebSocket close
-    1008) before anything runs. Invariant: every answer this server sends to a call it
-    accepted as forwarded carries the answer proof, so the forwarder can tell it from a
-    squatter's."""
+    `ctx.client` call or socket), through only with a valid proof, and signs every answer to
+    it; any other is refused (HTTP 403, WebSocket close 1008) before anything runs. Invariant:
+    every answer this server sends to a call it accepted from a server carries the answer
+    proof, so that server can tell it from a squatter's."""
 
     def __init__(self, app: ASGIApp, key: ClusterKey) -> None:
         self.app = app
         self._key = key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = dict(scope.get("headers", ())) if scope["type"] != "lifespan" else {}
-        forwarding = headers.get(FORWARDED_HEADER.encode())
-        proof = headers.get(PROOF_HEADER.encode())
-        if forwarding is None and proof is None:
+        own = (FORWARDED_HEADER.encode(), PROOF_HEADER.encode())
+        given = [(k, v) for k, v in scope.get("headers", ()) if k in own]
+        if not given:
             await self.app(scope, receive, send)
             return
+        forwarding = [v for k, v in given if k == own[0]]
+        proof = [v for k, v in given if k == own[1]]
         try:
+            if len(forwarding) > 1 or len(proof) > 1:
+                raise ProofError("it carries a forwarding or proof header more than once")
             nonce = self._key.check_request(
-                proof.decode("latin-1") if proof is not None else None,
-                (forwarding or b"").decode("latin-1"),
+                proof[0].decode("latin-1") if proof else None,
+                forwarding[0].decode("latin-1") if forwarding else "",
                 scope.get("method", "GET"),
                 call_target(scope),
             )
-        except (ProofError, ValueError) as e:
+        except ValueError as e:  # a ProofError, or a timestamp that is no number
             await self._refuse(scope, receive, send, str(e))
             return
         registry = getattr(scope["app"].state, "registry", None)
@@ -210,12 +220,29 @@ class PeerAuth:
         await error_answer(Request(scope), error)(scope, receive, send)
 
 
+class UnprovenAnswer(httpx.ConnectError):
+    """An answer without the proof of a server of the store: taken for none (`PeerTransport`)."""
+
+
+def socket_proof(
+    key: ClusterKey, target: str
+) -> tuple[dict[str, str], Callable[[Mapping[str, str]], None]]:
+    """A `RemoteConnection`'s `Prove` for `ctx.client`'s sockets to another server: its
+    handshake signed, and the answer's proof checked (`ProofError`)."""
+    proof, nonce = key.sign_request("", "GET", target)
+
+    def check(headers: Mapping[str, str]) -> None:
+        key.check_answer(headers.get(PROOF_HEADER), nonce, 101)
+
+    return {PROOF_HEADER: proof}, check
+
+
 class PeerTransport(httpx.AsyncBaseTransport):
     """The transport of `ctx.client`'s calls to the server owning another actor: each request
     signed with the cluster secret, with no token, and an answer without the proof of a server
-    of the store taken for an answer never received (`httpx.ConnectError`, which the client
-    retries, then reports as `ServerUnreachable`): a process squatting the owner's address ran
-    nothing of the call, learns no token and fools no actor."""
+    of the store taken for an answer never received (`UnprovenAnswer`, an `httpx.ConnectError`,
+    which the client retries, then reports as `ServerUnreachable`): a process squatting the
+    owner's address ran nothing of the call, learns no token and fools no actor."""
 
     def __init__(self, key: ClusterKey) -> None:
         self._key = key
@@ -232,7 +259,7 @@ class PeerTransport(httpx.AsyncBaseTransport):
         except ProofError as e:
             await response.aclose()
             log.warning("call to %s: answer not taken: %s", request.url.netloc.decode(), e)
-            raise httpx.ConnectError(f"no server of this store answered: {e}") from None
+            raise UnprovenAnswer(f"no server of this store answered: {e}") from None
         return response
 
     async def aclose(self) -> None:

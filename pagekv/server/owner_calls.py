@@ -5,25 +5,26 @@ actor owned by another registry of the store (`OwnedElsewhere`, raised before an
 goes to that registry's server over HTTP, signed with the cluster secret rather than with a
 token (`cluster.PeerTransport`: an answer of a process that is no server of the store is never
 taken), through the same client users have (`HttpClient`, whose retries cover a hand-off under
-way), and a connection goes there over a WebSocket, with this server's token. The owner
-serves it as any call, so it is routed afresh there if the actor moved meanwhile.
+way), and a connection goes there over a WebSocket, signed and checked alike
+(`cluster.socket_proof`). The owner serves it as any call, so it is routed afresh there if the
+actor moved meanwhile.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from pagekv.actor.client_connection import ActorConnection
 from pagekv.actor.ownership import Owner
 from pagekv.client import HttpClient, raise_error
 from pagekv.remote_connection import RemoteConnection
-from pagekv.server.cluster import ClusterKey, PeerTransport
+from pagekv.server.cluster import ClusterKey, PeerTransport, socket_proof
 from pagekv.server.config import ServerConfig
 
 
 class OwnerCalls:
     def __init__(self, config: ServerConfig) -> None:
-        self._token = config.token
         self._key = ClusterKey(config.cluster_secret)
         self._timeout = config.forward_timeout_s
         self._clients: dict[str, HttpClient] = {}
@@ -71,7 +72,7 @@ class OwnerCalls:
         assert owner.address is not None, "the registry forwards only to owners with an address"
         return RemoteConnection(
             owner.address,
-            self._token,
+            None,
             name,
             key,
             params,
@@ -79,6 +80,7 @@ class OwnerCalls:
             input=input,
             raise_error=raise_error,
             sink=sink,
+            prove=partial(socket_proof, self._key),
         )
 
     async def aclose(self) -> None:

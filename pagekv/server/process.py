@@ -21,7 +21,7 @@ import anyio
 
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.kv import KvError, KvStore, open_kv, redact_url
-from pagekv.server.advertise import check_address, http_url
+from pagekv.server.advertise import check_address, check_peers, http_url
 from pagekv.server.cluster import CLUSTER_SECRET_ENV, stored_secret
 from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.loader import load_registry
@@ -149,7 +149,7 @@ async def serve_process(
         )
         log.info("advertising %s to the other processes of the store", advertised)
         try:
-            found = await check_address(app.state.registry, advertised, config.token, fix)
+            found = await check_address(app.state.registry, advertised, config.cluster_secret, fix)
         except Exception:  # the store, say: the check is advice, the server serves on
             log.exception("could not check that %s reaches this process", advertised)
             found = None
@@ -162,6 +162,10 @@ async def serve_process(
             problem.append(found)
             server.should_exit = True
             return
+        try:
+            await check_peers(app.state.registry, config.cluster_secret)
+        except Exception:  # the store, say: the check is advice, as the address's
+            log.exception("could not check the cluster secret of the other processes")
         if supervisor is not None:
             while os.getppid() == supervisor:
                 await anyio.sleep(1)

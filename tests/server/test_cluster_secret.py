@@ -19,12 +19,17 @@ import anyio
 import httpx
 import pytest
 from server_helpers import TOKEN, serving
-from test_cli import served_process
+from test_cli import APP, ServeProcess, pagekv, served_process
 from test_realtime import room
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed as SocketClosed
 
+from pagekv.actor.connection import CloseCode
 from pagekv.client import RemoteError
 from pagekv.kv import MemoryStore
+from pagekv.server import ServerConfig
 from pagekv.server.cluster import PROOF_HEADER, ClusterKey
+from pagekv.server.config import ConfigError
 from pagekv.server.forward import FORWARDED_HEADER
 
 pytestmark = pytest.mark.anyio
@@ -133,6 +138,9 @@ async def test_a_forwarded_call_without_a_valid_proof_is_refused_and_changes_not
                     refused = await http.post(target, json={"args": [9]}, headers=sent | auth)
                     assert refused.status_code == 403, (sent, refused.text)
                     assert PROOF_HEADER not in refused.headers
+            doubled = [*_signed("s o 3e12", target).items(), (FORWARDED_HEADER, "s o 1e12")]
+            twice = await http.post(target, json={"args": [9]}, headers=doubled)
+            assert twice.status_code == 403, twice.text
             count = await http.post(
                 "/actors/ledger/actions/read", params={"key": "k"}, json={}, headers=AUTH
             )
@@ -158,9 +166,10 @@ async def test_servers_with_different_secrets_cannot_forward_to_each_other(
     assert "the-first-cluster-secret" not in logged and "the-other-cluster-secret" not in logged
 
 
-async def test_ctx_client_sends_no_token_to_a_process_at_the_owners_address() -> None:
-    """The owner's lease names an address where another process listens: an actor's call of
-    it through `ctx.client` gives that process no token and takes none of its answers."""
+async def test_calls_give_no_token_to_a_process_at_the_owners_address() -> None:
+    """The owner's lease names an address where another process listens: a client's socket
+    relayed there, and an actor's socket and call through `ctx.client`, give that process no
+    token, and none of its answers is taken."""
     store = MemoryStore()
     with squatter(0) as (port, seen):
         async with (
@@ -170,12 +179,65 @@ async def test_ctx_client_sends_no_token_to_a_process_at_the_owners_address() ->
             caller.client() as at_caller,
         ):
             await at_owner.get_or_create("room", "callee").post("hi")
+            relayed = f"{caller.url.replace('http', 'ws', 1)}/actors/room/connect?key=callee"
+            async with ws_connect(
+                relayed,
+                additional_headers=AUTH,
+                subprotocols=["pagekv", f"pagekv.token.{TOKEN}"],  # type: ignore[list-item]
+            ) as socket:
+                await socket.send(
+                    json.dumps({"t": "connect", "params": {"name": "eve"}, "token": TOKEN})
+                )
+                with pytest.raises(SocketClosed):
+                    await socket.recv()
+            assert socket.close_code == CloseCode.MOVED, socket.close_reason
+            assert [b"upgrade: websocket" in r.lower() for r in seen] == [True]
             at_caller.retry_for = 0
+            with pytest.raises(RemoteError):  # ctx.client's socket there
+                await at_caller.get_or_create("room", "listener").listen("callee")
+            assert [b"upgrade: websocket" in r.lower() for r in seen] == [True, True]
             with pytest.raises(RemoteError) as failed:
                 await at_caller.get_or_create("room", "caller").ask("callee")
-            assert seen, "the call went to the address the lease names"
+            assert len(seen) > 2, "the call went to the address the lease names"
             assert "fake" not in str(failed.value)
             assert caller.app.state.registry.counters["forwarded"] == 0
     for request in seen:
         assert b"authorization" not in request.lower(), request
         assert TOKEN.encode() not in request
+
+
+async def test_a_process_with_another_secret_says_so_at_start(tmp_path: Path) -> None:
+    store = f"file:{tmp_path}/store"
+    async with served_process("--kv", store) as first:
+        await first.started()
+        other = ServeProcess("--kv", store, "--cluster-secret", "not-the-stored-secret-0123")
+        try:
+            await other.started()
+            with anyio.fail_after(20):
+                while "shares the store but not this process's cluster secret" not in "".join(
+                    other.log
+                ):
+                    await anyio.sleep(0.1)
+        finally:
+            other.proc.kill()
+            other.proc.wait()
+    assert "not-the-stored-secret" not in "".join(other.log + first.log)
+
+
+def test_a_secret_must_be_long_and_its_file_private(tmp_path: Path) -> None:
+    for short in ("", "short", "sixteen chars ok"):
+        with pytest.raises(ConfigError, match="at least 16 printable characters"):
+            ServerConfig(token=TOKEN, cluster_secret=short)
+    assert "the-secret-of-the-cluster" not in repr(
+        ServerConfig(token=TOKEN, cluster_secret="the-secret-of-the-cluster")
+    )
+    env = {"PAGEKV_TOKEN": TOKEN, "PAGEKV_CLUSTER_SECRET": "short"}
+    refused = pagekv("serve", APP, "--kv", f"file:{tmp_path}", env=env)
+    assert refused.returncode == 2 and "the cluster secret must be at least 16" in refused.stderr
+    path = tmp_path / "cluster-secret"
+    path.write_text("a-secret-others-can-read-0123\n")
+    path.chmod(0o644)
+    shared = pagekv("serve", APP, "--kv", f"file:{tmp_path}", env={"PAGEKV_TOKEN": TOKEN})
+    assert shared.returncode == 1, shared.stderr
+    assert f"{path} is readable by other users: chmod 600 it" in shared.stderr
+    assert "a-secret-others-can-read" not in shared.stderr
