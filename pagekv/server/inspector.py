@@ -78,8 +78,9 @@ def _index(rt: StoreView) -> ActorKv:
 
 
 def _owner(index: ActorKv, actor_id: str, asked: str | None) -> dict[str, Any] | None:
-    """Who holds the actor's lease now (None: asleep, or its owner's lease ran out); `here`
-    says whether it is the registry the client asked (`asked`, see `_asked`)."""
+    """Who holds the actor's lease now (None: asleep, unless a server holding its sockets keeps
+    it, `pagekv.actor.holds`; or its owner's lease ran out); `here` says whether it is the
+    registry the client asked (`asked`, see `_asked`)."""
     owner = lease_owner(index, actor_id, time.time())
     if owner is None:
         return None
