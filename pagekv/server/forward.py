@@ -137,12 +137,21 @@ class Forwarder:
                 return outcome
             self._registry.forget_owner(aid)
             if time.monotonic() + pause > deadline:
+                lease = max(0.0, owner.until - time.time())
+                log.warning(
+                    "forward to %s: the owner of %s %s for %g s (lease %.1f s more)",
+                    owner.address,
+                    aid,
+                    outcome.why,
+                    self._config.forward_wait_s,
+                    lease,
+                )
                 raise HttpError(
                     503,
                     ErrorCode.OWNER_UNREACHABLE,
-                    f"the actor is owned by the server at {owner.address} under a lease of "
-                    f"{max(0.0, owner.until - time.time()):.1f} s more, which {outcome.why} "
-                    f"for {self._config.forward_wait_s:g} s; nothing was written, retry",
+                    f"the actor is owned by another server of this store under a lease of "
+                    f"{lease:.1f} s more, which {outcome.why} for "
+                    f"{self._config.forward_wait_s:g} s; nothing was written, retry",
                     writes=Writes(),
                 )
             await anyio.sleep(pause)
@@ -279,11 +288,14 @@ def _number(text: str) -> float | None:
 
 
 def _no_answer(owner: Owner, why: str) -> HttpError:
+    """The client's answer names neither the owner's address nor the error: both go to the
+    log, for the operator."""
+    log.warning("forward to %s: the owner took the call but sent no answer: %s", owner.address, why)
     return HttpError(
         503,
         ErrorCode.OWNER_TIMEOUT,
-        f"the actor's owner at {owner.address} took the call but sent no answer ({why}); it "
-        "may have run there",
+        "the actor's owner (another server of this store) took the call but sent no answer; "
+        "it may have run there",
         writes=Writes(unknown=True),
     )
 

@@ -96,6 +96,7 @@ async def test_a_process_on_a_killed_owners_port_gets_no_token_and_is_never_rela
         assert fooled.json()["error"]["code"] == "owner_unreachable"
         assert fooled.json()["error"]["written"] is False
         assert "fake" not in fooled.text
+        assert urls[0] not in fooled.text and "127.0.0.1" not in fooled.text  # no address
         secret = (store / "cluster-secret").read_text().strip()
         for request in seen:
             assert b"authorization" not in request.lower(), request
