@@ -32,6 +32,22 @@ from pagekv.kv.pg_cluster import HOW_TO_INSTALL, TempCluster, find_pg_bin
 _ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Escape lone surrogates in a report's captured output and logs: tests send them on
+    purpose (a hostile client, an action raising with one), the server logs what it got, and
+    pytest-xdist cannot send a report holding one from its worker (its worker crashes)."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [(name, _utf8(text)) for name, text in report.sections]
+    if isinstance(report.longrepr, str):
+        report.longrepr = _utf8(report.longrepr)
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to test stale compiled code: Python imports `pages.cpython-*.so` before
     `pages.py`, so an edit to a compiled module does nothing until it is rebuilt (`./test` does
