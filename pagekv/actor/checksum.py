@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from typing import Final
+from typing import Any, Final, cast
 
 import apsw
 import cbor2
@@ -74,11 +74,14 @@ def database_digest(connection: apsw.Connection) -> bytes:
     )
     for row in schema:
         digest.update(cbor2.dumps(list(row)))
-    tables = connection.execute(
-        "SELECT name, wr FROM pragma_table_list WHERE schema = 'main' "
-        "AND type IN ('table', 'shadow') AND name NOT IN ('sqlite_schema', 'sqlite_master') "
-        "ORDER BY name"
-    ).fetchall()
+    tables = cast(
+        list[tuple[str, int]],
+        connection.execute(
+            "SELECT name, wr FROM pragma_table_list WHERE schema = 'main' "
+            "AND type IN ('table', 'shadow') AND name NOT IN ('sqlite_schema', 'sqlite_master') "
+            "ORDER BY name"
+        ).fetchall(),
+    )
     for name, without_rowid in tables:
         digest.update(cbor2.dumps(["table", name]))
         for row in connection.execute(_scan(connection, name, bool(without_rowid))):
@@ -93,7 +96,10 @@ def _quote(identifier: str) -> str:
 def _scan(connection: apsw.Connection, table: str, without_rowid: bool) -> str:
     """Every row of `table` in its b-tree's key order: rowid first for a rowid table (under a
     name no column of it has), the primary key's order for a WITHOUT ROWID one."""
-    info = connection.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
+    info = cast(
+        list[tuple[int, str, str, int, Any, int]],
+        connection.execute(f"PRAGMA table_info({_quote(table)})").fetchall(),
+    )
     if without_rowid:
         keys = [row[1] for row in sorted((r for r in info if r[5]), key=lambda r: r[5])]
         order = ", ".join(_quote(k) for k in keys)

@@ -52,7 +52,7 @@ class ActorDb:
         """A transaction began but no statement ran yet: its first worker hop starts with BEGIN
         (one hop fewer per transaction). Only the task holding `_lock` runs statements then."""
         self._after_transaction: list[Callable[[], Awaitable[None]]] = []
-        self._death_cause: Exception | None = None
+        self._death_cause: BaseException | None = None
         self.proven_at = float("-inf")
         """`time.monotonic()` just before the latest worker hop that committed: the commit passed
         the fence, so the actor was still this instance's at some moment after then."""
@@ -203,7 +203,8 @@ class ActorDb:
         def write(connection: apsw.Connection) -> bytes | None:
             with connection:
                 also(connection)
-                return self.state.write_if_changed(connection)
+                written = self.state.write_if_changed(connection)
+            return written
 
         self.state.mark_saved(await self.locked(write, internal=True))
 

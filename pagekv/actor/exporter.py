@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 from urllib.parse import quote
 
 import apsw
@@ -195,7 +195,7 @@ def _backup(tmp: Path, record: ActorRecord, database: Database) -> int:
     target = apsw.Connection(str(tmp))
     try:
         copy_pages(target, database.connection)
-        return int(target.execute("PRAGMA page_count").fetchall()[0][0])
+        return cast(int, target.execute("PRAGMA page_count").fetchall()[0][0])
     finally:
         target.close()
 

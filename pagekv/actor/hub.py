@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import cbor2
 
@@ -247,7 +247,10 @@ class Hub:
         are gone (a row, no socket here), for `reap` once the wake hooks ran."""
         aid = instance.actor_id
         rows = await instance.ctx.db.locked(
-            lambda c: c.execute(f"SELECT id, params, data FROM {_TABLE}").fetchall(),
+            lambda c: cast(
+                list[tuple[str, bytes, bytes]],
+                c.execute(f"SELECT id, params, data FROM {_TABLE}").fetchall(),
+            ),
             internal=True,
         )
         live = self._live.get(aid, {})

@@ -54,7 +54,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import apsw
 
@@ -422,7 +422,7 @@ def _convert(
     limits: KvLimits,
 ) -> PreparedImport:
     converted = []
-    mode = connection.execute("PRAGMA journal_mode").fetchall()[0][0]
+    mode = cast(str, connection.execute("PRAGMA journal_mode").fetchall()[0][0])
     if mode.lower() == "wal":
         connection.execute("PRAGMA journal_mode = DELETE")
         converted.append("journal mode WAL -> DELETE (its WAL checkpointed into the file)")
@@ -437,14 +437,19 @@ def _convert(
         converted.append(f"page size {page_size} -> {PAGE_SIZE} (VACUUM)")
     converted.extend(_internal_tables(connection, source, name, key, state))
     user_kv = _take_user_kv(connection, source, copy.parent / "ctx-kv.sqlite", limits)
-    meta = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
+    meta = dict(
+        cast(
+            list[tuple[str, Any]],
+            connection.execute("SELECT key, value FROM _pagekv_meta").fetchall(),
+        )
+    )
     created = meta.get("created_at")
     due = _due(connection, source)
     if user_kv is not None:
         copy = _compacted(connection, copy)
     reader = apsw.Connection(str(copy), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        pages = reader.execute("PRAGMA page_count").fetchall()[0][0]
+        pages = cast(int, reader.execute("PRAGMA page_count").fetchall()[0][0])
     finally:
         reader.close()
     return PreparedImport(
@@ -561,12 +566,15 @@ def _take_user_kv(
     ).fetchall()
     if not exists:
         return None
-    entries, odd, largest_key, largest_value, total = connection.execute(
-        "SELECT count(*), "
-        "total(typeof(key) != 'blob' OR typeof(value) != 'blob' OR length(key) = 0), "
-        f"max(length(key)), max(length(value)), total(length(key) + length(value)) "
-        f"FROM {USER_KV_TABLE}"
-    ).fetchall()[0]
+    entries, odd, largest_key, largest_value, total = cast(
+        tuple[int, float, int | None, int | None, float],
+        connection.execute(
+            "SELECT count(*), "
+            "total(typeof(key) != 'blob' OR typeof(value) != 'blob' OR length(key) = 0), "
+            f"max(length(key)), max(length(value)), total(length(key) + length(value)) "
+            f"FROM {USER_KV_TABLE}"
+        ).fetchall()[0],
+    )
     if odd:
         raise ImportRefused(
             f"{source}: {USER_KV_TABLE} holds a key or value that is not a non-empty blob"
@@ -599,9 +607,12 @@ def _take_user_kv(
 
 def _duplicate(connection: apsw.Connection, source: Path) -> DuplicateKvKey:
     """The refusal of a `_pagekv_kv` table that holds a key twice, naming one such key."""
-    key = connection.execute(
-        f"SELECT key FROM {USER_KV_TABLE} GROUP BY key HAVING count(*) > 1 LIMIT 1"
-    ).fetchall()[0][0]
+    key = cast(
+        bytes,
+        connection.execute(
+            f"SELECT key FROM {USER_KV_TABLE} GROUP BY key HAVING count(*) > 1 LIMIT 1"
+        ).fetchall()[0][0],
+    )
     shown = key[:_SHOWN_KEY_BYTES].hex() + ("..." if len(key) > _SHOWN_KEY_BYTES else "")
     return DuplicateKvKey(
         f"{source}: {USER_KV_TABLE} holds the key {shown} (hex) more than once; an export "
@@ -640,7 +651,10 @@ def _due(connection: apsw.Connection, source: Path) -> float | None:
     kinds = connection.execute("SELECT DISTINCT typeof(due) FROM _pagekv_schedule").fetchall()
     if {kind for (kind,) in kinds} - {"real", "integer"}:
         raise ImportRefused(f"{source}: a schedule of _pagekv_schedule is due at no time")
-    due = connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0]
+    due = cast(
+        float | None,
+        connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0],
+    )
     workflow = describe(connection)
     if workflow is not None and workflow["state"] not in FINAL_STATES:
         now = time.time()
@@ -690,8 +704,10 @@ def _swap_user_kv(kv: ActorKv, generation: int, prepared: PreparedImport) -> Non
     """Replace the namespace's `ctx.kv` entries with the prepared ones, fenced by the import's
     generation, read from their file as they are written (one batch in memory at a time); a
     lost takeover is `ImportInterrupted`, which says the database was swapped."""
+    end = prefix_end(USER_PREFIX)
+    assert end is not None
     try:
-        kv.delete_range(USER_PREFIX, prefix_end(USER_PREFIX), fence=generation)
+        kv.delete_range(USER_PREFIX, end, fence=generation)
         if prepared.user_kv is None:
             return
         reader = apsw.Connection(str(prepared.user_kv.path), flags=apsw.SQLITE_OPEN_READONLY)

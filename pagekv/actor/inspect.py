@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar, runtime_checkable
+from typing import Any, Final, Protocol, TypeVar, cast, runtime_checkable
 
 import apsw
 import cbor2
@@ -238,7 +238,10 @@ def read_state(connection: apsw.Connection) -> Any:
     """The actor's committed state (None before its first commit)."""
     if not _has_table(connection, "_pagekv_state"):
         return None
-    rows = connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall()
+    rows = cast(
+        list[tuple[bytes]],
+        connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall(),
+    )
     return cbor2.loads(rows[0][0]) if rows else None
 
 
@@ -257,7 +260,9 @@ def list_tables(connection: apsw.Connection) -> list[TableInfo]:
     tables = []
     for name in names:
         columns = [row[1] for row in connection.execute(f"PRAGMA table_info({_quote(name)})")]
-        (count,) = connection.execute(f"SELECT count(*) FROM {_quote(name)}").fetchall()[0]
+        (count,) = cast(
+            tuple[int], connection.execute(f"SELECT count(*) FROM {_quote(name)}").fetchall()[0]
+        )
         tables.append(TableInfo(name, name.startswith(PREFIX), columns, count))
     return tables
 

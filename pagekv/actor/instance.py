@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
-from typing import Any, Literal, TypeVar, assert_never
+from typing import Any, Literal, TypeVar, assert_never, cast
 
 import anyio
 import apsw
@@ -661,7 +661,7 @@ class ActorInstance:
         rows = await self.ctx.db.locked(
             lambda c: c.execute("SELECT min(due) FROM _pagekv_schedule").fetchall(), internal=True
         )
-        self.next_due = rows[0][0]
+        self.next_due = cast(float | None, rows[0][0])
         await self.publish_wake()
 
     async def publish_wake(self) -> None:
@@ -727,16 +727,19 @@ class ActorInstance:
         try:
             now = time.time()
             due = await self.ctx.db.locked(
-                lambda c: c.execute(
-                    "SELECT id, due, action, args, every FROM _pagekv_schedule WHERE due <= ? "
-                    "ORDER BY due, id",
-                    (now,),
-                ).fetchall(),
+                lambda c: cast(
+                    list[tuple[str, float, str, bytes, float | None]],
+                    c.execute(
+                        "SELECT id, due, action, args, every FROM _pagekv_schedule WHERE due <= ? "
+                        "ORDER BY due, id",
+                        (now,),
+                    ).fetchall(),
+                ),
                 internal=True,
             )
             for event_id, when, action, args, every in due:
                 if not await self.ctx.db.locked(
-                    lambda c, i=event_id, w=when: _still_scheduled(c, i, w), internal=True
+                    partial(_still_scheduled, event_id=event_id, due=when), internal=True
                 ):
                     continue  # cancelled (or moved) by an event of this same round
                 try:
@@ -754,7 +757,7 @@ class ActorInstance:
                 except Exception:
                     log.exception("actor %s: scheduled %s failed", self.actor_id, action)
                 await self.ctx.db.locked(
-                    lambda c, i=event_id, w=when, e=every: _settle(c, i, w, e), internal=True
+                    partial(_settle, event_id=event_id, due=when, every=every), internal=True
                 )
             await self.refresh_wake()
         except (ActorTakenOver, ActorStopped) as e:

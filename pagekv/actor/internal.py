@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import apsw
 import cbor2
@@ -90,9 +90,12 @@ def migrate(connection: apsw.Connection) -> int:
     ).fetchall()
     version = 0
     if exists:
-        row = connection.execute(
-            "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
-        ).fetchall()
+        row = cast(
+            list[tuple[int]],
+            connection.execute(
+                "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
+            ).fetchall(),
+        )
         version = row[0][0] if row else 0
     if version > SCHEMA_VERSION:
         raise ActorError(
@@ -145,9 +148,20 @@ def load(connection: apsw.Connection, *, create: bool) -> Loaded | None:
     if not _has_tables(connection):
         return Loaded(False, None, None, fresh=True)
     migrate(connection)
-    rows = dict(connection.execute("SELECT key, value FROM _pagekv_meta").fetchall())
-    state = connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall()
-    due = connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0]
+    rows = dict(
+        cast(
+            list[tuple[str, Any]],
+            connection.execute("SELECT key, value FROM _pagekv_meta").fetchall(),
+        )
+    )
+    state = cast(
+        list[tuple[bytes]],
+        connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall(),
+    )
+    due = cast(
+        float | None,
+        connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0],
+    )
     stored = cbor2.loads(state[0][0]) if state else None
     return Loaded(bool(rows.get("initialized")), stored, due, fresh=False)
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import cbor2
@@ -214,4 +214,4 @@ class Queue:
         rows = await self._instance.ctx.db.locked(
             lambda c: c.execute("SELECT count(*) FROM _pagekv_queue").fetchall(), internal=True
         )
-        return rows[0][0]
+        return cast(int, rows[0][0])

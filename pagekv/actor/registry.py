@@ -394,7 +394,8 @@ class Registry:
                 await self._await_owner(aid, instance.generation)
         self.counters["wakes"] += 1
         for phase, ms in instance.metrics.items():
-            self.counters[f"{phase}_total"] += ms
+            # Counter holds any number; typeshed types its values as int only
+            self.counters[f"{phase}_total"] += ms  # type: ignore[assignment]
         if instance.created or not recorded:
             await self.workers.run(self._record, instance, recorded)
         self._instances[aid] = instance

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import cbor2
 
@@ -94,9 +94,12 @@ class Schedule:
 
     async def list(self) -> list[ScheduledEvent]:
         rows = await self._instance.ctx.db.locked(
-            lambda c: c.execute(
-                "SELECT id, due, action, args, every FROM _pagekv_schedule ORDER BY due, id"
-            ).fetchall(),
+            lambda c: cast(
+                list[tuple[str, float, str, bytes, float | None]],
+                c.execute(
+                    "SELECT id, due, action, args, every FROM _pagekv_schedule ORDER BY due, id"
+                ).fetchall(),
+            ),
             internal=True,
         )
         return [ScheduledEvent(i, d, a, tuple(cbor2.loads(b)), e) for i, d, a, b, e in rows]

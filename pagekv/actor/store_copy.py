@@ -224,7 +224,9 @@ def copy_store(
         dst_index.delete([COPY_PREFIX + n.encode() for n in mismatched])
         raise CopyMismatch(sorted(mismatched))
     if not changed:
-        dst_index.delete_range(COPY_PREFIX, prefix_end(COPY_PREFIX))
+        end = prefix_end(COPY_PREFIX)
+        assert end is not None
+        dst_index.delete_range(COPY_PREFIX, end)
         dst_index.delete([COPY_MARKER])
     return CopyResult(
         copied,

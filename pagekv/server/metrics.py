@@ -63,7 +63,8 @@ class Histogram:
                 if value <= bound:
                     counts[i] += 1
             counts[-1] += 1
-            self.sums[labels] += value
+            # Counter holds any number; typeshed types its values as int only
+            self.sums[labels] += value  # type: ignore[assignment]
 
     def samples(self) -> list[tuple[tuple[str, ...], list[int], float]]:
         with self._lock:

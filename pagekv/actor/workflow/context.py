@@ -348,6 +348,7 @@ class WorkflowContext:
         step_ctx = StepContext(runner.instance.ctx, entry.name, attempt)
         started = time.time()
         kind: FailureKind | None = None
+        critical: tuple[type[Exception], ...] = (Critical, UserError, *non_retryable)
         try:
             async with runner.transaction() as staged:
                 with anyio.move_on_after(timeout) as deadline:
@@ -368,7 +369,7 @@ class WorkflowContext:
         except _TimedOut as e:
             error: BaseException = e
             kind = None if retry_on_timeout else "timeout"
-        except (Critical, UserError, *non_retryable) as e:
+        except critical as e:
             error, kind = e, "critical"
         except Exception as e:
             error = e
@@ -818,7 +819,7 @@ class WorkflowQueue:
                 return runner.messages(entry)
             if entry is None:
                 deadline = None if timeout is None else time.time() + timeout
-                data = {"deadline": deadline, "messages": []}
+                data: dict[str, Any] = {"deadline": deadline, "messages": []}
                 entry = context._fresh(location, name, Kind.MESSAGE, data)
                 if deadline is not None:
                     runner.history.put(entry)

@@ -24,7 +24,7 @@ import enum
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import apsw
 import cbor2
@@ -160,7 +160,12 @@ class History:
     def load_outcome(cls, connection: apsw.Connection) -> History:
         """Only the state, output and error (no entries): what a status query needs."""
         history = cls()
-        meta = dict(connection.execute("SELECT key, value FROM _pagekv_workflow").fetchall())
+        meta = dict(
+            cast(
+                list[tuple[str, Any]],
+                connection.execute("SELECT key, value FROM _pagekv_workflow").fetchall(),
+            )
+        )
         version = meta.get("format_version", FORMAT_VERSION)
         if version > FORMAT_VERSION:
             raise WorkflowFormatError(

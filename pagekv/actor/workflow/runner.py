@@ -17,7 +17,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any, assert_never
+from functools import partial
+from typing import Any, assert_never, cast
 
 import anyio
 import apsw
@@ -343,7 +344,8 @@ class Runner:
         self, names: Sequence[str] | None, count: int
     ) -> Callable[[apsw.Connection], list[tuple[Any, ...]]]:
         """The query for up to `count` messages (of `names`) not held, as the held set is now."""
-        where, params = "1", []
+        where = "1"
+        params: list[int | str] = []
         if self._held:
             where += f" AND id NOT IN ({','.join('?' * len(self._held))})"
             params += sorted(self._held)
@@ -396,7 +398,7 @@ class Runner:
                 _complete=(
                     _done
                     if record["completed"] or record.get("returned") or self.rollback_mode
-                    else (lambda i=index: self._complete(entry.location, i))
+                    else partial(self._complete, entry.location, index)
                 )
                 if completable
                 else None,
@@ -527,9 +529,12 @@ def _take_rows(
 
 
 def _load(connection: apsw.Connection) -> tuple[History, float | None]:
-    row = connection.execute(
-        "SELECT due FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,)
-    ).fetchall()
+    row = cast(
+        list[tuple[float]],
+        connection.execute(
+            "SELECT due FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,)
+        ).fetchall(),
+    )
     return History.load(connection), row[0][0] if row else None
 
 
