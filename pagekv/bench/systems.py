@@ -179,6 +179,7 @@ _READBACK = {
 def baselines_for(url: str, extra: Iterable[str] = ()) -> tuple[SystemSpec, ...]:
     """The native systems matched in durability with the store at `url`, then those named in
     `extra` (keys of `NATIVE_SYSTEMS`) that are not among them already."""
+    matched: tuple[SystemSpec, ...]
     if urlsplit(url).scheme == "memory":
         matched = (NATIVE_MEMORY_OFF_EXCLUSIVE, NATIVE_IN_MEMORY)
     else:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from pagekv.kv import ActorKv, KvIndeterminate, KvLimits, KvUnavailable
 from pagekv.testing.model import RESULT_TYPES_REQUIRES, wrong_type
@@ -242,7 +242,7 @@ class Trial:
             self._defaults = self.subject.limits_of(self.subject.namespace(), None)
         return dataclasses.replace(self._defaults, **limits)
 
-    def _advertises(self, kv: ActorKv, limits: dict[str, int]) -> None:
+    def _advertises(self, kv: object, limits: dict[str, int]) -> None:
         """`kv` applies the limits the clause asked for (any others are its own)."""
         advertised = getattr(kv, "limits", None)
         for name, value in limits.items():
@@ -283,7 +283,7 @@ class Trial:
         label, asked = self._stores.get(id(store), ("store", {}))
         call = self.attempt(store, label, "namespace", (name,), {})
         self._advertises(call.returned, asked)
-        probe = self._probe(call.returned)
+        probe = self._probe(cast(ActorKv, call.returned))
         call.returned = _Label(probe.handle)
         return probe
 

@@ -41,7 +41,7 @@ def limit_error(
     t: Trial, error: BaseException, kind: type[LimitError], actual: int, allowed: int, what: str
 ) -> None:
     """`error` is `kind` saying `actual` exceeds `allowed`, in its fields and its message."""
-    got = (type(error).__name__, getattr(error, "limit", None))
+    got: tuple[object, ...] = (type(error).__name__, getattr(error, "limit", None))
     got += (getattr(error, "actual", None), getattr(error, "allowed", None))
     t.expect(
         got,
@@ -579,7 +579,7 @@ def quota_refunds_delete_range_and_drop(t: Trial) -> None:
 
 @clause("max_storage_bytes is per namespace: two namespaces of one store may each fill it")
 def quota_is_per_namespace(t: Trial) -> None:
-    store = t.store(**QUOTA)
+    store = t.store(None, **QUOTA)
     a, b = (takes_small(t, t.handle(store, name), *QUOTA) for name in ("a", "b"))
     a.put({b"k": b"x" * 99})
     _used(t, a, 100, "'a' holds its 100 bytes")

@@ -85,8 +85,9 @@ def a_namespace_name_outside_the_contract_is_refused(t: Trial) -> None:
     store = t.store()
     max_name_bytes = boundary(t, t.handle(store, "existing"), "max_name_bytes").max_name_bytes
     for name, error in bad_names(max_name_bytes):
-        long = isinstance(name, str) and len(name) > 16
-        shown = f"{name[:16]!r}... ({len(name)} chars)" if long else repr(name)
+        shown = repr(name)
+        if isinstance(name, str) and len(name) > 16:
+            shown = f"{name[:16]!r}... ({len(name)} chars)"
         with t.raises(
             error, requires=f"store.namespace({shown}) raises {error.__name__}"
         ) as caught:

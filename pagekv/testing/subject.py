@@ -179,7 +179,7 @@ def _keywords(factory: Factory) -> set[str] | None:
         return None
     if any(p.kind is kind.VAR_KEYWORD for p in parameters):
         return set(_KEYWORDS)
-    by_keyword = {kind.KEYWORD_ONLY, kind.POSITIONAL_OR_KEYWORD}
+    by_keyword: set[inspect._ParameterKind] = {kind.KEYWORD_ONLY, kind.POSITIONAL_OR_KEYWORD}
     if compiled:
         by_keyword.add(kind.POSITIONAL_ONLY)
     return {p.name for p in parameters if p.name in _KEYWORDS and p.kind in by_keyword}
