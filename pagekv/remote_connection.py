@@ -25,6 +25,7 @@ import cbor2
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 from websockets.exceptions import InvalidHandshake
+from websockets.typing import Data, Subprotocol
 
 from pagekv.actor.client_connection import ActorConnection, ConnectionClosed, Event
 from pagekv.actor.connection import RECONNECT, CloseCode
@@ -96,7 +97,9 @@ class RemoteConnection(ActorConnection):
 
     async def _open(self) -> None:
         """Open a socket and send the connect frame; `ConnectionClosed` if refused."""
-        protocols = ["pagekv"] + ([f"pagekv.token.{self._token}"] if self._token else [])
+        protocols = [Subprotocol("pagekv")] + (
+            [Subprotocol(f"pagekv.token.{self._token}")] if self._token else []
+        )
         headers, check = self._prove(self._target) if self._prove is not None else ({}, None)
         socket = await connect(
             self._url,
@@ -117,7 +120,7 @@ class RemoteConnection(ActorConnection):
             hello["input"] = self._input
         try:
             await socket.send(cbor2.dumps(hello))
-            while (frame := cbor2.loads(await socket.recv())).get("t") != "init":
+            while (frame := _decode(await socket.recv())).get("t") != "init":
                 self._dispatch(frame)
         except SocketClosed as e:
             raise _closed(e) from None
@@ -144,7 +147,7 @@ class RemoteConnection(ActorConnection):
             await socket.send(cbor2.dumps({"t": "sub", "id": request, "event": event}))
         try:
             while asked:
-                frame = cbor2.loads(await socket.recv())
+                frame = _decode(await socket.recv())
                 if frame.get("t") in ("result", "error") and frame.get("id") in asked:
                     event = asked.pop(frame["id"])
                     if frame["t"] == "error":
@@ -164,7 +167,7 @@ class RemoteConnection(ActorConnection):
                 return
             try:
                 async for data in socket:
-                    self._dispatch(cbor2.loads(data))
+                    self._dispatch(_decode(data))
                 error = _closed_of(socket)
             except SocketClosed as e:
                 error = _closed(e)
@@ -219,7 +222,7 @@ class RemoteConnection(ActorConnection):
         if kind == "event":
             self._sink._deliver(Event(frame["name"], tuple(frame.get("args", ()))))
         elif kind in ("result", "error"):
-            waiter = self._pending.pop(frame.get("id"), None)
+            waiter = self._pending.pop(frame["id"], None) if "id" in frame else None
             if waiter is not None:
                 self._answers[frame["id"]] = frame
                 waiter.set()
@@ -280,6 +283,12 @@ async def _back_off(attempt: int) -> None:
     jittered, so clients sent away together do not come back together."""
     wait = min(_MAX_WAIT_S, _FIRST_WAIT_S * 2**attempt)
     await anyio.sleep(random.uniform(wait / 2, wait))
+
+
+def _decode(data: Data) -> Any:
+    """A frame of the server's, which sends CBOR in binary frames only."""
+    assert isinstance(data, bytes), "the server sends binary frames only"
+    return cbor2.loads(data)
 
 
 def _closed(e: SocketClosed) -> ConnectionClosed:

@@ -79,7 +79,8 @@ def _export(args: argparse.Namespace) -> int:
         if args.all:
             exported = export_all(store, args.output)
         else:
-            exported = [export_actor(store, *args.actor, args.output)]
+            name, key = args.actor
+            exported = [export_actor(store, name, key, args.output)]
     except _FAILURES as e:
         return _fail("export", e)
     finally:
@@ -87,8 +88,8 @@ def _export(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{**asdict(e), "path": str(e.path)} for e in exported]))
     else:
-        for e in exported:
-            print(_exported_line(e))
+        for one in exported:
+            print(_exported_line(one))
         if args.all:
             print(f"{len(exported)} actor(s) exported to {args.output}")
     return 0

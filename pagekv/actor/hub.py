@@ -154,7 +154,7 @@ class Hub:
 
         return await self._registry.invoke(conn.name, conn.key, run, create=False)
 
-    async def subscribe(self, conn: Connection, event: str, on: bool) -> None:
+    async def subscribe(self, conn: Connection, event: object, on: bool) -> None:
         """Start (or stop) sending `conn` the broadcasts of `event`; saved before it returns."""
         if not isinstance(event, str) or not 0 < len(event) <= MAX_EVENT_NAME:
             raise InvalidArguments(f"an event name must be 1 to {MAX_EVENT_NAME} characters")

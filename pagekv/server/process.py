@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 import anyio
+from starlette.applications import Starlette
 
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.kv import KvError, KvStore, open_kv, redact_url
@@ -137,6 +138,7 @@ async def serve_process(
         access_log=args.access_log,
     )
     app = server.config.app
+    assert isinstance(app, Starlette), "uvicorn_server serves the app create_app made"
     host, port = sockets[0].getsockname()[:2]
     problem: list[str] = []
 

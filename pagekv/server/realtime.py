@@ -333,7 +333,8 @@ async def _relay(
             if message["type"] == "websocket.disconnect":
                 tg.cancel_scope.cancel()
                 return
-            data = message.get("bytes") if message.get("bytes") is not None else message["text"]
+            raw = message.get("bytes")
+            data = raw if raw is not None else message["text"]
             try:
                 await upstream.send(data)
             except SocketClosed:
