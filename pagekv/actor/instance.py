@@ -893,16 +893,17 @@ class ActorInstance:
             await ctx.db.close()
 
 
-def _fenced_off(error: DatabaseDead) -> bool:
-    """Whether a database died of a takeover elsewhere. Its cause is in the chain when the
-    write that met the fence raised it, but only named in the message when a later page read
-    found the database dead already (as `PageStore._dead_error` words it)."""
+def _fenced_off(error: BaseException) -> bool:
+    """Whether a database died of a takeover elsewhere: a `FenceMismatch`, or a
+    `DatabaseDead` that says it was fenced, anywhere in `error`'s chain."""
     current: BaseException | None = error
     while current is not None:
-        if isinstance(current, FenceMismatch):
+        if isinstance(current, FenceMismatch) or (
+            isinstance(current, DatabaseDead) and current.fenced
+        ):
             return True
         current = current.__cause__ or current.__context__
-    return str(error).startswith(f"database is dead after {FenceMismatch.__name__}:")
+    return False
 
 
 def _still_scheduled(connection: Any, event_id: str, due: float) -> bool:

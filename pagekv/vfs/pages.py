@@ -905,10 +905,8 @@ class PageStore:
         return self._dead_error()
 
     def _dead_error(self) -> DatabaseDead:
-        error = self.dead
-        return DatabaseDead(
-            f"database is dead after {type(error).__name__}: {error}; close and reopen it"
-        )
+        assert self.dead is not None
+        return DatabaseDead(self.dead)
 
     def _check_alive(self) -> None:
         if self.dead is not None:

@@ -26,7 +26,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from pagekv.kv import ActorKv, CountingKv, KvLimits, MemoryStore
+from pagekv.kv import ActorKv, CountingKv, FenceMismatch, KvLimits, MemoryStore
 from pagekv.vfs import DatabaseDead, SnapshotExpired
 from pagekv.vfs.format import (
     BASE_END,
@@ -486,8 +486,12 @@ def test_a_snapshot_or_stale_writer_never_reads_another_incarnation(layout: str)
     where = 600 * PAGE_SIZE
     with pytest.raises(SnapshotExpired):
         snap.read(PAGE_SIZE, where)
-    with pytest.raises(DatabaseDead, match="FenceMismatch"):
+    with pytest.raises(DatabaseDead, match="FenceMismatch") as dead:
         stale.read(PAGE_SIZE, where)
+    assert dead.value.fenced and isinstance(dead.value.cause, FenceMismatch)
+    with pytest.raises(DatabaseDead) as again:  # a later call: the cause only in the fields
+        stale.read(PAGE_SIZE, 0)
+    assert again.value.fenced and again.value.cause is dead.value.cause
     assert fresh.read(PAGE_SIZE, where) == fill(2, pages * PAGE_SIZE)[where : where + PAGE_SIZE]
 
 
