@@ -19,7 +19,14 @@ import httpx
 
 from pagekv.actor import Registry
 from pagekv.actor.ownership import Member
-from pagekv.server.cluster import CLUSTER_SECRET_ENV, ClusterKey, PeerTransport, UnprovenAnswer
+from pagekv.server.cluster import (
+    ANY_SERVER,
+    CLUSTER_SECRET_ENV,
+    MEMBER_PATH,
+    ClusterKey,
+    PeerTransport,
+    UnprovenAnswer,
+)
 
 CHECK_TIMEOUT_S = 3.0
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
@@ -105,10 +112,10 @@ async def _warn_if_unproven(peer: Member, cluster_secret: str | None) -> None:
     none of this check's business: its lease runs out)."""
     if peer.address is None:
         return
-    transport = PeerTransport(ClusterKey(cluster_secret), peer.id)
+    transport = PeerTransport(ClusterKey(cluster_secret), ANY_SERVER)
     try:
         async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, transport=transport) as http:
-            await http.get(f"{peer.address}/cluster/member")
+            await http.get(f"{peer.address}{MEMBER_PATH}")
     except UnprovenAnswer:
         log.error(
             "the process at %s (registry %s) shares the store but not this process's cluster "
@@ -127,10 +134,10 @@ async def _unreached(registry_id: str, url: str, cluster_secret: str | None) -> 
     the cluster secret's proof, not the token, which a process there that is no server of the
     store (a mistyped address) would learn."""
     headers = {"accept": "application/json"}
-    transport = PeerTransport(ClusterKey(cluster_secret), registry_id)
+    transport = PeerTransport(ClusterKey(cluster_secret), ANY_SERVER)
     try:
         async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, transport=transport) as http:
-            response = await http.get(f"{url}/cluster/member", headers=headers)
+            response = await http.get(f"{url}{MEMBER_PATH}", headers=headers)
     except httpx.HTTPError as e:
         return f"{type(e).__name__}: {' '.join(str(e).split())}" if str(e) else type(e).__name__
     if response.status_code != 200:

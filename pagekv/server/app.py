@@ -27,7 +27,7 @@ from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.kv import FlushCounts, KvStore, open_kv, redact_url
 from pagekv.server import gateway, inspector, raw_http, realtime, ui
 from pagekv.server.auth import BearerAuth, ScopedCors
-from pagekv.server.cluster import ClusterKey, PeerAuth
+from pagekv.server.cluster import MEMBER_PATH, ClusterKey, PeerAuth
 from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError, classify
@@ -181,7 +181,7 @@ def create_app(
     app = _app(
         [
             Route("/health", health, methods=["GET"]),
-            Route("/cluster/member", member, methods=["GET"]),
+            Route(MEMBER_PATH, member, methods=["GET"]),
             # an Exposition per app: apps in one process share no metric
             Route("/metrics", partial(metrics, Exposition()), methods=["GET"]),
             *gateway.ROUTES,

@@ -41,6 +41,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Final
 from urllib.parse import urlsplit
 
 import httpx
@@ -61,6 +62,7 @@ PEER_SCOPE_KEY = "pagekv.peer"
 """Set in the scope of a forwarded call whose proof holds (its nonce): `BearerAuth` lets it
 through without a token."""
 PROOF_WINDOW_S = 30.0
+MEMBER_PATH: Final = "/cluster/member"
 _PROCESS_SECRET = secrets.token_hex(32)
 log = logging.getLogger("pagekv.server")
 
@@ -166,6 +168,15 @@ class ClusterKey:
         return registry
 
 
+ANY_SERVER: Final = "*"
+"""The receiver a proof names when it asks only `GET /cluster/member` (which registry
+answers at an address): any server of the store may answer that, and it changes nothing."""
+
+
+def _asks_who(scope: Scope) -> bool:
+    return scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == MEMBER_PATH
+
+
 def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
@@ -211,7 +222,7 @@ class PeerAuth:
                 raise ProofError("it carries a forwarding or proof header more than once")
             nonce = self._key.check_request(
                 proof[0].decode("latin-1") if proof else None,
-                registry_id,
+                ANY_SERVER if _asks_who(scope) else registry_id,
                 forwarding[0].decode("latin-1") if forwarding else "",
                 scope.get("method", "GET"),
                 call_target(scope),

@@ -28,7 +28,7 @@ from pagekv.actor.connection import CloseCode
 from pagekv.client import RemoteError
 from pagekv.kv import MemoryStore
 from pagekv.server import ServerConfig
-from pagekv.server.cluster import PROOF_HEADER, ClusterKey
+from pagekv.server.cluster import ANY_SERVER, PROOF_HEADER, ClusterKey
 from pagekv.server.config import ConfigError
 from pagekv.server.forward import FORWARDED_HEADER
 
@@ -134,6 +134,7 @@ async def test_a_forwarded_call_without_a_valid_proof_is_refused_and_changes_not
             {**_signed("s o 1e12", target, me, nine), FORWARDED_HEADER: "s o 2e12"},  # lease
             _signed("s o 1e12", "/actors/ledger/actions/add?key=other", me, nine),  # call
             _signed("s o 1e12", target, "another-registry", nine),  # for another server
+            _signed("s o 1e12", target, ANY_SERVER, nine),  # "any server": only to ask who
             _signed("s o 1e12", target, me, two),  # another body
         ]
         replayed = _signed(f"s o {2e12}", target, me, two)
