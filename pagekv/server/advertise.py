@@ -105,7 +105,7 @@ async def _warn_if_unproven(peer: Member, cluster_secret: str | None) -> None:
     none of this check's business: its lease runs out)."""
     if peer.address is None:
         return
-    transport = PeerTransport(ClusterKey(cluster_secret))
+    transport = PeerTransport(ClusterKey(cluster_secret), peer.id)
     try:
         async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, transport=transport) as http:
             await http.get(f"{peer.address}/cluster/member")
@@ -127,7 +127,7 @@ async def _unreached(registry_id: str, url: str, cluster_secret: str | None) -> 
     the cluster secret's proof, not the token, which a process there that is no server of the
     store (a mistyped address) would learn."""
     headers = {"accept": "application/json"}
-    transport = PeerTransport(ClusterKey(cluster_secret))
+    transport = PeerTransport(ClusterKey(cluster_secret), registry_id)
     try:
         async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, transport=transport) as http:
             response = await http.get(f"{url}/cluster/member", headers=headers)

@@ -258,7 +258,7 @@ def _app(
     if config.cors_origins:
         middleware.append(Middleware(ScopedCors, origins=config.cors_origins))
     if cluster is not None:
-        middleware.append(Middleware(PeerAuth, key=cluster))
+        middleware.append(Middleware(PeerAuth, key=cluster, max_body_bytes=config.max_body_bytes))
     if config.token is not None:
         middleware.append(Middleware(BearerAuth, token=config.token))
     app = Starlette(

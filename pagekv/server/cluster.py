@@ -111,23 +111,37 @@ class ClusterKey:
         message = "\n".join(fields).encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
-    def sign_request(self, forwarding: str, method: str, target: str) -> tuple[str, str]:
-        """The proof header's value for a forwarded call, and its nonce (to check the answer
-        by)."""
+    def sign_request(
+        self, to: str, forwarding: str, method: str, target: str, body: bytes = b""
+    ) -> tuple[str, str]:
+        """The proof header's value for a call to the registry `to`, and its nonce (to check
+        the answer by). The proof covers the receiver and the body, so that one captured
+        (by a process at a dead owner's address, or on the wire) opens nothing at another
+        server and carries no other body."""
         stamp, nonce = repr(time.time()), secrets.token_hex(16)
-        mac = self._mac("request", forwarding, method, target, stamp, nonce)
+        mac = self._mac("request", to, forwarding, method, target, _digest(body), stamp, nonce)
         return f"{stamp} {nonce} {mac}", nonce
 
-    def check_request(self, proof: str | None, forwarding: str, method: str, target: str) -> str:
-        """The nonce of a forwarded call whose proof holds; else `ProofError` saying why."""
+    def check_request(
+        self,
+        proof: str | None,
+        me: str,
+        forwarding: str,
+        method: str,
+        target: str,
+        body: bytes = b"",
+    ) -> str:
+        """The nonce of a call to the registry `me` whose proof holds; else `ProofError`
+        saying why (a proof signed for another registry does not match)."""
         parts = (proof or "").split(" ")
         if len(parts) != 3:
             raise ProofError("it carries no proof of the cluster secret")
         stamp, nonce, mac = parts
-        if not hmac.compare_digest(
-            mac, self._mac("request", forwarding, method, target, *parts[:2])
-        ):
-            raise ProofError("its proof does not match this server's cluster secret")
+        expected = self._mac("request", me, forwarding, method, target, _digest(body), *parts[:2])
+        if not hmac.compare_digest(mac, expected):
+            raise ProofError(
+                "its proof does not match this server's cluster secret, this server or its body"
+            )
         now = time.time()
         if not abs(now - float(stamp)) <= PROOF_WINDOW_S:
             raise ProofError(f"its proof is more than {PROOF_WINDOW_S:g} s old or ahead")
@@ -152,6 +166,10 @@ class ClusterKey:
         return registry
 
 
+def _digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
 def call_target(scope: Scope) -> str:
     """What a proof names of a request's address: its path (as decoded, which sender and
     receiver see alike) and raw query string."""
@@ -166,9 +184,10 @@ class PeerAuth:
     every answer this server sends to a call it accepted from a server carries the answer
     proof, so that server can tell it from a squatter's."""
 
-    def __init__(self, app: ASGIApp, key: ClusterKey) -> None:
+    def __init__(self, app: ASGIApp, key: ClusterKey, max_body_bytes: int) -> None:
         self.app = app
         self._key = key
+        self._max_body = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         own = (FORWARDED_HEADER.encode(), PROOF_HEADER.encode())
@@ -178,20 +197,29 @@ class PeerAuth:
             return
         forwarding = [v for k, v in given if k == own[0]]
         proof = [v for k, v in given if k == own[1]]
+        registry = getattr(scope["app"].state, "registry", None)
+        registry_id: str = registry.id if registry is not None else ""
+        body, replay = b"", receive
+        if scope["type"] == "http":
+            read = await _read_body(receive, self._max_body)
+            if read is None:
+                await self._too_large(scope, receive, send, proof)
+                return
+            body, replay = read
         try:
             if len(forwarding) > 1 or len(proof) > 1:
                 raise ProofError("it carries a forwarding or proof header more than once")
             nonce = self._key.check_request(
                 proof[0].decode("latin-1") if proof else None,
+                registry_id,
                 forwarding[0].decode("latin-1") if forwarding else "",
                 scope.get("method", "GET"),
                 call_target(scope),
+                body,
             )
         except ValueError as e:  # a ProofError, or a timestamp that is no number
-            await self._refuse(scope, receive, send, str(e))
+            await self._refuse(scope, replay, send, str(e))
             return
-        registry = getattr(scope["app"].state, "registry", None)
-        registry_id: str = registry.id if registry is not None else ""
 
         async def signed(message: Message) -> None:
             kind = message["type"]
@@ -205,7 +233,33 @@ class PeerAuth:
             await send(message)
 
         scope[PEER_SCOPE_KEY] = nonce
-        await self.app(scope, receive, signed)
+        await self.app(scope, replay, signed)
+
+    async def _too_large(
+        self, scope: Scope, receive: Receive, send: Send, proof: list[bytes]
+    ) -> None:
+        """A 413, as the route would answer, signed for the call's nonce so that its
+        forwarder relays it: the proof covers the body, so it cannot be checked, but a 413 says
+        only that nothing was written."""
+        registry = getattr(scope["app"].state, "registry", None)
+        nonce = (
+            proof[0].decode("latin-1").split(" ")[1] if proof and proof[0].count(b" ") == 2 else ""
+        )
+        error = HttpError(
+            413,
+            ErrorCode.BODY_TOO_LARGE,
+            f"request body exceeds the limit of {self._max_body} bytes",
+            limit="max_body_bytes",
+        )
+        signature = self._key.sign_answer(nonce, registry.id if registry else "", 413).encode()
+
+        async def signed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", []), (PROOF_HEADER.encode(), signature)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await error_answer(Request(scope), error)(scope, receive, signed)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, why: str) -> None:
         message = (
@@ -220,16 +274,46 @@ class PeerAuth:
         await error_answer(Request(scope), error)(scope, receive, send)
 
 
+async def _read_body(receive: Receive, limit: int) -> tuple[bytes, Receive] | None:
+    """A request's whole body (None past `limit` bytes), and a `receive` that hands it to the
+    app again: a proof covers the body, so it is read before anything runs."""
+    pieces: list[bytes] = []
+    size, more = 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(pieces), _replaying([], message, receive)
+        piece = message.get("body", b"")
+        size += len(piece)
+        if size > limit:
+            return None
+        pieces.append(piece)
+        more = message.get("more_body", False)
+    body = b"".join(pieces)
+    return body, _replaying(
+        [{"type": "http.request", "body": body, "more_body": False}], None, receive
+    )
+
+
+def _replaying(first: list[Message], last: Message | None, receive: Receive) -> Receive:
+    queued = [*first, *([last] if last is not None else [])]
+
+    async def replay() -> Message:
+        return queued.pop(0) if queued else await receive()
+
+    return replay
+
+
 class UnprovenAnswer(httpx.ConnectError):
     """An answer without the proof of a server of the store: taken for none (`PeerTransport`)."""
 
 
 def socket_proof(
-    key: ClusterKey, target: str
+    key: ClusterKey, to: str, target: str
 ) -> tuple[dict[str, str], Callable[[Mapping[str, str]], None]]:
-    """A `RemoteConnection`'s `Prove` for `ctx.client`'s sockets to another server: its
-    handshake signed, and the answer's proof checked (`ProofError`)."""
-    proof, nonce = key.sign_request("", "GET", target)
+    """A `RemoteConnection`'s `Prove` for `ctx.client`'s sockets to the server of registry
+    `to`: its handshake signed, and the answer's proof checked (`ProofError`)."""
+    proof, nonce = key.sign_request(to, "", "GET", target)
 
     def check(headers: Mapping[str, str]) -> None:
         key.check_answer(headers.get(PROOF_HEADER), nonce, 101)
@@ -238,20 +322,23 @@ def socket_proof(
 
 
 class PeerTransport(httpx.AsyncBaseTransport):
-    """The transport of `ctx.client`'s calls to the server owning another actor: each request
-    signed with the cluster secret, with no token, and an answer without the proof of a server
+    """The transport of `ctx.client`'s calls to the server owning another actor (registry
+    `to`): each request signed with the cluster secret for that registry and its body, with no
+    token, and an answer without the proof of a server
     of the store taken for an answer never received (`UnprovenAnswer`, an `httpx.ConnectError`,
     which the client retries, then reports as `ServerUnreachable`): a process squatting the
     owner's address ran nothing of the call, learns no token and fools no actor."""
 
-    def __init__(self, key: ClusterKey) -> None:
+    def __init__(self, key: ClusterKey, to: str) -> None:
         self._key = key
+        self._to = to
         self._inner = httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         query = request.url.query.decode("latin-1")
         target = f"{request.url.path}?{query}" if query else request.url.path
-        proof, nonce = self._key.sign_request("", request.method, target)
+        body = await request.aread()
+        proof, nonce = self._key.sign_request(self._to, "", request.method, target, body)
         request.headers[PROOF_HEADER] = proof
         response = await self._inner.handle_async_request(request)
         try:

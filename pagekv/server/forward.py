@@ -163,7 +163,9 @@ class Forwarder:
         assert owner.address is not None, "the registry forwards only to owners with an address"
         headers = outgoing_headers(request, owner.address, body)
         forwarding = f"{self._registry.id} {owner.registry} {owner.until!r}"
-        proof, nonce = self.key.sign_request(forwarding, request.method, call_target(request.scope))
+        proof, nonce = self.key.sign_request(
+            owner.registry, forwarding, request.method, call_target(request.scope), body
+        )
         headers.append((FORWARDED_HEADER.encode(), forwarding.encode()))
         headers.append((PROOF_HEADER.encode(), proof.encode()))
         target = request.scope["raw_path"] or request.scope["path"].encode()

@@ -27,15 +27,15 @@ class OwnerCalls:
     def __init__(self, config: ServerConfig) -> None:
         self._key = ClusterKey(config.cluster_secret)
         self._timeout = config.forward_timeout_s
-        self._clients: dict[str, HttpClient] = {}
+        self._clients: dict[tuple[str, str], HttpClient] = {}
 
     def _handle(self, owner: Owner, name: str, key: str, create: bool, input: Any) -> Any:
         assert owner.address is not None, "the registry forwards only to owners with an address"
-        client = self._clients.get(owner.address)
+        client = self._clients.get((owner.address, owner.registry))
         if client is None:
-            transport = PeerTransport(self._key)
+            transport = PeerTransport(self._key, owner.registry)
             client = HttpClient(owner.address, timeout=self._timeout, transport=transport)
-            self._clients[owner.address] = client
+            self._clients[(owner.address, owner.registry)] = client
         return client.get_or_create(name, key, input=input) if create else client.get(name, key)
 
     async def call(
@@ -80,7 +80,7 @@ class OwnerCalls:
             input=input,
             raise_error=raise_error,
             sink=sink,
-            prove=partial(socket_proof, self._key),
+            prove=partial(socket_proof, self._key, owner.registry),
         )
 
     async def aclose(self) -> None:

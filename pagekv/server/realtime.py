@@ -301,7 +301,9 @@ async def _relay(
     assert owner.address is not None, "the registry forwards only to owners with an address"
     target = owner.address.rstrip("/").replace("http", "ws", 1) + websocket.url.path
     forwarding = f"{rt.registry.id} {owner.registry} {owner.until!r}"
-    proof, nonce = rt.forwarder.key.sign_request(forwarding, "GET", call_target(websocket.scope))
+    proof, nonce = rt.forwarder.key.sign_request(
+        owner.registry, forwarding, "GET", call_target(websocket.scope)
+    )
     headers = {FORWARDED_HEADER: forwarding, PROOF_HEADER: proof}
     offered = [
         p for p in websocket.scope.get("subprotocols", ()) if not p.startswith(TOKEN_PREFIX)

@@ -111,36 +111,50 @@ async def test_a_process_on_a_killed_owners_port_gets_no_token_and_is_never_rela
         assert not [line for line in owner.log + survivor.log if secret in line]
 
 
-def _signed(value: str, target: str, secret: str | None = None) -> dict[str, str]:
-    proof, _ = ClusterKey(secret).sign_request(value, "POST", target)
+def _signed(
+    value: str, target: str, to: str, body: bytes, secret: str | None = None
+) -> dict[str, str]:
+    proof, _ = ClusterKey(secret).sign_request(to, value, "POST", target, body)
     return {FORWARDED_HEADER: value, PROOF_HEADER: proof}
 
 
 async def test_a_forwarded_call_without_a_valid_proof_is_refused_and_changes_nothing() -> None:
+    """Each forged call is refused for its own reason (each is signed for the body it is sent
+    with, unless the body is what is wrong), with and without the token."""
     store = MemoryStore()
     async with serving(kv=store, advertise=True) as owner:
         target = "/actors/ledger/actions/add?key=k"
+        me = owner.app.state.registry.id
+        nine, two = b'{"args":[9]}', b'{"args":[2]}'
         assert (await _add(owner.url, 1)).status_code == 200
         headers: list[dict[str, str]] = [
             {FORWARDED_HEADER: "s o 1e12"},  # no proof
             {FORWARDED_HEADER: "s o 1e12", PROOF_HEADER: "1 2 3"},  # a made-up one
-            _signed("s o 1e12", target, "a-secret-of-another-cluster-0123"),
-            {**_signed("s o 1e12", target), FORWARDED_HEADER: "s o 2e12"},  # another lease
-            _signed("s o 1e12", "/actors/ledger/actions/add?key=other"),  # another call
+            _signed("s o 1e12", target, me, nine, "a-secret-of-another-cluster-0123"),
+            {**_signed("s o 1e12", target, me, nine), FORWARDED_HEADER: "s o 2e12"},  # lease
+            _signed("s o 1e12", "/actors/ledger/actions/add?key=other", me, nine),  # call
+            _signed("s o 1e12", target, "another-registry", nine),  # for another server
+            _signed("s o 1e12", target, me, two),  # another body
         ]
-        replayed = _signed(f"s o {2e12}", target)
+        replayed = _signed(f"s o {2e12}", target, me, two)
+        json_type = {"content-type": "application/json"}
         async with httpx.AsyncClient(base_url=owner.url, timeout=30) as http:
-            first = await http.post(target, json={"args": [2]}, headers=replayed)
+            first = await http.post(target, content=two, headers=replayed | json_type)
             assert first.status_code == 200, first.text
             proof = first.headers[PROOF_HEADER]
-            assert proof.startswith(owner.app.state.registry.id + " ")
-            for sent in [*headers, replayed]:
+            assert proof.startswith(me + " ")
+            attempts = [*((sent, nine) for sent in headers), (replayed, two)]  # last: a replay
+            for sent, body in attempts:
                 for auth in ({}, AUTH):
-                    refused = await http.post(target, json={"args": [9]}, headers=sent | auth)
+                    refused = await http.post(target, content=body, headers=sent | auth | json_type)
                     assert refused.status_code == 403, (sent, refused.text)
                     assert PROOF_HEADER not in refused.headers
-            doubled = [*_signed("s o 3e12", target).items(), (FORWARDED_HEADER, "s o 1e12")]
-            twice = await http.post(target, json={"args": [9]}, headers=doubled)
+            doubled = [
+                *_signed("s o 3e12", target, me, nine).items(),
+                (FORWARDED_HEADER, "s o 1e12"),
+                *json_type.items(),
+            ]
+            twice = await http.post(target, content=nine, headers=doubled)
             assert twice.status_code == 403, twice.text
             count = await http.post(
                 "/actors/ledger/actions/read", params={"key": "k"}, json={}, headers=AUTH

@@ -4,6 +4,7 @@ limits, error codes, media types), and never forwarded twice."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -44,10 +45,20 @@ async def cluster(count: int = 2, **config: Any) -> AsyncIterator[list[str]]:
         yield urls
 
 
-def _forwarding(value: str, query: str = "key=k") -> dict[str, str]:
-    """`X-Pagekv-Forwarded: value` on a call of `add`, with the proof a server of this process
-    would send (its servers share the process's own secret)."""
-    proof, _ = ClusterKey(None).sign_request(value, "POST", f"/actors/ledger/actions/add?{query}")
+def _body(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def _forwarding(
+    url: str, value: str, body: dict[str, Any], query: str = "key=k"
+) -> dict[str, str]:
+    """`X-Pagekv-Forwarded: value` on a call of `add` with `body` to the server at `url`, with
+    the proof a server of this process would send it (its servers share the process's own
+    secret; a proof names the registry it is for and covers the body)."""
+    async with httpx.AsyncClient(base_url=url, headers=AUTH) as http:
+        to = (await http.get("/cluster/member")).json()["registry"]
+    target = f"/actors/ledger/actions/add?{query}"
+    proof, _ = ClusterKey(None).sign_request(to, value, "POST", target, _body(body))
     return {FORWARDED_HEADER: value, PROOF_HEADER: proof}
 
 
@@ -61,7 +72,10 @@ async def _metric(url: str, name: str) -> int:
 async def _call(url: str, action: str, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
     async with httpx.AsyncClient(base_url=url, headers=kwargs.pop("headers", AUTH)) as http:
         return await http.post(
-            f"/actors/ledger/actions/{action}", params={"key": "k", **kwargs}, json=body
+            f"/actors/ledger/actions/{action}",
+            params={"key": "k", **kwargs},
+            content=_body(body),
+            headers={"content-type": "application/json"},
         )
 
 
@@ -142,7 +156,8 @@ async def test_the_owner_checks_the_proof_and_the_body_limit_itself() -> None:
 async def test_a_forwarded_call_is_never_forwarded_again() -> None:
     async with cluster() as (owner, other):
         await _call(owner, "add", {"args": [1]})
-        headers = {**AUTH, **_forwarding(f"sender-id owner-id {time.time() + 60}")}
+        value = f"sender-id owner-id {time.time() + 60}"
+        headers = {**AUTH, **await _forwarding(other, value, {"args": [2]})}
         refused = await _call(other, "add", {"args": [2]}, headers=headers)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"] | {"message": ""} == {
@@ -150,7 +165,8 @@ async def test_a_forwarded_call_is_never_forwarded_again() -> None:
             "message": "",
             "written": False,
         }
-        malformed = await _call(other, "add", {"args": [2]}, headers={**AUTH, **_forwarding("x")})
+        forged = await _forwarding(other, "x", {"args": [2]})
+        malformed = await _call(other, "add", {"args": [2]}, headers={**AUTH, **forged})
         assert malformed.status_code == 400
         assert await _metric(other, "forwarded") == 0
         assert (await _call(owner, "read", {})).json()["result"]["count"] == 1
@@ -163,25 +179,19 @@ async def test_a_forwarded_call_arriving_after_the_lease_its_sender_saw_is_refus
     async with cluster() as (owner, _):
         await _call(owner, "add", {"args": [1]})
         for until in (time.time() - 0.01, time.time() - 3600):
-            late = await _call(
-                owner, "add", {"args": [2]}, headers={**AUTH, **_forwarding(f"s o {until}")}
-            )
+            forged = await _forwarding(owner, f"s o {until}", {"args": [2]})
+            late = await _call(owner, "add", {"args": [2]}, headers={**AUTH, **forged})
             assert late.status_code == 503, late.text
             assert (late.json()["error"]["code"], late.json()["error"]["written"]) == (
                 "not_owner",
                 False,
             )
         for malformed in ("s o", "s o nan", "s o inf", "s  o 1", "s o 1 x"):
-            bad = await _call(
-                owner, "add", {"args": [2]}, headers={**AUTH, **_forwarding(malformed)}
-            )
+            forged = await _forwarding(owner, malformed, {"args": [2]})
+            bad = await _call(owner, "add", {"args": [2]}, headers={**AUTH, **forged})
             assert bad.status_code == 400, malformed
-        in_time = await _call(
-            owner,
-            "add",
-            {"args": [3]},
-            headers={**AUTH, **_forwarding(f"s o {time.time() + 5}")},
-        )
+        forged = await _forwarding(owner, f"s o {time.time() + 5}", {"args": [3]})
+        in_time = await _call(owner, "add", {"args": [3]}, headers={**AUTH, **forged})
         assert in_time.json()["result"]["rows"] == [1, 3]
 
 
@@ -285,11 +295,12 @@ async def test_a_draining_server_sends_the_calls_that_would_wake_an_actor_elsewh
             answer = await http.post(
                 "/actors/ledger/actions/add", params={"key": "k"}, json={"args": [2]}
             )
+            forged = await _forwarding(leaving.url, f"s o {time.time() + 5}", {"args": [3]})
             forwarded = await http.post(
                 "/actors/ledger/actions/add",
                 params={"key": "k"},
-                json={"args": [3]},
-                headers=_forwarding(f"s o {time.time() + 5}"),
+                content=_body({"args": [3]}),
+                headers={**forged, "content-type": "application/json"},
             )
         assert (health.status_code, health.json()) == (503, {"status": "draining"})
         assert answer.json()["result"]["rows"] == [1, 2], answer.text
