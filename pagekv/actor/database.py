@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextvars
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -34,6 +34,22 @@ T = TypeVar("T")
 _in_transaction: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "pagekv_actor_transaction", default=None
 )
+_rollbacks: contextvars.ContextVar[list[ActorDb] | None] = contextvars.ContextVar(
+    "pagekv_actor_rollbacks", default=None
+)
+
+
+@contextmanager
+def noting_rollbacks() -> Iterator[list[ActorDb]]:
+    """The transactions that a cancellation rolled back in this task (and the tasks it starts)
+    while the block ran, one entry (their database) each: the innermost noting alone counts
+    them, so a call learns of its own transactions, not those of the calls it makes."""
+    noted: list[ActorDb] = []
+    token = _rollbacks.set(noted)
+    try:
+        yield noted
+    finally:
+        _rollbacks.reset(token)
 
 
 class ActorDb:
@@ -157,11 +173,14 @@ class ActorDb:
                         yield self
                         commit = partial(self._commit, before=before_commit)
                         self.state.mark_saved(await self.run(commit, internal=True))
-                    except BaseException:
+                    except BaseException as e:
                         with anyio.CancelScope(shield=True):
                             self.state.restore(snapshot)
                             if not self.database.is_dead and not self._begin_pending:
                                 await self.run(_rollback)
+                        noted = _rollbacks.get()
+                        if noted is not None and isinstance(e, anyio.get_cancelled_exc_class()):
+                            noted.append(self)
                         raise
                 finally:
                     self._begin_pending = False

@@ -92,6 +92,12 @@ class ActorStopped(ActorError):
     """The instance stopped (slept, was destroyed or crashed) while the call was in flight."""
 
 
+class CallCutOff(ActorStopped):
+    """A stop cancelled the call once it had waited the actor's `stop_grace` for it: the
+    runtime ended it, no code of the call failed. What of it may stand is in the message and,
+    over HTTP, in the answer's `written` (see `ActorInstance._cut_off_by_stop`)."""
+
+
 class CallCycle(ActorError):
     """A call that could only wait for actor code that waits for it: it re-enters an actor whose
     transaction (or whose action, while the call opens a transaction) is on its call chain

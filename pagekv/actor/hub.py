@@ -38,7 +38,7 @@ from pagekv.actor.connection import (
 )
 from pagekv.actor.context import ActorContext
 from pagekv.actor.definition import ActorDefinition
-from pagekv.actor.errors import ActorNotFound, InvalidArguments, OwnedElsewhere
+from pagekv.actor.errors import ActorNotFound, CallCutOff, InvalidArguments, OwnedElsewhere
 from pagekv.actor.index import actor_id
 from pagekv.actor.ownership import Forwarded
 
@@ -194,6 +194,10 @@ class Hub:
             await self._registry.invoke(conn.name, conn.key, run, create=False)
         except (ActorNotFound, OwnedElsewhere) as e:  # destroyed; or its owner's wake reaps it
             log.debug("connection %s of %s: on_disconnect not run here: %s", conn.id, conn.name, e)
+        except CallCutOff as e:  # no code failed: a stop ended it (a row left: the next wake)
+            log.info(
+                "actor %s/%s: on_disconnect of %s cut off: %s", conn.name, conn.key, conn.id, e
+            )
         except Exception:
             log.exception("actor %s/%s: on_disconnect of %s failed", conn.name, conn.key, conn.id)
 

@@ -24,9 +24,15 @@ import cbor2
 from pagekv.actor import call_chain
 from pagekv.actor.connection import Connection, calling_connection
 from pagekv.actor.context import ActorContext
-from pagekv.actor.database import ActorDb
+from pagekv.actor.database import ActorDb, noting_rollbacks
 from pagekv.actor.definition import ActorDefinition, Hook
-from pagekv.actor.errors import STORAGE_ERRORS, ActorNotFound, ActorStopped, ActorTakenOver
+from pagekv.actor.errors import (
+    STORAGE_ERRORS,
+    ActorNotFound,
+    ActorStopped,
+    ActorTakenOver,
+    CallCutOff,
+)
 from pagekv.actor.gate import Gate
 from pagekv.actor.host import InstanceHost
 from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
@@ -36,7 +42,7 @@ from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.runner import Runner
-from pagekv.actor.writes import Writes, tracking_writes
+from pagekv.actor.writes import Writes, note_writes, tracking_writes
 from pagekv.kv import ActorKv, FenceMismatch, KvError
 from pagekv.vfs import DatabaseDead, open_database
 
@@ -54,6 +60,13 @@ transaction to roll back) before it closes the database without it (`ActorInstan
 
 class NotServing(ActorStopped):
     """The instance stopped before this call reached user code; a fresh one can take it."""
+
+
+class _Running:
+    """A call in flight, as `_cut_off_by_stop` sees it."""
+
+    commits: int | None = None
+    """The database's commit count as the call's own code began; None until it does."""
 
 
 class Phase(enum.Enum):
@@ -347,10 +360,14 @@ class ActorInstance:
             commits = self.ctx.db.database.commits
             with tracking_writes() as writes:
                 try:
-                    with self._cut_off_by_stop(), call_chain.entering(self.actor_id) as frame:
+                    with (
+                        self._cut_off_by_stop(writes) as running,
+                        call_chain.entering(self.actor_id) as frame,
+                    ):
                         async with self.gate.shared(frame):
                             with self.ctx.queue.redeliver_on_failure():
                                 try:
+                                    running.commits = self.ctx.db.database.commits
                                     result = await fn(self.ctx, *args, **kwargs)
                                 except Exception:
                                     ended = time.monotonic()
@@ -374,23 +391,61 @@ class ActorInstance:
             return result
 
     @contextmanager
-    def _cut_off_by_stop(self) -> Iterator[None]:
+    def _cut_off_by_stop(self, writes: Writes) -> Iterator[_Running]:
         """Around a call's user code: a stop that waited `stop_grace` for it cancels it here
-        (`_cut_off`), and the call fails with `ActorStopped`; a transaction it had open was rolled
-        back by then, its state restored with it."""
+        (`_cut_off`), and the call fails with `CallCutOff` (an `ActorStopped`). `writes`: what the
+        call committed so far; the caller sets `commits` of what this yields as the call's own
+        code begins.
+
+        Invariant: the failure says nothing was written (`written: false`, which a client
+        retries) only if nothing of the call was or can still be persisted. A transaction it
+        had open was rolled back by then, its state restored with it; but its changes to the
+        state outside a transaction are in the one state cell that every call shares, and a
+        cell cannot tell whose change is whose: the stop's save (or a commit of another call
+        that ran meanwhile) writes them. So once its code began, a call cut off while the state
+        holds unsaved changes, or after anything committed on this instance since its code
+        began, reports its writes as unknown (`Writes.unknown`: `written: null`, never retried
+        blindly). A call cut off before its code began (waiting at the gate) wrote nothing."""
+        running = _Running()
         scope = anyio.CancelScope()
         self._calls.add(scope)
         try:
-            with scope:
-                yield
+            with scope, noting_rollbacks() as rolled_back:
+                yield running
         finally:
             self._calls.discard(scope)
         if scope.cancelled_caught:
-            raise ActorStopped(
+            began = running.commits is not None
+            may_stand = running.commits is not None and self._unsaved_since(running.commits)
+            if may_stand:
+                note_writes(committed=False, unknown=True)
+            what = "" if began else " before its code began"
+            if rolled_back:
+                what += "; a transaction it had open was rolled back"
+            if writes.committed:
+                what += "; writes of it had committed"
+            elif may_stand:
+                what += (
+                    "; changes it made to the state outside a transaction may be saved (the "
+                    "stop saves the state), so it may have written"
+                )
+            raise CallCutOff(
                 f"actor {self.actor_id} stopped ({self._stopping}) while this call ran: it was "
                 f"cancelled after the stop waited stop_grace ({self.definition.stop_grace:g} s) "
-                "for it, and a transaction it had open was rolled back"
+                f"for it{what}"
             )
+
+    def _unsaved_since(self, commits: int) -> bool:
+        """Whether a state change made by a call that began when the database had made
+        `commits` commits may be, or may have been, persisted by another than the call: the
+        state holds changes not yet saved (the stop saves them), or something committed since
+        (each commit saves the state as it is)."""
+        if self.ctx.db.database.commits != commits:
+            return True
+        try:
+            return self.ctx.db.state.changed() is not None
+        except Exception:  # a state that does not encode: whether a save writes it is unknown
+            return True
 
     async def send(self, message: Outgoing) -> int:
         """Append `message` to this instance's queue, as a call would: refused (`NotServing`)

@@ -318,7 +318,9 @@ async def _relay(
             open_timeout=rt.config.forward_connect_s,
         )
     except (OSError, TimeoutError, InvalidHandshake) as e:
-        raise _Refused(CloseCode.MOVED, f"the actor's owner could not be reached: {e}") from None
+        # the cause names the owner's address: it goes to the log, not to the client
+        log.warning("relay to %s: the owner could not be reached: %r", owner.address, e)
+        raise _Refused(CloseCode.MOVED, "the actor's owner could not be reached") from None
     try:
         assert upstream.response is not None
         rt.forwarder.key.check_answer(upstream.response.headers.get(PROOF_HEADER), nonce, 101)

@@ -9,12 +9,15 @@ refused with `CallCycle` and the actor serves on.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
 import pytest
 
 from pagekv.actor import ActorContext, ActorStopped, CallCycle, Registry, actor
+from pagekv.actor.connection import Connection
+from pagekv.actor.index import actor_id
 from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -108,6 +111,58 @@ async def test_a_stop_hook_stuck_in_a_transaction_is_cut_off_at_stop_grace() -> 
     assert entered.is_set() and took < BOUND
     async with Registry([stuck_actor(anyio.Event())], kv=store).run() as client:
         assert await client.get("stuck", "k").read() == (5, [5])
+
+
+async def test_an_on_disconnect_cut_off_by_a_stop_is_logged_as_no_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A connection closes while a call is stuck in a transaction: its `on_disconnect` waits for
+    the transaction, and the registry's drain cancels both after `stop_grace`. No user code
+    failed: the cut-off `on_disconnect` is logged at INFO, without a traceback (on main: ERROR
+    "on_disconnect of ... failed" with one), and only the call that had a transaction open is
+    told one was rolled back."""
+    entered = anyio.Event()
+    a = stuck_actor(entered)
+    disconnects: list[str] = []
+
+    @a.on_connect
+    async def on_connect(ctx: ActorContext, conn: Connection) -> None:
+        pass
+
+    @a.on_disconnect
+    async def on_disconnect(ctx: ActorContext, conn: Connection) -> None:
+        disconnects.append(conn.id)
+
+    outcomes: list[BaseException] = []
+    caplog.set_level(logging.INFO, logger="pagekv")
+    with anyio.fail_after(BOUND + 5):
+        async with Registry([a], kv=MemoryStore()).run() as client:
+            handle = client.get_or_create("stuck", "k")
+            await handle.commit(5)
+            conn = await handle.connect().__aenter__()
+
+            async def call_stuck() -> None:
+                try:
+                    await handle.stuck()
+                except ActorStopped as e:
+                    outcomes.append(e)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call_stuck)
+                await entered.wait()
+                tg.start_soon(conn.close)  # its on_disconnect waits for the transaction
+                gate = client.registry._instances[actor_id("stuck", "k")].gate
+                while not gate._shared_waiting:
+                    await anyio.sleep(0.01)
+                await client.registry.drain()
+    assert disconnects == []
+    (stuck,) = outcomes
+    assert "a transaction it had open was rolled back" in str(stuck)
+    records = [r for r in caplog.records if "on_disconnect of" in r.getMessage()]
+    assert records, caplog.text
+    for record in records:
+        assert record.levelno == logging.INFO and record.exc_info is None, caplog.text
+        assert "cut off" in record.getMessage() and "rolled back" not in record.getMessage()
 
 
 def cycle_actors() -> list[Any]:

@@ -1,5 +1,6 @@
-"""The app of `test_stops.py`: an action stuck in a transaction, and actors that call each other
-in a cycle (`pagekv serve tests/server/stops_app.py`)."""
+"""The app of `test_stops.py`: an action stuck in a transaction, one that waits after a state
+change made outside a transaction, and actors that call each other in a cycle (`pagekv serve
+tests/server/stops_app.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pagekv.actor import ActorContext, Registry, actor
 
 STOP_GRACE = 1.0
 _entered = anyio.Event()
+_bumped = anyio.Event()
 
 stuck = actor("stuck", state={"n": 0}, stop_grace=STOP_GRACE)
 
@@ -52,6 +54,12 @@ async def entered(ctx: ActorContext) -> bool:
     return _entered.is_set()
 
 
+@probe.action
+async def bumped(ctx: ActorContext) -> bool:
+    """Whether `a.bump_then_wait` of this process changed the state and waits."""
+    return _bumped.is_set()
+
+
 a = actor("a", state={"n": 0}, stop_grace=STOP_GRACE)
 b = actor("b", stop_grace=STOP_GRACE)
 
@@ -68,6 +76,16 @@ async def through(ctx: ActorContext, b_key: str) -> str:
 @a.action
 async def hello(ctx: ActorContext) -> list[Any]:
     return [ctx.key, ctx.state["n"]]
+
+
+@a.action
+async def bump_then_wait(ctx: ActorContext, seconds: float) -> int:
+    """Adds 1 to n, outside a transaction, then waits `seconds` (past a stop's grace)."""
+    ctx.state["n"] += 1
+    _bumped.set()
+    await anyio.sleep(seconds)
+    n: int = ctx.state["n"]
+    return n
 
 
 @b.action

@@ -211,6 +211,42 @@ async def test_an_action_finding_its_actor_elsewhere_is_refused_unrun_and_the_so
         store_b.close()
 
 
+async def test_a_socket_whose_actor_owner_is_dead_is_moved_without_internal_detail(
+    tmp_path: Path,
+) -> None:
+    """Server A holds a socket of the actor (so its lease), then dies (SIGKILL) with the lease
+    live; a socket opened at B is relayed to A, which cannot be reached: it is closed with
+    `MOVED` (the client library reconnects) and a reason that names no address and no OS error
+    (on main: "[Errno 111] Connect call failed ('127.0.0.1', port)"); B logs the detail."""
+    store = f"file:{tmp_path}/store"
+    a = ServeProcess("--kv", store, "--lease", "10", app=APP_CONNECTED)
+    b = ServeProcess("--kv", store, "--lease", "10", app=APP_CONNECTED)
+    try:
+        url_a, url_b = await a.started(), await b.started()
+        held = await _joined(url_a, "dead", "ada")
+        a.proc.kill()
+        a.proc.wait()
+        socket_ = await ws_connect(
+            url_b.replace("http://", "ws://") + "/actors/chat/connect?key=dead",
+            subprotocols=["pagekv", f"pagekv.token.{TOKEN}"],
+        )
+        await socket_.send(json.dumps({"t": "connect", "params": {"name": "bob"}}))
+        with anyio.fail_after(30), pytest.raises(SocketClosed):
+            await socket_.recv()
+        assert socket_.close_code == CloseCode.MOVED, socket_.close_reason
+        reason = socket_.close_reason or ""
+        assert "could not be reached" in reason, reason
+        assert re.search(r"127\.0\.0\.1|Errno|http|:\d+", reason) is None, reason
+        assert any("WARNING" in line and "could not be reached" in line for line in b.log), b.log
+        with contextlib.suppress(Exception):
+            await held.close()
+    finally:
+        for process in (a, b):
+            if process.proc.poll() is None:
+                process.proc.kill()
+                process.proc.wait()
+
+
 def _asleep(registry: Any) -> Any:
     async def check() -> bool:
         return registry.metrics()["live"] == 0

@@ -1,5 +1,6 @@
 """SIGTERM is bounded with user work stuck in a transaction, and a call cycle through a
-transaction across servers fails fast (#43 item 5), on real `pagekv serve` processes.
+transaction across servers fails fast (#43 item 5), on real `pagekv serve` processes; a call the
+stop cancels is never said to have written nothing when what it wrote stands.
 
 On main, SIGTERM never completed while an action waited inside `ctx.db.transaction()` (the stop's
 state save queued on the transaction's lock), and an A -> B -> A call cycle through a transaction
@@ -22,6 +23,7 @@ from server_helpers import TOKEN, Served
 from stops_app import STOP_GRACE
 from test_cli import ServeProcess
 
+from pagekv.actor import ActorStopped
 from pagekv.actor.call_chain import HEADER
 from pagekv.client import HttpClient
 
@@ -101,6 +103,78 @@ async def test_sigterm_exits_in_bound_with_an_action_stuck_in_a_transaction(
         HttpClient(await restarted.started(), token=TOKEN) as client,
     ):
         assert await client.get("stuck", "k").read() == [5, [5]]
+
+
+async def _until_bumped(http: httpx.AsyncClient) -> None:
+    """Until `a.bump_then_wait` of the server `http` reaches has changed the state and waits."""
+    with anyio.fail_after(20):
+        while not (await _call(http, "probe", "p", "bumped")).json()["result"]:
+            await anyio.sleep(0.05)
+
+
+@asynccontextmanager
+async def _two_servers(store: str) -> AsyncIterator[list[ServeProcess]]:
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(served_process("--kv", store, app=APP))
+            for _ in range(2)
+        ]
+
+
+async def test_a_call_cut_off_by_sigterm_after_a_state_change_is_not_said_to_have_written_nothing(
+    tmp_path: Path,
+) -> None:
+    """a/x, owned by the first of two servers on one store, adds 1 to its state outside a
+    transaction and waits past stop_grace; SIGTERM of that server cancels it, and the stop saves
+    the state, the 1 with it. The answer is `actor_stopped` whose `written` is not false (on main:
+    false, with "a transaction it had open was rolled back" though none was open, and the write
+    stood), so nothing retries it as unwritten."""
+    async with _two_servers(f"file:{tmp_path}/store") as (first, last):
+        async with _http(await first.started()) as http:
+            assert (await _call(http, "a", "x", "hello")).json() == {"result": ["x", 0]}
+            answers: list[httpx.Response] = []
+            async with anyio.create_task_group() as tg:
+
+                async def bump() -> None:
+                    answers.append(await _call(http, "a", "x", "bump_then_wait", 30))
+
+                tg.start_soon(bump)
+                await _until_bumped(http)
+                took = await _exit_time(first)
+        async with _http(await last.started()) as http:
+            n = (await _call(http, "a", "x", "hello")).json()["result"][1]
+    assert took < STOP_GRACE + DRAIN_S + MARGIN_S, f"SIGTERM took {took:.1f} s"
+    (answer,) = answers
+    error = answer.json()["error"]
+    assert answer.status_code == 503 and error["code"] == "actor_stopped", answer.text
+    assert n == 0 or error["written"] is not False, (n, error)
+    assert "rolled back" not in error["message"], error
+    assert n == 1  # the stop saved the state: the answer must not invite a retry
+
+
+async def test_the_client_library_applies_a_call_cut_off_by_sigterm_once(tmp_path: Path) -> None:
+    """The same call made with the client library through the second server, which forwards it
+    to the owner: whatever it raises or returns, n went up by exactly one (on main: the library
+    retried the `written: false` answer, and the call's one increment was applied twice)."""
+    async with (
+        _two_servers(f"file:{tmp_path}/store") as (first, last),
+        _http(await first.started()) as http,
+        HttpClient(await last.started(), token=TOKEN) as client,
+    ):
+        assert (await _call(http, "a", "x", "hello")).json() == {"result": ["x", 0]}
+        outcomes: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            async def bump() -> None:
+                try:
+                    outcomes.append(await client.get("a", "x").bump_then_wait(4))
+                except ActorStopped as e:
+                    outcomes.append(e)
+
+            tg.start_soon(bump)
+            await _until_bumped(http)
+            await _exit_time(first)
+        assert await client.get("a", "x").hello() == ["x", 1], outcomes
 
 
 @pytest.mark.parametrize("count", [1, 2])
