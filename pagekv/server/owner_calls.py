@@ -12,15 +12,32 @@ actor moved meanwhile.
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import Any
 
+import httpx
+
 from pagekv.actor.client_connection import ActorConnection
 from pagekv.actor.ownership import Owner
-from pagekv.client import HttpClient, raise_error
+from pagekv.client import HttpClient, ServerUnreachable, raise_error
 from pagekv.remote_connection import RemoteConnection
 from pagekv.server.cluster import ClusterKey, PeerTransport, socket_proof
 from pagekv.server.config import ServerConfig
+
+log = logging.getLogger("pagekv.server")
+
+
+def _unnamed(error: ServerUnreachable, owner: Owner, name: str, key: str) -> ServerUnreachable:
+    """`error` without the peer's address (an actor's code may pass its message on to its own
+    client, and no internal address may reach one); the address goes to the log."""
+    log.warning("ctx.client call to %s/%s at %s: %s", name, key, owner.address, error)
+    ran = (
+        "it did not run"
+        if isinstance(error.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+        else "it may have run"
+    )
+    return ServerUnreachable(f"cannot reach the server that runs actor {name}/{key}; {ran}")
 
 
 class OwnerCalls:
@@ -50,12 +67,19 @@ class OwnerCalls:
         create: bool,
         input: Any,
     ) -> Any:
-        return await self._handle(owner, name, key, create, input).call(action, *args, **kwargs)
+        try:
+            handle = self._handle(owner, name, key, create, input)
+            return await handle.call(action, *args, **kwargs)
+        except ServerUnreachable as e:
+            raise _unnamed(e, owner, name, key) from e
 
     async def send(
         self, owner: Owner, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any
     ) -> int:
-        return await self._handle(owner, name, key, create, input).send(queue, body)
+        try:
+            return await self._handle(owner, name, key, create, input).send(queue, body)
+        except ServerUnreachable as e:
+            raise _unnamed(e, owner, name, key) from e
 
     def connection(
         self,
