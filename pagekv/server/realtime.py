@@ -57,6 +57,9 @@ TOKEN_PREFIX = "pagekv.token."
 _ROUTING = {"key": True, "mode": False, "encoding": False}
 _IN_FLIGHT = 32
 _CLOSE_GRACE_S = 1.0
+_RELAY_CLOSE_S = 1.0
+"""How long a relay waits for the owner's side of a close handshake: an owner that is stopped
+(SIGSTOP) never answers, and websockets' default of 10 s kept a draining server that long."""
 log = logging.getLogger("pagekv.server")
 
 
@@ -316,6 +319,7 @@ async def _relay(
             max_size=None,
             compression=None,
             open_timeout=rt.config.forward_connect_s,
+            close_timeout=_RELAY_CLOSE_S,
         )
     except (OSError, TimeoutError, InvalidHandshake) as e:
         # the cause names the owner's address: it goes to the log, not to the client

@@ -943,7 +943,9 @@ def test_sigkill_of_concurrent_writer_threads_in_several_processes(
     )
     if power_loss:
         assert power.lost > 0 and power.kept > 0, "the power losses changed nothing"
-        assert power.direct > 0 and power.buffered > 0, "writes did not both go alone and wait"
+        assert power.buffered > 0, "no write waited for a shared flush"
+        if own_threads == 1:  # the variant where writers are often alone (see above)
+            assert power.direct > 0, "no write went alone (O_DSYNC) beside the grouped ones"
     assert grouped_lives >= 1, "no child ever shared a flush: group commit never happened"
     assert in_flight_lives >= lives // 2, "the kills did not land while writes were in flight"
     assert all(own.start >= 2 for own in owns.values()), "a thread made no progress"
