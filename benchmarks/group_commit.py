@@ -52,16 +52,20 @@ threads = [
 ]
 while time.time() < start:
     time.sleep(0.001)
-before = store.flush_counts()
+before, cpu = store.flush_counts(), time.process_time()
 for thread in threads:
     thread.start()
 for thread in threads:
     thread.join()
-print(sum(counts), store.flush_counts().flushes - before.flushes)
+cpu = time.process_time() - cpu
+print(sum(counts), store.flush_counts().flushes - before.flushes, round(cpu * 1e6))
 """
 
 
-def _threads(directory: Path, writers: int, delay: float, seconds: float) -> tuple[float, float]:
+def _threads(
+    directory: Path, writers: int, delay: float, seconds: float
+) -> tuple[float, float, float]:
+    """Writes/s, flushes per write and CPU µs per write (the process's, all threads)."""
     store = FileStore(directory, flush_delay_ms=delay)
     namespaces = [store.namespace(f"w{i}") for i in range(writers)]
     counts = [0] * writers
@@ -76,15 +80,16 @@ def _threads(directory: Path, writers: int, delay: float, seconds: float) -> tup
         counts[i] = n
 
     threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    elapsed = time.monotonic() - started
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu
     flushes = store.flush_counts().flushes - before.flushes
     store.close()
-    return sum(counts) / elapsed, flushes / sum(counts)
+    writes = sum(counts)
+    return writes / elapsed, flushes / writes, cpu * 1e6 / writes
 
 
 def _processes(
@@ -94,7 +99,9 @@ def _processes(
     seconds: float,
     stopped: bool = False,
     lock_timeout: float = 30.0,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
+    """Writes/s, flushes per write and CPU µs per write (the writer processes', summed; not
+    the stopped one's)."""
     FileStore(directory).close()
     start = time.time() + 1.5 + (1.0 if stopped else 0.0)
 
@@ -117,8 +124,8 @@ def _processes(
         if victim is not None:
             victim.kill()
             victim.wait()
-    writes, flushes = sum(o[0] for o in out), sum(o[1] for o in out)
-    return writes / seconds, flushes / writes
+    writes, flushes, cpu_us = (sum(o[i] for o in out) for i in range(3))
+    return writes / seconds, flushes / writes, cpu_us / writes
 
 
 def _stop_holding_flusher_lock(pid: int, directory: Path, before: float) -> None:
@@ -155,7 +162,7 @@ def main() -> None:
         return _stopped_flusher(args)
     counts = [1, args.processes] if args.processes else args.writers
     kind = "processes" if args.processes else "threads"
-    results: dict[tuple[float, int], list[tuple[float, float]]] = {}
+    results: dict[tuple[float, int], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for rep in range(args.reps):
             for delay in args.delays:
@@ -165,14 +172,18 @@ def main() -> None:
                     results.setdefault((delay, n), []).append(
                         run(directory, n, delay, args.seconds)
                     )
-    print(f"{kind:>9} {'delay ms':>8} {'writes/s':>22} {'flushes/write':>20} {'vs 1':>6}")
+    print(
+        f"{kind:>9} {'delay ms':>8} {'writes/s':>22} {'flushes/write':>20} {'CPU µs/write':>12} "
+        f"{'vs 1':>6}"
+    )
     for (delay, n), values in results.items():
         rates, flushes = [v[0] for v in values], [v[1] for v in values]
         one = statistics.median(v[0] for v in results[(delay, 1)])
         print(
             f"{n:9} {delay:8g} {statistics.median(rates):10,.0f} ({min(rates):,.0f}-"
             f"{max(rates):,.0f}) {statistics.median(flushes):8.3f} ({min(flushes):.3f}-"
-            f"{max(flushes):.3f}) {statistics.median(rates) / one:5.1f}x"
+            f"{max(flushes):.3f}) {statistics.median(v[2] for v in values):12.1f} "
+            f"{statistics.median(rates) / one:5.1f}x"
         )
 
 
@@ -180,7 +191,7 @@ def _stopped_flusher(args: argparse.Namespace) -> None:
     """N writer processes alone, then beside one stopped holding the flusher lock, interleaved."""
     if not args.processes:
         raise SystemExit("--stopped-flusher goes with --processes N")
-    results: dict[tuple[float, bool], list[tuple[float, float]]] = {}
+    results: dict[tuple[float, bool], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for rep in range(args.reps):
             for delay in args.delays:
@@ -191,14 +202,19 @@ def _stopped_flusher(args: argparse.Namespace) -> None:
                     )
                     results.setdefault((delay, stopped), []).append(run)
     print(f"{args.processes} writer processes, lock_timeout {args.lock_timeout:g} s")
-    print(f"{'delay ms':>8} {'flusher':>8} {'writes/s':>22} {'flushes/write':>20} {'ratio':>6}")
+    print(
+        f"{'delay ms':>8} {'flusher':>8} {'writes/s':>22} {'flushes/write':>20} "
+        f"{'CPU µs/write':>12} {'ratio':>6}"
+    )
     for (delay, stopped), values in results.items():
         rates, flushes = [v[0] for v in values], [v[1] for v in values]
         alone = statistics.median(v[0] for v in results[(delay, False)])
+        cpu = statistics.median(v[2] for v in values)
         print(
             f"{delay:8g} {'stopped' if stopped else 'none':>8} {statistics.median(rates):10,.0f} "
             f"({min(rates):,.0f}-{max(rates):,.0f}) {statistics.median(flushes):8.3f} "
-            f"({min(flushes):.3f}-{max(flushes):.3f}) {statistics.median(rates) / alone:5.2f}x"
+            f"({min(flushes):.3f}-{max(flushes):.3f}) {cpu:12.1f} "
+            f"{statistics.median(rates) / alone:5.2f}x"
         )
 
 
