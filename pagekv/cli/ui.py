@@ -16,19 +16,19 @@ from typing import Any
 
 import anyio
 
-from pagekv.cli_args import add_store_argument, port
-from pagekv.kv import redact_url
-from pagekv.server.advertise import http_url
-from pagekv.server.command import (
+from pagekv.cli.args import add_store_argument, port
+from pagekv.cli.serve import (
     add_auth_arguments,
     add_inspector_arguments,
     add_log_level_argument,
     exposure_warning,
 )
+from pagekv.kv import redact_url
+from pagekv.protocol import DEFAULT_PORT, TOKEN_ENV
+from pagekv.server.advertise import http_url
 from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.logs import announce
 from pagekv.server.process import StartupError, configure_logging, listen, open_store
-from pagekv.server.protocol import DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.run import store_server
 
 DEFAULT_UI_PORT = DEFAULT_PORT + 1

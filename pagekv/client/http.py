@@ -52,10 +52,10 @@ from pagekv.actor import (
     UnknownActor,
     call_chain,
 )
-from pagekv.actor.calls_by_name import CallsByName
-from pagekv.actor.registry import LEASE_S
-from pagekv.remote_connection import RemoteConnection
-from pagekv.server.protocol import CBOR, JSON, ErrorCode, decode, encode
+from pagekv.actor.directory.leases import LEASE_S
+from pagekv.actor.handles import CallsByName
+from pagekv.client.websocket import RemoteConnection
+from pagekv.protocol import CBOR, JSON, ErrorCode, decode, encode
 
 _ACTOR_ERRORS: dict[str, type[Exception]] = {
     ErrorCode.UNKNOWN_ACTOR: UnknownActor,
@@ -312,7 +312,7 @@ class ActorHandle(CallsByName):
 
     def connect(self, params: Any = None) -> RemoteConnection:
         """A WebSocket connection to the actor (`async with handle.connect(params) as conn`),
-        which reconnects by itself (`pagekv.remote_connection`)."""
+        which reconnects by itself (`pagekv.client.websocket`)."""
         client = self._client
         return RemoteConnection(
             str(client._http.base_url),

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pagekv.actor.index import delete_records_up_to, encode_record, record_key
-from pagekv.actor.ownership import Lease, Ownership
+from pagekv.actor.directory.leases import Lease, Ownership
+from pagekv.actor.directory.records import delete_records_up_to, encode_record, record_key
 from pagekv.kv import ActorKv
 
 TOOL_REGISTRY: str = "pagekv-tool"

@@ -37,12 +37,17 @@ import socket
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import cbor2
 
 from pagekv.kv import ActorKv, KeyTooLarge, prefix_end
 
+LEASE_S: Final = 10.0
+"""Default lease of an awake actor's owner : other registries forward calls to
+the owner while it runs and take the actor over once it ran out, so it is also how late, at
+most, an actor whose process died is served elsewhere and runs its schedules. The owner renews
+it with half of it to go. It must exceed twice the clock difference between hosts."""
 _WAKE = b"wake/"
 _DUE = b"due/"
 _MEMBER = b"member/"

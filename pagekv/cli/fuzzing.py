@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from pagekv.cli_args import kv_url, positive_int, positive_seconds
+from pagekv.cli.args import kv_url, positive_int, positive_seconds
 from pagekv.fuzz.processes import DEFAULT_WRITERS, Backend, fuzz_processes, load_kv_factory
 from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.session import FuzzConfig, execute, fuzz, load_replay

@@ -1,69 +1,94 @@
-"""The `pagekv` command line."""
+"""`pagekv`: the parser of every subcommand, `pagekv demo`, and `main`."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pagekv import __version__
-from pagekv.cli_args import add_store_argument, positive_int
+from pagekv.cli.args import add_store_argument, positive_int
 from pagekv.kv import CountingKv, open_kv
 from pagekv.vfs import open_database
 
-_COMMANDS = {
-    "serve": (
-        "pagekv.server.command",
-        "add_serve_command",
-        "serve a registry's actors over HTTP (gateway, inspector, /metrics)",
-    ),
+
+def _serve(commands: Any, summary: str) -> None:
+    from pagekv.cli.serve import add_serve_command
+
+    add_serve_command(commands, summary)
+
+
+def _inspect(commands: Any, summary: str) -> None:
+    from pagekv.cli.inspect import add_inspect_command
+
+    add_inspect_command(commands, summary)
+
+
+def _export(commands: Any, summary: str) -> None:
+    from pagekv.cli.transfers import add_export_command
+
+    add_export_command(commands, summary)
+
+
+def _import(commands: Any, summary: str) -> None:
+    from pagekv.cli.transfers import add_import_command
+
+    add_import_command(commands, summary)
+
+
+def _copy(commands: Any, summary: str) -> None:
+    from pagekv.cli.transfers import add_copy_command
+
+    add_copy_command(commands, summary)
+
+
+def _ui(commands: Any, summary: str) -> None:
+    from pagekv.cli.ui import add_ui_command
+
+    add_ui_command(commands, summary)
+
+
+def _bench(commands: Any, summary: str) -> None:
+    from pagekv.cli.benchmark import add_bench_command
+
+    add_bench_command(commands, summary)
+
+
+def _fuzz(commands: Any, summary: str) -> None:
+    from pagekv.cli.fuzzing import add_fuzz_command
+
+    add_fuzz_command(commands, summary)
+
+
+def _check_backend(commands: Any, summary: str) -> None:
+    from pagekv.cli.backend_check import add_check_backend_command
+
+    add_check_backend_command(commands, summary)
+
+
+_COMMANDS: dict[str, tuple[Callable[[Any, str], None], str]] = {
+    "serve": (_serve, "serve a registry's actors over HTTP (gateway, inspector, /metrics)"),
     "inspect": (
-        "pagekv.inspect_command",
-        "add_inspect_command",
+        _inspect,
         "print actors' state, tables and workflow history from the store (read-only)",
     ),
-    "export": (
-        "pagekv.transfer_command",
-        "add_export_command",
-        "write actors' databases as plain SQLite files (read-only snapshots)",
-    ),
-    "import": (
-        "pagekv.transfer_command",
-        "add_import_command",
-        "create an actor from a SQLite file",
-    ),
+    "export": (_export, "write actors' databases as plain SQLite files (read-only snapshots)"),
+    "import": (_import, "create an actor from a SQLite file"),
     "copy": (
-        "pagekv.transfer_command",
-        "add_copy_command",
+        _copy,
         "copy every actor and the registry's index into another store (e.g. file: to PostgreSQL)",
     ),
-    "ui": (
-        "pagekv.server.ui_command",
-        "add_ui_command",
-        "the inspector's web page over the store, without a server (read-only)",
-    ),
-    "bench": (
-        "pagekv.bench.command",
-        "add_bench_command",
-        "compare commit throughput and KV traffic with native SQLite",
-    ),
-    "fuzz": (
-        "pagekv.fuzz.cli",
-        "add_fuzz_command",
-        "crash, fault and takeover fuzzing against a native SQLite oracle",
-    ),
-    "check-backend": (
-        "pagekv.testing.command",
-        "add_check_backend_command",
-        "check a KV backend of your own against pagekv's contract",
-    ),
+    "ui": (_ui, "the inspector's web page over the store, without a server (read-only)"),
+    "bench": (_bench, "compare commit throughput and KV traffic with native SQLite"),
+    "fuzz": (_fuzz, "crash, fault and takeover fuzzing against a native SQLite oracle"),
+    "check-backend": (_check_backend, "check a KV backend of your own against pagekv's contract"),
 }
-"""Subcommand -> the module and function that add its parser, and its one-line summary. A run
-imports only its own command's module, and `pagekv --help` none of them: the server, bench and
-fuzz modules together took ~0.3 s to import."""
+"""Subcommand -> the function that adds its parser (importing its module), and its one-line
+summary. A run imports only its own command's module, and `pagekv --help` none of them: the
+server, bench and fuzz modules together took ~0.3 s to import."""
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -137,9 +162,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--rows", type=positive_int, default=200, help="one-row commits (default 200)"
     )
     demo.set_defaults(run=_demo)
-    for name, (module, function, summary) in _COMMANDS.items():
+    for name, (add, summary) in _COMMANDS.items():
         if command == name:
-            getattr(importlib.import_module(module), function)(commands, summary)
+            add(commands, summary)
         else:
             commands.add_parser(name, help=summary)
     return parser

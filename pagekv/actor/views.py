@@ -21,13 +21,13 @@ from typing import Any, Final, Protocol, TypeVar, cast, runtime_checkable
 import apsw
 import cbor2
 
-from pagekv.actor import index as index_records
+from pagekv.actor.directory import records
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import ActorRecord as ActorRecord
+from pagekv.actor.directory.records import list_actors as list_actors
 from pagekv.actor.errors import ActorError, ActorNotFound
-from pagekv.actor.index import ActorRecord as ActorRecord
-from pagekv.actor.index import list_actors as list_actors
-from pagekv.actor.internal import PREFIX
-from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.schedule import MAX_SCHEDULES
+from pagekv.actor.tables.schema import PREFIX
 from pagekv.kv import ActorKv, KvStore
 from pagekv.vfs import Database, SnapshotExpired, open_database
 
@@ -121,7 +121,7 @@ def open_index(store: KvStore) -> ActorKv | None:
 
 
 def find_actor(index: ActorKv, name: str, key: str) -> ActorRecord:
-    record = index_records.find_actor(index, name, key)
+    record = records.find_actor(index, name, key)
     if record is None:
         raise ActorNotFound(f"no actor {name!r} with key {key!r}")
     return record

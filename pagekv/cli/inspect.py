@@ -1,6 +1,6 @@
 """`pagekv inspect --kv URL [NAME/KEY]`: actors straight from the store, read-only.
 
-Reads the registry's index and read-only snapshots (`pagekv.actor.inspect`): no takeover and no
+Reads the registry's index and read-only snapshots (`pagekv.actor.views`): no takeover and no
 write to any actor or to the registry's index, so it is safe beside running servers, which keep
 serving undisturbed.
 """
@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 from pagekv.actor import ActorNotFound
-from pagekv.actor import inspect as view
-from pagekv.cli_args import add_store_argument, positive_int
+from pagekv.actor import views as view
+from pagekv.cli.args import add_store_argument, positive_int
 from pagekv.kv import open_kv
-from pagekv.server.protocol import JSON, encode
+from pagekv.protocol import JSON, encode
 from pagekv.vfs import Database
 
 

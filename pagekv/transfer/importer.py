@@ -58,12 +58,11 @@ from typing import Any, Final, cast
 
 import apsw
 
+from pagekv.actor.directory.enroll import TOOL_REGISTRY, enroll, forget
+from pagekv.actor.directory.leases import Ownership
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE, ActorRecord, actor_id, records_of
 from pagekv.actor.errors import ActorError, ActorExists
-from pagekv.actor.exporter import MANIFEST, USER_KV_TABLE, copy_pages
-from pagekv.actor.index import ActorRecord, actor_id, records_of
-from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
-from pagekv.actor.inspect import ListableStore, open_index
-from pagekv.actor.internal import (
+from pagekv.actor.tables.schema import (
     MIGRATIONS,
     PREFIX,
     SCHEMA_VERSION,
@@ -72,10 +71,8 @@ from pagekv.actor.internal import (
     mark_initialized,
     migrate,
 )
-from pagekv.actor.kv_batches import batches
-from pagekv.actor.ownership import Ownership
-from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.actor.user_kv import USER_PREFIX
+from pagekv.actor.views import ListableStore, open_index
 from pagekv.actor.workflow.history import FINAL_STATES, describe
 from pagekv.kv import (
     ActorKv,
@@ -89,6 +86,8 @@ from pagekv.kv import (
     check_name,
     prefix_end,
 )
+from pagekv.transfer.batches import batches
+from pagekv.transfer.exporter import MANIFEST, USER_KV_TABLE, copy_pages
 from pagekv.vfs import PAGE_SIZE, Database, open_database
 from pagekv.vfs.format import FRAME_BYTES
 

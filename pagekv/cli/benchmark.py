@@ -22,7 +22,7 @@ from pagekv.bench.runner import Progress, count_steps, run_workloads
 from pagekv.bench.systems import NATIVE_SYSTEMS, PAGEKV, Workspace, baselines_for
 from pagekv.bench.targets import evaluate
 from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection, writers_workload
-from pagekv.cli_args import kv_url, milliseconds, positive_int
+from pagekv.cli.args import kv_url, milliseconds, positive_int
 from pagekv.kv import KvError, redact_url
 
 DEFAULT_KV = "memory://"

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
-from pagekv.cli_args import positive_seconds
+from pagekv.cli.args import positive_seconds
 from pagekv.testing.check import DEFAULT_SECONDS, PARTS, CheckResult, check_backend, replay
 from pagekv.testing.outcome import PartResult
 from pagekv.testing.report import Violation

@@ -26,7 +26,12 @@ from typing import Any, Protocol, cast
 
 import cbor2
 
-from pagekv.actor.connection import (
+from pagekv.actor.context import ActorContext
+from pagekv.actor.definition import ActorDefinition
+from pagekv.actor.directory.leases import Forwarded
+from pagekv.actor.directory.records import actor_id
+from pagekv.actor.errors import ActorNotFound, CallCutOff, InvalidArguments, OwnedElsewhere
+from pagekv.actor.realtime.connection import (
     RECONNECT,
     UNLOADED,
     CloseCode,
@@ -36,11 +41,6 @@ from pagekv.actor.connection import (
     calling_connection,
     encoded_size,
 )
-from pagekv.actor.context import ActorContext
-from pagekv.actor.definition import ActorDefinition
-from pagekv.actor.errors import ActorNotFound, CallCutOff, InvalidArguments, OwnedElsewhere
-from pagekv.actor.index import actor_id
-from pagekv.actor.ownership import Forwarded
 
 
 class HubHost(Protocol):

@@ -21,12 +21,12 @@ import anyio
 import apsw
 
 from pagekv.actor import call_chain
+from pagekv.actor.blocking import Workers
 from pagekv.actor.errors import ActorStopped, ActorTakenOver, ReservedName
 from pagekv.actor.gate import Gate
-from pagekv.actor.internal import Reserved
+from pagekv.actor.request_writes import note_writes
 from pagekv.actor.state import StateCell
-from pagekv.actor.workers import Workers
-from pagekv.actor.writes import note_writes
+from pagekv.actor.tables.schema import Reserved
 from pagekv.kv import FenceMismatch
 from pagekv.vfs import Database
 

@@ -1,11 +1,11 @@
 """`pagekv export`, `pagekv import` and `pagekv copy`: data in and out of a store.
 
 - `export --kv URL NAME/KEY -o FILE` (or `--all -o DIR`): actors as plain SQLite files, from
-  read-only snapshots (`pagekv.actor.exporter`); safe beside running servers.
+  read-only snapshots (`pagekv.transfer.exporter`); safe beside running servers.
 - `import --kv URL NAME/KEY FILE [--replace]`: an actor from a SQLite file
-  (`pagekv.actor.importer`).
+  (`pagekv.transfer.importer`).
 - `copy --from URL --to URL [--allow-live]`: every actor and the registry's index into another
-  store, resumable and verified (`pagekv.actor.store_copy`).
+  store, resumable and verified (`pagekv.transfer.store_copy`).
 
 Exit status: 0 done; 1 refused or failed (the message says why; nothing half-done is visible);
 2 a usage error; 130 interrupted.
@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pagekv.actor import ActorError
-from pagekv.actor.exporter import Exported, export_actor, export_all
-from pagekv.actor.importer import (
+from pagekv.cli.args import add_store_argument, kv_url, positive_int
+from pagekv.kv import KvError, open_kv, redact_url
+from pagekv.transfer.exporter import Exported, export_actor, export_all
+from pagekv.transfer.importer import (
     Imported,
     ImportStopped,
     import_all,
@@ -31,9 +33,7 @@ from pagekv.actor.importer import (
     prepare_import,
     read_manifest,
 )
-from pagekv.actor.store_copy import THREADS, CopyProgress, check_source, copy_store
-from pagekv.cli_args import add_store_argument, kv_url, positive_int
-from pagekv.kv import KvError, open_kv, redact_url
+from pagekv.transfer.store_copy import THREADS, CopyProgress, check_source, copy_store
 from pagekv.vfs import SnapshotExpired, StorageCorrupt
 
 _FAILURES = (ActorError, KvError, SnapshotExpired, StorageCorrupt, OSError, ValueError)

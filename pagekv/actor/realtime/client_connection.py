@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import cbor2
 
-from pagekv.actor.calls_by_name import CallsByName
-from pagekv.actor.connection import CloseCode, Connection, Frame
+from pagekv.actor.directory.leases import Owner
 from pagekv.actor.errors import ActorError, ActorNotFound, OwnedElsewhere, UnknownActor
-from pagekv.actor.ownership import Owner
+from pagekv.actor.handles import CallsByName
+from pagekv.actor.realtime.connection import CloseCode, Connection, Frame
 
 if TYPE_CHECKING:
-    from pagekv.actor.hub import Hub
+    from pagekv.actor.realtime.hub import Hub
 
 
 @dataclass(frozen=True)

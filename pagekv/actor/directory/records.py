@@ -31,6 +31,8 @@ import cbor2
 
 from pagekv.kv import ActorKv, prefix_end
 
+REGISTRY_NAMESPACE: Final = "pagekv-registry"
+"""The namespace of the store that holds the directory (its keys: docs/FORMAT.md)."""
 _ACTOR: Final = b"actor/"
 _GENERATION_DIGITS: Final = 20
 

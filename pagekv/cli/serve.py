@@ -12,8 +12,9 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from pagekv.cli_args import add_store_argument, port, positive_int, positive_seconds
+from pagekv.cli.args import add_store_argument, port, positive_int, positive_seconds
 from pagekv.kv import redact_url
+from pagekv.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.advertise import ADVERTISE_ENV, default_url, http_url
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
@@ -33,7 +34,6 @@ from pagekv.server.process import (
     settings,
     with_stored_secret,
 )
-from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.workers import supervise
 
 _FIX = f"pass --advertise-url (or set ${ADVERTISE_ENV}) with an address they can reach"

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from pagekv.protocol import ErrorCode
 from pagekv.server.errors import HttpError
-from pagekv.server.protocol import ErrorCode
 
 CONTENT_SECURITY_POLICY: Final = "; ".join(
     [

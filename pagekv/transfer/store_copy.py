@@ -61,23 +61,22 @@ from typing import Any, Final, NamedTuple
 
 import cbor2
 
-from pagekv.actor.checksum import (
+from pagekv.actor.directory.enroll import TOOL_REGISTRY, enroll, forget
+from pagekv.actor.directory.leases import Ownership
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE, ActorRecord, list_actors, records_of
+from pagekv.actor.errors import ActorError
+from pagekv.actor.views import ListableStore, read_namespace
+from pagekv.kv import ActorKv, KvStore, prefix_end
+from pagekv.transfer.batches import batches, scan
+from pagekv.transfer.checksum import (
     EntriesDigest,
     combine,
     database_digest,
     namespace_checksum,
     other_entries,
 )
-from pagekv.actor.errors import ActorError
-from pagekv.actor.exporter import copy_pages
-from pagekv.actor.frozen import FROZEN_MAX_BYTES, FrozenNamespace, frozen_if_small
-from pagekv.actor.index import ActorRecord, list_actors, records_of
-from pagekv.actor.index_entries import TOOL_REGISTRY, enroll, forget
-from pagekv.actor.inspect import ListableStore, read_namespace
-from pagekv.actor.kv_batches import batches, scan
-from pagekv.actor.ownership import Ownership
-from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.kv import ActorKv, KvStore, prefix_end
+from pagekv.transfer.exporter import copy_pages
+from pagekv.transfer.snapshot import FROZEN_MAX_BYTES, FrozenNamespace, frozen_if_small
 from pagekv.vfs import Database, SnapshotExpired, open_database
 from pagekv.vfs.format import HEAD_KEY, restamp
 

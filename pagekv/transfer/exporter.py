@@ -35,13 +35,13 @@ from urllib.parse import quote
 
 import apsw
 
+from pagekv.actor.directory.records import ActorRecord, find_actor, list_actors
 from pagekv.actor.errors import ActorError, ActorNotFound
-from pagekv.actor.frozen import frozen_if_small
-from pagekv.actor.index import ActorRecord, find_actor, list_actors
-from pagekv.actor.inspect import open_index, read_namespace
-from pagekv.actor.kv_batches import scan
 from pagekv.actor.user_kv import USER_PREFIX
+from pagekv.actor.views import open_index, read_namespace
 from pagekv.kv import ActorKv, KvStore, prefix_end
+from pagekv.transfer.batches import scan
+from pagekv.transfer.snapshot import frozen_if_small
 from pagekv.vfs import Database
 
 USER_KV_TABLE: Final = "_pagekv_kv"

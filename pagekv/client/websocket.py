@@ -27,8 +27,8 @@ from websockets.exceptions import ConnectionClosed as SocketClosed
 from websockets.exceptions import InvalidHandshake
 from websockets.typing import Data, Subprotocol
 
-from pagekv.actor.client_connection import ActorConnection, ConnectionClosed, Event
-from pagekv.actor.connection import RECONNECT, CloseCode
+from pagekv.actor.realtime.client_connection import ActorConnection, ConnectionClosed, Event
+from pagekv.actor.realtime.connection import RECONNECT, CloseCode
 
 _ATTEMPTS = 20
 _FIRST_WAIT_S = 0.05

@@ -1,15 +1,21 @@
-"""What an actor's parts (`ctx`, `ctx.queue`, `ctx.schedule`) need from the live instance that
-holds them, as protocols: each part depends on these and not on `ActorInstance`, which creates
-the parts, so imports run one way (instance -> parts -> this)."""
+"""The protocols an actor's parts see the live instance through, so that imports run one way.
+
+- `ContextHost`, `QueueHost`, `ScheduleHost`, `HoldsDb`: what an actor's parts (`ctx`,
+  `ctx.queue`, `ctx.schedule`) need from the live instance that holds them; each part depends
+  on these and not on `ActorInstance`, which creates the parts (instance -> parts -> ports).
+
+Each has one implementation; they exist to break what would be an import circle, and state
+exactly what crosses it.
+"""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from pagekv.actor.connection import Connection
-from pagekv.actor.database import ActorDb
+from pagekv.actor.async_db import ActorDb
 from pagekv.actor.definition import ActorDefinition
+from pagekv.actor.realtime.connection import Connection
 
 
 class HoldsDb(Protocol):
