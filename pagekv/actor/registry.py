@@ -56,7 +56,8 @@ from pagekv.actor.errors import (
     UnknownActor,
 )
 from pagekv.actor.handles import CallsByName
-from pagekv.actor.instance import ActorInstance, NotServing
+from pagekv.actor.lifecycle.instance import ActorInstance
+from pagekv.actor.lifecycle.phase import NotServing
 from pagekv.actor.queue import prepare_message
 from pagekv.actor.realtime.client_connection import LocalConnection, Relay
 from pagekv.actor.realtime.connection import ConnectionLimits
@@ -249,7 +250,7 @@ class Registry:
         """Dispatch the due schedules of live instances, renew their leases, and put idle ones
         to sleep."""
         for instance in list(self._instances.values()):
-            if instance.next_due is not None and instance.next_due <= now:
+            if instance.lease.next_due is not None and instance.lease.next_due <= now:
                 self.spawn(instance.dispatch_due)
             if instance.lease_lapsing(now):
                 self.spawn(instance.renew_lease)
@@ -374,7 +375,7 @@ class Registry:
                 raise ActorExists(f"actor {name!r} with key {key!r} already exists")
             if namespace is None:
                 raise ActorNotFound(f"no actor {name!r} with key {key!r}")
-            await self._route(aid, via)  # just before the takeover (`ActorInstance._check_won`)
+            await self._route(aid, via)  # just before the takeover (`ActorInstance._take_lease`)
             instance = ActorInstance(self, definition, aid, key, namespace)
             try:
                 await instance.start(input, create=create)
@@ -388,7 +389,7 @@ class Registry:
                     raise
                 await self._await_owner(aid, instance.generation)
         self.counters["wakes"] += 1
-        for phase, ms in instance.metrics.items():
+        for phase, ms in instance.startup.metrics.items():
             # Counter holds any number; typeshed types its values as int only
             self.counters[f"{phase}_total"] += ms  # type: ignore[assignment]
         if instance.created or not recorded:
@@ -530,14 +531,14 @@ class Registry:
             del self._instances[instance.actor_id]
             self._drop_unused_lock(instance.actor_id)
         self.hub.stopped(instance.actor_id, how)
-        if how == "sleep" and instance.holding:
+        if how == "sleep" and instance.lease.holding:
             self.holds.keep(
                 instance.actor_id,
                 instance.definition.name,
                 instance.key,
                 instance.generation,
-                instance.released_due,
-                instance.published,
+                instance.lease.released_due,
+                instance.lease.published,
             )
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         self._stops_since_trim += 1
