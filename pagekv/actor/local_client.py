@@ -10,8 +10,7 @@ from pagekv.actor.errors import OwnedElsewhere
 from pagekv.actor.handles import CallsByName
 from pagekv.actor.realtime.client_connection import LocalConnection, Relay
 from pagekv.actor.realtime.hub import Hub
-from pagekv.actor.workflow.handle import WorkflowHandle
-from pagekv.actor.workflow.handle_registry import HandleRegistry, WorkflowInstance
+from pagekv.actor.workflow.handle import HandleRegistry, WorkflowHandle, WorkflowInstance
 
 
 class RemoteCalls(Relay, Protocol):
