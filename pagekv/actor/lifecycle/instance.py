@@ -39,7 +39,7 @@ from pagekv.actor.realtime.connection import Connection, calling_connection
 from pagekv.actor.request_writes import Writes, tracking_writes
 from pagekv.actor.schedule import Schedule
 from pagekv.actor.state import StateCell
-from pagekv.actor.tables.schema import encode_state
+from pagekv.actor.tables.sql import encode_state
 from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.runner import Runner
 from pagekv.kv import ActorKv

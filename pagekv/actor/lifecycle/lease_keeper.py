@@ -13,6 +13,7 @@ import anyio
 from pagekv.actor.async_db import ActorDb
 from pagekv.actor.blocking import Workers
 from pagekv.actor.directory.leases import Lease, Ownership
+from pagekv.actor.tables.sql import earliest_due
 from pagekv.kv import KvError
 
 T = TypeVar("T")
@@ -162,10 +163,7 @@ class LeaseKeeper:
 
     async def refresh(self) -> None:
         """Record the next due schedule here and in the actor's durable lease entry."""
-        rows = await self._db.locked(
-            lambda c: c.execute("SELECT min(due) FROM _pagekv_schedule").fetchall(), internal=True
-        )
-        self.next_due = cast(float | None, rows[0][0])
+        self.next_due = await self._db.locked(earliest_due, internal=True)
         await self.publish_wake()
 
     async def publish_wake(self) -> None:

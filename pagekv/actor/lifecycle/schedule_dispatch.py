@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import cbor2
 
@@ -13,6 +13,7 @@ from pagekv.actor.errors import STORAGE_ERRORS, ActorStopped, ActorTakenOver
 from pagekv.actor.lifecycle.instance_ports import ScheduleOwner
 from pagekv.actor.lifecycle.phase import StopState
 from pagekv.actor.schedule import WORKFLOW_WAKE, next_due
+from pagekv.actor.tables.sql import is_scheduled, schedule_done, schedules
 
 log = logging.getLogger("pagekv.actor")
 
@@ -39,38 +40,29 @@ class ScheduleDispatcher:
         actor_id, db = owner.actor_id, owner.ctx.db
         try:
             now = time.time()
-            due = await db.locked(
-                lambda c: cast(
-                    list[tuple[str, float, str, bytes, float | None]],
-                    c.execute(
-                        "SELECT id, due, action, args, every FROM _pagekv_schedule WHERE due <= ? "
-                        "ORDER BY due, id",
-                        (now,),
-                    ).fetchall(),
-                ),
-                internal=True,
-            )
-            for event_id, when, action, args, every in due:
+            due = await db.locked(lambda c: list(schedules(c, due_by=now)), internal=True)
+            for call in due:
                 if not await db.locked(
-                    partial(_still_scheduled, event_id=event_id, due=when), internal=True
+                    partial(is_scheduled, call_id=call.id, due=call.due), internal=True
                 ):
                     continue  # cancelled (or moved) by an event of this same round
                 try:
-                    if action == WORKFLOW_WAKE:
+                    if call.action == WORKFLOW_WAKE:
                         owner.start_run()
                     else:
-                        call_args = tuple(cbor2.loads(args))
-                        fn = owner.definition.resolve(action, call_args, {})
+                        call_args = tuple(cbor2.loads(call.args))
+                        fn = owner.definition.resolve(call.action, call_args, {})
                         await owner.call(fn, call_args, {}, answered=False)
                 except (ActorTakenOver, ActorStopped):
                     raise
                 except STORAGE_ERRORS as e:
-                    log.warning("actor %s: scheduled %s stays due: %s", actor_id, action, e)
+                    log.warning("actor %s: scheduled %s stays due: %s", actor_id, call.action, e)
                     return
                 except Exception:
-                    log.exception("actor %s: scheduled %s failed", actor_id, action)
+                    log.exception("actor %s: scheduled %s failed", actor_id, call.action)
                 await db.locked(
-                    partial(_settle, event_id=event_id, due=when, every=every), internal=True
+                    partial(_settle, event_id=call.id, due=call.due, every=call.every),
+                    internal=True,
                 )
             await owner.refresh_wake()
         except (ActorTakenOver, ActorStopped) as e:
@@ -81,19 +73,7 @@ class ScheduleDispatcher:
             self.dispatching = False
 
 
-def _still_scheduled(connection: Any, event_id: str, due: float) -> bool:
-    rows = connection.execute(
-        "SELECT 1 FROM _pagekv_schedule WHERE id = ? AND due = ?", (event_id, due)
-    ).fetchall()
-    return bool(rows)
-
-
 def _settle(connection: Any, event_id: str, due: float, every: float | None) -> None:
     """After a dispatch: drop a one-shot event, or move a recurring one to its next time."""
-    if every is None:
-        connection.execute("DELETE FROM _pagekv_schedule WHERE id = ? AND due = ?", (event_id, due))
-    else:
-        connection.execute(
-            "UPDATE _pagekv_schedule SET due = ? WHERE id = ? AND due = ?",
-            (next_due(due, every, time.time()), event_id, due),
-        )
+    then = None if every is None else next_due(due, every, time.time())
+    schedule_done(connection, event_id, due, then)

@@ -19,7 +19,8 @@ from pagekv.actor.errors import ActorNotFound, ActorTakenOver
 from pagekv.actor.lifecycle.instance_ports import InstanceHost
 from pagekv.actor.realtime.hub import Woken
 from pagekv.actor.state import StateCell
-from pagekv.actor.tables.schema import Loaded, encode_state, load, mark_initialized, migrate
+from pagekv.actor.tables.schema import migrate
+from pagekv.actor.tables.sql import Loaded, encode_state, load, mark_initialized
 from pagekv.kv import ActorKv, FenceMismatch
 from pagekv.vfs import Database, DatabaseDead, open_database
 
