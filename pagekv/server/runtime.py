@@ -18,7 +18,7 @@ from starlette.responses import Response
 from pagekv.actor import Registry
 from pagekv.actor import views as view
 from pagekv.actor.directory.leases import Forwarded
-from pagekv.actor.instance import ActorInstance
+from pagekv.actor.lifecycle.instance import ActorInstance
 from pagekv.kv import ActorKv, KvStore
 from pagekv.server.config import ServerConfig
 from pagekv.server.forward import Forwarder
