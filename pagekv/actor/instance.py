@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
-from typing import Any, Literal, Protocol, TypeVar, assert_never, cast
+from typing import Any, Literal, Protocol, TypeVar, assert_never
 
 import anyio
 import apsw
@@ -42,7 +42,16 @@ from pagekv.actor.realtime.hub import Hub
 from pagekv.actor.request_writes import Writes, note_writes, tracking_writes
 from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
-from pagekv.actor.tables.schema import encode_state, load, mark_initialized, migrate
+from pagekv.actor.tables.schema import migrate
+from pagekv.actor.tables.sql import (
+    earliest_due,
+    encode_state,
+    is_scheduled,
+    load,
+    mark_initialized,
+    schedule_done,
+    schedules,
+)
 from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.runner import Runner
 from pagekv.kv import ActorKv, FenceMismatch, KvError
@@ -743,10 +752,7 @@ class ActorInstance:
 
     async def refresh_wake(self) -> None:
         """Record the next due schedule here and in the actor's durable lease entry."""
-        rows = await self.ctx.db.locked(
-            lambda c: c.execute("SELECT min(due) FROM _pagekv_schedule").fetchall(), internal=True
-        )
-        self.next_due = cast(float | None, rows[0][0])
+        self.next_due = await self.ctx.db.locked(earliest_due, internal=True)
         await self.publish_wake()
 
     async def publish_wake(self) -> None:
@@ -811,38 +817,31 @@ class ActorInstance:
         self._dispatching = True
         try:
             now = time.time()
-            due = await self.ctx.db.locked(
-                lambda c: cast(
-                    list[tuple[str, float, str, bytes, float | None]],
-                    c.execute(
-                        "SELECT id, due, action, args, every FROM _pagekv_schedule WHERE due <= ? "
-                        "ORDER BY due, id",
-                        (now,),
-                    ).fetchall(),
-                ),
-                internal=True,
-            )
-            for event_id, when, action, args, every in due:
+            due = await self.ctx.db.locked(lambda c: list(schedules(c, due_by=now)), internal=True)
+            for call in due:
                 if not await self.ctx.db.locked(
-                    partial(_still_scheduled, event_id=event_id, due=when), internal=True
+                    partial(is_scheduled, call_id=call.id, due=call.due), internal=True
                 ):
                     continue  # cancelled (or moved) by an event of this same round
                 try:
-                    if action == WORKFLOW_WAKE:
+                    if call.action == WORKFLOW_WAKE:
                         self.start_run()
                     else:
-                        call_args = tuple(cbor2.loads(args))
-                        fn = self.definition.resolve(action, call_args, {})
+                        call_args = tuple(cbor2.loads(call.args))
+                        fn = self.definition.resolve(call.action, call_args, {})
                         await self.call(fn, call_args, {}, answered=False)
                 except (ActorTakenOver, ActorStopped):
                     raise
                 except STORAGE_ERRORS as e:
-                    log.warning("actor %s: scheduled %s stays due: %s", self.actor_id, action, e)
+                    log.warning(
+                        "actor %s: scheduled %s stays due: %s", self.actor_id, call.action, e
+                    )
                     return
                 except Exception:
-                    log.exception("actor %s: scheduled %s failed", self.actor_id, action)
+                    log.exception("actor %s: scheduled %s failed", self.actor_id, call.action)
                 await self.ctx.db.locked(
-                    partial(_settle, event_id=event_id, due=when, every=every), internal=True
+                    partial(_settle, event_id=call.id, due=call.due, every=call.every),
+                    internal=True,
                 )
             await self.refresh_wake()
         except (ActorTakenOver, ActorStopped) as e:
@@ -991,19 +990,7 @@ def _fenced_off(error: BaseException) -> bool:
     return False
 
 
-def _still_scheduled(connection: Any, event_id: str, due: float) -> bool:
-    rows = connection.execute(
-        "SELECT 1 FROM _pagekv_schedule WHERE id = ? AND due = ?", (event_id, due)
-    ).fetchall()
-    return bool(rows)
-
-
 def _settle(connection: Any, event_id: str, due: float, every: float | None) -> None:
     """After a dispatch: drop a one-shot event, or move a recurring one to its next time."""
-    if every is None:
-        connection.execute("DELETE FROM _pagekv_schedule WHERE id = ? AND due = ?", (event_id, due))
-    else:
-        connection.execute(
-            "UPDATE _pagekv_schedule SET due = ? WHERE id = ? AND due = ?",
-            (next_due(due, every, time.time()), event_id, due),
-        )
+    then = None if every is None else next_due(due, every, time.time())
+    schedule_done(connection, event_id, due, then)

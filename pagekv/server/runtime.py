@@ -99,7 +99,7 @@ class Runtime(StoreView):
         return await self.forwarder.route(request, body, serve)
 
     async def locate(self, name: str, key: str) -> None:
-        await self.registry.locate(name, key)
+        await self.registry.placement.locate(name, key)
 
 
 def store_view(request: Request) -> StoreView:

@@ -8,7 +8,7 @@ entries, which live beside the database in its namespace, are added as the table
 `_pagekv_kv(key, value)` (only when it has some), which `import_actor` moves back.
 
 An export never takes the actor over and never writes, so it is safe beside a live instance in
-this process or another. An actor of up to 256 MiB is read in one `list` (`frozen.py`): its
+this process or another. An actor of up to 256 MiB is read in one `list` (`snapshot.py`): its
 database and `ctx.kv` entries as they were at one instant, whatever a writer does meanwhile. A
 bigger one is read through a snapshot as the backup asks, and a writer that rewrites a page in
 place before the snapshot read it overtakes it: the export then starts again on a fresh snapshot

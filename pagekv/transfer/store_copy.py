@@ -2,18 +2,18 @@
 into another store, e.g. from the embedded `file:` store to PostgreSQL.
 
 **What is copied.** Each namespace entry by entry (its database's pages, deltas, head and
-hints, and its `ctx.kv` entries), read `kv_batches.READ_ROWS` entries a `list` and written in
+hints, and its `ctx.kv` entries), read `batches.READ_ROWS` entries a `list` and written in
 batches the destination's limits accept, fenced by a takeover of the destination namespace.
 Chunks and base pages carry the generation of the writer that wrote them, and a reader refuses
 one later than its own, so they are stamped with the destination's generation on the way
 (`restamp`: no CRC covers it). The registry's index is not copied entry by entry either: its
 keys name the generations of the source. Each actor gets, at the destination, its record (with
 its creation time) and a lease entry with no owner that keeps the source's wake time
-(`index_entries.enroll`), under the generation its data was written with; the member entries of
+(`enroll.enroll`), under the generation its data was written with; the member entries of
 the source's registries are not copied.
 
 **Consistency.** A namespace of up to 64 MiB is read in one `list`, which every backend
-answers from one state (`frozen.py`): its database and `ctx.kv` entries as they were at one
+answers from one state (`snapshot.py`): its database and `ctx.kv` entries as they were at one
 instant. A bigger one is read in several, so it is copied whole only if it did not change
 meanwhile: its fingerprint is read before and after (its generation, which a wake changes; its
 head record, which every commit and compaction rewrites; and a digest of its entries outside
@@ -25,7 +25,7 @@ all if it stores up to `FROZEN_MAX_BYTES` (one such namespace in memory at a tim
 committed state of its database; its `ctx.kv` entries read after it). A writer rewriting pages
 in place can overtake such a snapshot too (`SnapshotExpired`, after `SNAPSHOT_ATTEMPTS`): the
 copy then fails, naming the namespace, and the next run copies it again. A source that is
-served is refused (a registry's live member entry, `ownership.py`) unless `allow_live`: then
+served is refused (a registry's live member entry, `directory/leases.py`) unless `allow_live`: then
 the actors that changed after their copy are reported (`CopyResult.changed`).
 
 **Resuming.** The destination's registry namespace holds a marker of the copy and, per copied
@@ -87,7 +87,7 @@ COPY_PREFIX: Final = b"copy/"
 RAW_ATTEMPTS: Final = 3
 """Copies of a changing namespace entry by entry before it is copied from a snapshot."""
 FROZEN_COPY_BYTES: Final = 64 * 2**20
-"""Namespaces up to this many stored bytes are read in one `list` (`frozen.py`): one
+"""Namespaces up to this many stored bytes are read in one `list` (`snapshot.py`): one
 consistent state, whatever writes them meanwhile (`THREADS` of them in memory at most)."""
 THREADS: Final = 4
 """Namespaces copied at once: a remote store's round trips overlap."""

@@ -657,12 +657,12 @@ async def test_the_registry_forgets_the_locks_of_actors_not_awake() -> None:
         for i in range(50):
             with pytest.raises(ActorNotFound):
                 await client.get("napper", f"missing-{i}").nap()
-        assert registry._locks == {}
+        assert registry.placement._locks == {}
         await client.get_or_create("napper", "k").nap()
         with anyio.fail_after(10):
             while registry.live():
                 await anyio.sleep(0.01)
-        assert registry._locks == {}
+        assert registry.placement._locks == {}
 
 
 async def test_keys_are_distinct_actors() -> None:

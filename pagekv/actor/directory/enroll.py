@@ -2,7 +2,7 @@
 an import or a copy that has just written the actor's data as generation `generation` of its
 namespace (`enroll`).
 
-The same entries a registry writes (`index.py`, `ownership.py`): the record of the actor, and
+The same entries a registry writes (`records.py`, `leases.py`): the record of the actor, and
 its lease entry with no owner and the time it must run next (with its due entry), so that the
 wake poll of any registry of the store wakes it on time for a schedule or an unfinished
 workflow. All of them go in one batch (with older generations' lease entries deleted in it),

@@ -1,7 +1,7 @@
 """Connections: clients attached to an actor over a socket, with state, subscriptions and events.
 
-A connection outlives the instance it attached to: the registry's hub (`hub.py`) keeps it, and
-its transport (a WebSocket, or an in-process queue), while the actor sleeps, and the next
+A connection outlives the instance it attached to: the registry's hub (`realtime/hub.py`) keeps it,
+and its transport (a WebSocket, or an in-process queue), while the actor sleeps, and the next
 instance restores its state and subscriptions from the actor's database (`_pagekv_connections`).
 Events are pushed, never persisted: one sent while a client is cut off is lost to it.
 

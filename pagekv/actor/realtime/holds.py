@@ -1,13 +1,13 @@
 """Leases kept for sleeping actors whose sockets this process holds.
 
-A hibernating actor sleeps, but its sockets stay open here, and only this process's hub can push
-its events to them (`hub.py`). Were its lease released, the next call arriving at another server,
-or another server's poll finding a schedule due, would wake it there: that instance would take
-the sockets' rows for connections gone, run `on_disconnect` for them and delete the rows, and
+A hibernating actor sleeps, but its sockets stay open here, and only this process's hub can push its
+events to them (`realtime/hub.py`). Were its lease released, the next call arriving at another
+server, or another server's poll finding a schedule due, would wake it there: that instance would
+take the sockets' rows for connections gone, run `on_disconnect` for them and delete the rows, and
 its broadcasts would never reach them. So an actor that goes to sleep with connections open here
-keeps its lease (`ActorInstance._release_wake`): every registry that routes forwards its calls
-here, and only this registry's poll wakes it for a due schedule (another's finds the lease and
-leaves it), so it wakes where its sockets are.
+keeps its lease (`ActorInstance._release_wake`): every registry that routes forwards its calls here,
+and only this registry's poll wakes it for a due schedule (another's finds the lease and leaves it),
+so it wakes where its sockets are.
 
 Invariants:
 - a hold exists only while the actor has no live instance here; a wake here replaces it (its
@@ -20,7 +20,7 @@ Invariants:
   whether a newer generation took the actor over; if one did, the wake elsewhere reaped the
   rows of these connections, so the caller closes them (`MOVED`) and their clients reconnect
   to where the actor runs. A stale renewal can only write its own, older generation's entry,
-  which no registry believes over the newer one (`ownership.py`).
+  which no registry believes over the newer one (`directory/leases.py`).
 """
 
 from __future__ import annotations

@@ -27,6 +27,15 @@ import cbor2
 from pagekv.actor.async_db import ActorDb
 from pagekv.actor.queue import Message
 from pagekv.actor.schedule import WORKFLOW_WAKE
+from pagekv.actor.tables.sql import (
+    QueueMessage,
+    ScheduledCall,
+    queue_delete,
+    queue_messages,
+    schedule_cancel,
+    schedule_due,
+    schedule_put,
+)
 from pagekv.actor.workflow.context import (
     INFRASTRUCTURE,
     RollbackStop,
@@ -62,6 +71,8 @@ _CODE_ERRORS = (HistoryDiverged, EntryInProgress, RollbackCheckpointError)
 """The code does not fit its history: the workflow fails, and is tried again on the next wake
 (a deploy with `wf.removed(...)` may have fixed it); detected before any side effect."""
 _KEEP = object()
+_NO_ARGS = cbor2.dumps([])
+"""The arguments of the wake row (it calls no action)."""
 
 
 @dataclass(frozen=True)
@@ -247,12 +258,11 @@ class Runner:
         read here, so branches changing the history meanwhile share nothing with this thread."""
         batch.write(connection)
         if wake is None:
-            connection.execute("DELETE FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,))
+            schedule_cancel(connection, WORKFLOW_WAKE)
         elif wake is not _KEEP:
-            connection.execute(
-                "INSERT OR REPLACE INTO _pagekv_schedule VALUES (?, ?, ?, ?, NULL, ?)",
-                (WORKFLOW_WAKE, wake, WORKFLOW_WAKE, cbor2.dumps([]), time.time()),
-            )
+            due = cast(float, wake)
+            call = ScheduledCall(WORKFLOW_WAKE, due, WORKFLOW_WAKE, _NO_ARGS, None, time.time())
+            schedule_put(connection, call)
 
     async def flush(self) -> None:
         """Make the pending history durable now (no-op if nothing changed)."""
@@ -322,13 +332,13 @@ class Runner:
                     return None  # another branch took them meanwhile
                 records = [
                     {
-                        "id": i,
-                        "name": n,
-                        "body": cbor2.loads(b),
-                        "created": c,
+                        "id": r.id,
+                        "name": r.name,
+                        "body": cbor2.loads(r.body),
+                        "created": r.created,
                         "completed": not completable,
                     }
-                    for i, n, b, c in rows
+                    for r in rows
                 ]
                 data = {**entry.data, "messages": records, "completable": completable}
                 staged.append(entry.settled(data=data))
@@ -342,19 +352,10 @@ class Runner:
 
     def _select(
         self, names: Sequence[str] | None, count: int
-    ) -> Callable[[apsw.Connection], list[tuple[Any, ...]]]:
+    ) -> Callable[[apsw.Connection], list[QueueMessage]]:
         """The query for up to `count` messages (of `names`) not held, as the held set is now."""
-        where = "1"
-        params: list[int | str] = []
-        if self._held:
-            where += f" AND id NOT IN ({','.join('?' * len(self._held))})"
-            params += sorted(self._held)
-        if names is not None:
-            where += f" AND name IN ({','.join('?' * len(names))})"
-            params += list(names)
-        params.append(count)
-        sql = f"SELECT id, name, body, created FROM _pagekv_queue WHERE {where} ORDER BY id LIMIT ?"
-        return lambda connection: connection.execute(sql, params).fetchall()
+        skip = sorted(self._held)
+        return lambda c: list(queue_messages(c, limit=count, names=names, skip=skip))
 
     async def return_messages(self, gone: Sequence[Entry], kept: Sequence[Entry] = ()) -> None:
         """Commit the pending history (a race's losers deleted, or `kept` for their rollback
@@ -376,7 +377,7 @@ class Runner:
                     continue
                 if not entry.data.get("completable"):
                     body = cbor2.dumps(record["body"])
-                    rows.append((record["id"], record["name"], body, record["created"]))
+                    rows.append(QueueMessage(record["id"], record["name"], body, record["created"]))
                 elif not record["completed"]:
                     self._held.discard(record["id"])
                 record["returned"] = True
@@ -411,10 +412,7 @@ class Runner:
         entry = self.history.entries[location]
         message_id = entry.data["messages"][index]["id"]
         async with self.transaction() as staged:
-            await self.db.run(
-                lambda c: c.execute("DELETE FROM _pagekv_queue WHERE id = ?", (message_id,)),
-                internal=True,
-            )
+            await self.db.run(lambda c: queue_delete(c, [message_id]), internal=True)
             data = copy.deepcopy(entry.data)
             data["messages"][index]["completed"] = True
             staged.append(replace(entry, data=data))
@@ -521,21 +519,15 @@ class Runner:
 
 
 def _take_rows(
-    connection: apsw.Connection, rows: list[tuple[Any, ...]], completable: bool
-) -> list[tuple[Any, ...]]:
+    connection: apsw.Connection, rows: list[QueueMessage], completable: bool
+) -> list[QueueMessage]:
     if not completable:
-        connection.executemany("DELETE FROM _pagekv_queue WHERE id = ?", [(r[0],) for r in rows])
+        queue_delete(connection, [r.id for r in rows])
     return rows
 
 
 def _load(connection: apsw.Connection) -> tuple[History, float | None]:
-    row = cast(
-        list[tuple[float]],
-        connection.execute(
-            "SELECT due FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,)
-        ).fetchall(),
-    )
-    return History.load(connection), row[0][0] if row else None
+    return History.load(connection), schedule_due(connection, WORKFLOW_WAKE)
 
 
 def _error(error: BaseException, *, code_error: bool = False) -> dict[str, Any]:

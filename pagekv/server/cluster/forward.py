@@ -135,7 +135,7 @@ class Forwarder:
             if isinstance(outcome, Response):
                 self._registry.counters["forwarded"] += 1
                 return outcome
-            self._registry.forget_owner(aid)
+            self._registry.placement.forget_owner(aid)
             if time.monotonic() + pause > deadline:
                 lease = max(0.0, owner.until - time.time())
                 log.warning(

@@ -26,7 +26,7 @@ URL at start.
 
 The proof says "holds the cluster secret", not "is the registry the lease named": a server
 restarted at the owner's address serves the calls meant for the registry that died there
-(`Registry._route`), so an answer from it is the actor's answer too. The secret is never
+(`Placement._route`), so an answer from it is the actor's answer too. The secret is never
 logged nor shown.
 """
 
