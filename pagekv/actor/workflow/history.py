@@ -25,7 +25,7 @@ import enum
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 import cbor2
@@ -45,25 +45,12 @@ from pagekv.actor.tables.sql import (
     read_workflow_outcome,
 )
 from pagekv.actor.workflow.errors import WorkflowFormatError
+from pagekv.actor.workflow.payloads import Kind, Payload, StepDone, decode, encode
 
+P = TypeVar("P", bound=Payload)
 FORMAT_VERSION = 2
-"""The encoding of entries in `_pagekv_workflow_history`; a newer one is refused. Version 2 added
-`iteration` entries (version 1 histories read as they are)."""
-
-
-class Kind(enum.StrEnum):
-    STEP = "step"
-    LOOP = "loop"
-    SLEEP = "sleep"
-    MESSAGE = "message"
-    ROLLBACK_CHECKPOINT = "rollback_checkpoint"
-    JOIN = "join"
-    RACE = "race"
-    REMOVED = "removed"
-    VERSION_CHECK = "version_check"
-    ITERATION = "iteration"
-    """The state a finished loop iteration holding a step with a rollback handler started with,
-    at the iteration's own scope location: what a rollback replays that iteration from."""
+"""The encoding of entries in `_pagekv_workflow_history` (their payloads: `payloads`); a newer
+one is refused. Version 2 added `iteration` entries (version 1 histories read as they are)."""
 
 
 class Status(enum.StrEnum):
@@ -97,7 +84,7 @@ class Entry:
     """Creation order, unique; replay-from-step deletes an entry and every later one."""
     name: str
     kind: Kind
-    data: dict[str, Any]
+    data: Payload
     status: Status = Status.PENDING
     attempts: int = 0
     error: str | None = None
@@ -106,6 +93,15 @@ class Entry:
     completed: float | None = None
     rollback_completed: float | None = None
     rollback_error: str | None = None
+
+    def payload(self, expected: type[P]) -> P:
+        """`data` as the payload type its kind records; `WorkflowFormatError` if it is not."""
+        if not isinstance(self.data, expected):
+            raise WorkflowFormatError(
+                f"the {self.kind.value} entry {self.name!r} holds a {type(self.data).__name__}, "
+                f"not a {expected.__name__}"
+            )
+        return self.data
 
     def settled(self, **changes: Any) -> Entry:
         """A completed copy (the original stays as it is until the copy is committed)."""
@@ -211,7 +207,7 @@ class History:
             self._pending_names.append((idx, name))
         return idx
 
-    def new_entry(self, location: str, name: str, kind: Kind, data: dict[str, Any]) -> Entry:
+    def new_entry(self, location: str, name: str, kind: Kind, data: Payload) -> Entry:
         """A fresh entry, not yet recorded (put it, or stage it with a transaction)."""
         entry = Entry(location, self.next_seq, name, kind, data)
         self.next_seq += 1
@@ -230,9 +226,9 @@ class History:
         return [
             e
             for e in self.within(low, high)
-            if e.kind is Kind.STEP
+            if isinstance(e.data, StepDone)
+            and e.data.undoable
             and e.status is Status.COMPLETED
-            and e.data.get("rollback")
             and e.rollback_completed is None
         ]
 
@@ -375,7 +371,7 @@ def _row(entry: Entry) -> HistoryRow:
         entry.seq,
         entry.name,
         entry.kind.value,
-        cbor2.dumps(entry.data),
+        cbor2.dumps(encode(entry.data)),
         entry.status.value,
         entry.attempts,
         entry.error,
@@ -394,7 +390,7 @@ def _entry(row: HistoryRow) -> Entry:
         row.seq,
         row.name,
         kind,
-        cbor2.loads(row.data),
+        decode(kind, cbor2.loads(row.data)),
         Status(row.status),
         row.attempts,
         row.error,
@@ -442,7 +438,7 @@ def describe(connection: apsw.Connection) -> dict[str, Any] | None:
                 "completed": e.completed,
                 "rollback_completed": e.rollback_completed,
                 "rollback_error": e.rollback_error,
-                "data": e.data,
+                "data": encode(e.data),
             }
             for e in sorted(history.entries.values(), key=lambda e: e.seq)
         ],

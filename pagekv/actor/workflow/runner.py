@@ -54,7 +54,6 @@ from pagekv.actor.workflow.errors import (
 from pagekv.actor.workflow.history import (
     Entry,
     History,
-    Kind,
     PendingWrite,
     Status,
     WorkflowState,
@@ -63,6 +62,15 @@ from pagekv.actor.workflow.history import (
     subtree_range,
 )
 from pagekv.actor.workflow.hosts import RunHost
+from pagekv.actor.workflow.payloads import (
+    PENDING_BRANCH,
+    Join,
+    Kind,
+    Messages,
+    Race,
+    ReceivedMessage,
+    StepDone,
+)
 from pagekv.actor.workflow.step import RollbackFn, StepContext
 
 WorkflowFn = Callable[[WorkflowContext], Awaitable[Any]]
@@ -104,11 +112,11 @@ class Runner:
         """Read the history; only while the run handler is not running (it owns `history`)."""
         self.history, self._wake_due = await self.db.locked(_load, internal=True)
         self._held = {
-            m["id"]
+            m.id
             for e in self.history.entries.values()
-            if e.kind is Kind.MESSAGE and e.data.get("completable")
-            for m in e.data["messages"]
-            if not m["completed"] and not m.get("returned")
+            if isinstance(e.data, Messages) and e.data.completable
+            for m in e.data.messages
+            if not m.completed and not m.returned
         }
         self.loaded = True
 
@@ -210,7 +218,7 @@ class Runner:
             step_ctx = StepContext(self.instance.ctx, entry.name, 1)
             try:
                 async with self.transaction() as staged:
-                    await handler(step_ctx, entry.data.get("output"))
+                    await handler(step_ctx, entry.payload(StepDone).output)
                     staged.append(replace(entry, rollback_completed=time.time()))
             except INFRASTRUCTURE:
                 raise
@@ -302,7 +310,7 @@ class Runner:
             batch = await self._take(entry, names, count, completable)
             if batch is not None:
                 return batch
-            deadline = entry.data["deadline"]
+            deadline = entry.payload(Messages).deadline
             if deadline is not None and time.time() >= deadline:
                 entry.status, entry.completed = Status.COMPLETED, time.time()
                 self.history.put(entry)
@@ -330,20 +338,16 @@ class Runner:
                 )
                 if not rows:
                     return None  # another branch took them meanwhile
-                records = [
-                    {
-                        "id": r.id,
-                        "name": r.name,
-                        "body": cbor2.loads(r.body),
-                        "created": r.created,
-                        "completed": not completable,
-                    }
+                records = tuple(
+                    ReceivedMessage(r.id, r.name, cbor2.loads(r.body), r.created, not completable)
                     for r in rows
-                ]
-                data = {**entry.data, "messages": records, "completable": completable}
-                staged.append(entry.settled(data=data))
+                )
+                received = replace(
+                    entry.payload(Messages), messages=records, completable=completable
+                )
+                staged.append(entry.settled(data=received))
                 if completable:
-                    taken = {r["id"] for r in records}
+                    taken = {r.id for r in records}
                     self._held |= taken
         except BaseException:
             self._held -= taken
@@ -369,53 +373,55 @@ class Runner:
         deletion writes them too."""
         rows = []
         for entry in [*gone, *kept]:
-            if entry.kind is not Kind.MESSAGE or not entry.data.get("messages"):
+            if not isinstance(entry.data, Messages) or not entry.data.messages:
                 continue
-            data = copy.deepcopy(entry.data)
-            for record in data["messages"]:
-                if record.get("returned"):
+            received, marked = entry.data, []
+            for record in received.messages:
+                if record.returned:
+                    marked.append(record)
                     continue
-                if not entry.data.get("completable"):
-                    body = cbor2.dumps(record["body"])
-                    rows.append(QueueMessage(record["id"], record["name"], body, record["created"]))
-                elif not record["completed"]:
-                    self._held.discard(record["id"])
-                record["returned"] = True
+                if not received.completable:
+                    body = cbor2.dumps(record.body)
+                    rows.append(QueueMessage(record.id, record.name, body, record.created))
+                elif not record.completed:
+                    self._held.discard(record.id)
+                marked.append(replace(record, returned=True))
             if entry in kept:
-                self.history.put(replace(entry, data=data))
+                self.history.put(replace(entry, data=replace(received, messages=tuple(marked))))
         self.history.give_back(rows)
         await self.flush()
         if rows or any(e.kind is Kind.MESSAGE for e in [*gone, *kept]):
             self.instance.ctx.queue.notify()
 
     def messages(self, entry: Entry) -> list[Message]:
-        completable = entry.data.get("completable", False)
+        received = entry.payload(Messages)
         return [
             Message(
-                record["id"],
-                record["name"],
-                record["body"],
-                record["created"],
+                record.id,
+                record.name,
+                record.body,
+                record.created,
                 _complete=(
                     _done
-                    if record["completed"] or record.get("returned") or self.rollback_mode
+                    if record.completed or record.returned or self.rollback_mode
                     else partial(self._complete, entry.location, index)
                 )
-                if completable
+                if received.completable
                 else None,
             )
-            for index, record in enumerate(entry.data["messages"])
+            for index, record in enumerate(received.messages)
         ]
 
     async def _complete(self, location: str, index: int) -> None:
         """Delete a completable message and mark it completed in its entry, in one commit."""
         entry = self.history.entries[location]
-        message_id = entry.data["messages"][index]["id"]
+        received = entry.payload(Messages)
+        messages = list(received.messages)
+        message_id = messages[index].id
         async with self.transaction() as staged:
             await self.db.run(lambda c: queue_delete(c, [message_id]), internal=True)
-            data = copy.deepcopy(entry.data)
-            data["messages"][index]["completed"] = True
-            staged.append(replace(entry, data=data))
+            messages[index] = replace(messages[index], completed=True)
+            staged.append(replace(entry, data=replace(received, messages=tuple(messages))))
         self._held.discard(message_id)
 
     # -- handle operations ------------------------------------------------------------------
@@ -477,7 +483,7 @@ class Runner:
         winner: it is run again from that point, its losers from their start."""
         names = {idx: name for name, idx in self.history.names.items()}
         for entry in list(self.history.entries.values()):
-            if entry.kind not in (Kind.JOIN, Kind.RACE):
+            if not isinstance(entry.data, Join | Race):
                 continue
             prefix = entry.location + "/"
             segments = {
@@ -487,12 +493,13 @@ class Runner:
             if not branches:
                 continue
             data = copy.deepcopy(entry.data)
-            for branch in branches & set(data["branches"]):
-                data["branches"][branch] = {"status": Status.PENDING.value}
-            if entry.kind is Kind.RACE:
-                data["winner"] = None
-                for loser, status in data["branches"].items():
-                    if status.pop("kept", False):
+            for branch in set(data.branches) & branches:
+                data.branches[branch] = PENDING_BRANCH
+            if isinstance(data, Race):
+                data.winner = None
+                for loser, status in data.branches.items():
+                    if status.kept:
+                        data.branches[loser] = replace(status, kept=False)
                         index = self.history.names[loser]
                         self.history.delete_range(*subtree_range(child(entry.location, index)))
             self.history.put(replace(entry, data=data, status=Status.PENDING, completed=None))
