@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
 
 import anyio
 
@@ -138,12 +137,10 @@ class RunHandler:
             with scope:
                 if not owner.serving() or self._stops.requested is not None:
                     return
-                run: Awaitable[Any] = (
-                    owner.workflow.run()
-                    if owner.workflow is not None
-                    else self._definition.hooks["run"](owner.ctx)
-                )
-                await run
+                if owner.workflow is not None:
+                    await owner.workflow.run()
+                else:
+                    await self._definition.hooks["run"](owner.ctx)
                 await owner.ctx.db.save_state()
                 self._done = True
         except ActorTakenOver as e:
