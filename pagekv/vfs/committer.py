@@ -172,7 +172,8 @@ class Committer:
         shrunk, the pages fit one batch, and every page past the base pages is among them (the
         base pages must be contiguous, and a commit only writes pages below its EOF). The batch
         is atomic and fenced like any commit; only readers of an older head see the difference,
-        and a base page newer than their head's `compacted` is refused by the reader."""
+        and a base page newer than their head's `compacted` is refused by the reader.
+        (Package-internal: a test checks the rule on its own.)"""
         head = self._reader.head
         transaction = self._transaction
         if (

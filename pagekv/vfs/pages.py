@@ -47,11 +47,11 @@ class PageStore:
     SQLite calls it from one thread at a time, but `Database.compact()` and `metrics()` may come
     from any thread, so the methods they and the file call take `_lock` (`has_pending` and
     `needs_compaction` expect it held, or only read), and the pieces, which are not thread-safe,
-    are only called with it held: the lock guards all their state and this class's (`hints`,
-    `counters`). The lock is `librt`'s, not `threading`'s: compiled, a
-    `with` block on it costs about 20 ns instead of 260 (an `RLock`), and a commit takes it
-    several times. It is not reentrant, which is why `finish_commit` calls `_sync` and
-    `_compact`, never `sync` and `compact`.
+    are only called with it held: `_lock` guards all their state and this class's (`hints`,
+    `counters`). It is `librt`'s lock, not `threading`'s: compiled, a `with` block on it costs
+    about 20 ns instead of 260 (an `RLock`), and a commit takes it several times. It is not
+    reentrant, which is why `finish_commit` calls `_sync` and `_compact`, never `sync` and
+    `compact`.
 
     `reader`, `transaction`, `committer` and `health` are package-internal (`file.py`,
     `database.py` and the tests reach them); `kv`, `generation`, `read_only`, `options` and
