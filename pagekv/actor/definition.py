@@ -155,7 +155,7 @@ class ActorDefinition:
 
     def on_disconnect(self, fn: F) -> F:
         """`async def (ctx, conn)`: a connection closed; once per connection, wherever the
-        actor runs then (see `pagekv.actor.hub`)."""
+        actor runs then (see `pagekv.actor.realtime.hub`)."""
         return self._hook("on_disconnect", fn)
 
     def on_request(self, fn: F) -> F:

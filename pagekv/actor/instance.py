@@ -12,20 +12,22 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
-from typing import Any, Literal, TypeVar, assert_never, cast
+from typing import Any, Literal, Protocol, TypeVar, assert_never, cast
 
 import anyio
 import apsw
 import cbor2
 
 from pagekv.actor import call_chain
-from pagekv.actor.connection import Connection, calling_connection
+from pagekv.actor.async_db import ActorDb, noting_rollbacks
+from pagekv.actor.blocking import Workers
 from pagekv.actor.context import ActorContext
-from pagekv.actor.database import ActorDb, noting_rollbacks
 from pagekv.actor.definition import ActorDefinition, Hook
+from pagekv.actor.directory.leases import Lease, Ownership
 from pagekv.actor.errors import (
     STORAGE_ERRORS,
     ActorNotFound,
@@ -34,15 +36,15 @@ from pagekv.actor.errors import (
     CallCutOff,
 )
 from pagekv.actor.gate import Gate
-from pagekv.actor.host import InstanceHost
-from pagekv.actor.internal import encode_state, load, mark_initialized, migrate
-from pagekv.actor.ownership import Lease
 from pagekv.actor.queue import Outgoing, Queue
+from pagekv.actor.realtime.connection import Connection, calling_connection
+from pagekv.actor.realtime.hub import Hub
+from pagekv.actor.request_writes import Writes, note_writes, tracking_writes
 from pagekv.actor.schedule import WORKFLOW_WAKE, Schedule, next_due
 from pagekv.actor.state import StateCell
+from pagekv.actor.tables.schema import encode_state, load, mark_initialized, migrate
 from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.runner import Runner
-from pagekv.actor.writes import Writes, note_writes, tracking_writes
 from pagekv.kv import ActorKv, FenceMismatch, KvError
 from pagekv.vfs import DatabaseDead, open_database
 
@@ -74,6 +76,33 @@ class Phase(enum.Enum):
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
+
+
+class InstanceHost(Protocol):
+    """What an instance needs from the registry that hosts it: the instance depends on this and
+    not on the registry, which creates and addresses instances (so imports run one way)."""
+
+    lease: float
+    """Seconds an instance's lease on its actor runs from each renewal."""
+    counters: Counter[str]
+    ownership: Ownership
+    workers: Workers
+    """Where the instance's blocking work runs (its KV requests and SQLite work)."""
+    hub: Hub
+    """The process's open connections, which outlive instances (hibernation)."""
+
+    def client(self) -> Any:
+        """A client of the registry's actors (`ctx.client`)."""
+
+    def holds_sockets(self, aid: str) -> bool:
+        """Whether an instance of `aid` going to sleep keeps its lease, for the sockets this
+        process holds (`realtime/holds.py`)."""
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run `fn(*args)` in the background; its failure is logged."""
+
+    async def forget(self, instance: Any, *, how: str, destroyed: bool) -> None:
+        """The instance stopped (`how`); `destroyed`: its data is gone."""
 
 
 class ActorInstance:
@@ -123,7 +152,8 @@ class ActorInstance:
         0 once it gives the lease up to sleep (see `_lease_target`)."""
         self._publishing = anyio.Lock()
         self.holding = False
-        """It went to sleep keeping its lease, for the sockets this process holds (`holds.py`)."""
+        """It went to sleep keeping its lease, for the sockets this process holds
+        (`realtime/holds.py`)."""
         self.released_due: float | None = None
         """The next run it published as it went to sleep."""
         self._stopping: Stop | None = None

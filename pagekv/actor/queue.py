@@ -19,7 +19,7 @@ import anyio
 import cbor2
 
 from pagekv.actor.errors import ActorError
-from pagekv.actor.part_hosts import QueueHost
+from pagekv.actor.ports import QueueHost
 
 MAX_MESSAGES = 1000
 MAX_MESSAGE_BYTES = 64 * 1024

@@ -34,10 +34,18 @@ import anyio
 from anyio.abc import TaskGroup
 
 from pagekv.actor import call_chain
-from pagekv.actor.calls_by_name import CallsByName
-from pagekv.actor.client_connection import LocalConnection, Relay
-from pagekv.actor.connection import ConnectionLimits
+from pagekv.actor.blocking import THREADS, Workers, never_waits, release_free_memory
 from pagekv.actor.definition import ActorDefinition
+from pagekv.actor.directory.leases import LEASE_S, Forwarded, Member, Owner, Ownership, Sleeper
+from pagekv.actor.directory.records import (
+    REGISTRY_NAMESPACE,
+    ActorRecord,
+    actor_id,
+    delete_records_up_to,
+    encode_record,
+    record_key,
+    records_of,
+)
 from pagekv.actor.errors import (
     ActorExists,
     ActorNotFound,
@@ -47,31 +55,18 @@ from pagekv.actor.errors import (
     OwnedElsewhere,
     UnknownActor,
 )
-from pagekv.actor.holds import Holds
-from pagekv.actor.hub import Hub
-from pagekv.actor.index import (
-    ActorRecord,
-    actor_id,
-    delete_records_up_to,
-    encode_record,
-    record_key,
-    records_of,
-)
+from pagekv.actor.handles import CallsByName
 from pagekv.actor.instance import ActorInstance, NotServing
-from pagekv.actor.ownership import Forwarded, Member, Owner, Ownership, Sleeper
 from pagekv.actor.queue import prepare_message
-from pagekv.actor.workers import THREADS, Workers, never_waits, release_free_memory
+from pagekv.actor.realtime.client_connection import LocalConnection, Relay
+from pagekv.actor.realtime.connection import ConnectionLimits
+from pagekv.actor.realtime.holds import Holds
+from pagekv.actor.realtime.hub import Hub
 from pagekv.actor.workflow.handle import WorkflowHandle
 from pagekv.kv import DEFAULT_URL, ActorKv, KvStore, open_kv
 
-REGISTRY_NAMESPACE = "pagekv-registry"
 _IDLE_CHECK_S = 0.05
 _WAKE_POLL_S = 0.5
-LEASE_S = 10.0
-"""Default lease of an awake actor's owner (`ownership.py`): other registries forward calls to
-the owner while it runs and take the actor over once it ran out, so it is also how late, at
-most, an actor whose process died is served elsewhere and runs its schedules. The owner renews
-it with half of it to go. It must exceed twice the clock difference between hosts."""
 _CALL_ATTEMPTS = 3
 """Wakes a call may take when an instance stops before the call reaches it (e.g. its run
 handler crashed right after the wake)."""
@@ -723,7 +718,7 @@ class ActorHandle(CallsByName):
 
     def connect(self, params: Any = None) -> LocalConnection:
         """A connection to the actor (`async with handle.connect(params) as conn`): actions,
-        subscriptions and events (`pagekv.actor.client_connection`)."""
+        subscriptions and events (`pagekv.actor.realtime.client_connection`)."""
         return LocalConnection(
             self._registry.hub,
             self.name,

@@ -21,7 +21,7 @@ from typing import Any, cast
 import cbor2
 
 from pagekv.actor.errors import ActorError
-from pagekv.actor.part_hosts import ScheduleHost
+from pagekv.actor.ports import ScheduleHost
 
 MAX_SCHEDULES = 1000
 WORKFLOW_WAKE = "_pagekv.workflow"

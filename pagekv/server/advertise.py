@@ -18,7 +18,7 @@ import anyio
 import httpx
 
 from pagekv.actor import Registry
-from pagekv.actor.ownership import Member
+from pagekv.actor.directory.leases import Member
 from pagekv.server.cluster import (
     ANY_SERVER,
     CLUSTER_SECRET_ENV,

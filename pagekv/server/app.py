@@ -23,9 +23,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagekv.actor import ActorDefinition, Registry
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import FlushCounts, KvStore, open_kv, redact_url
-from pagekv.server import gateway, inspector, raw_http, realtime, ui
+from pagekv.protocol import ErrorCode
+from pagekv.server import gateway, inspector, inspector_page, raw_http, realtime
 from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.cluster import MEMBER_PATH, ClusterKey, PeerAuth
 from pagekv.server.codec import answer, error_answer
@@ -36,7 +37,6 @@ from pagekv.server.guard import HostAndOriginGuard
 from pagekv.server.logs import RequestIds
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.owner_calls import OwnerCalls
-from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, StoreView, runtime
 
 log = logging.getLogger("pagekv.server")
@@ -188,7 +188,7 @@ def create_app(
             *realtime.ROUTES,
             *raw_http.ROUTES,
             *inspector.ROUTES,
-            *ui.ROUTES,
+            *inspector_page.ROUTES,
         ],
         config,
         lifespan,
@@ -213,7 +213,11 @@ def create_store_app(
             yield {"runtime": StoreView(config, store, limiter, label or _label(kv))}
 
     return _app(
-        [Route("/health", _store_health, methods=["GET"]), *inspector.ROUTES, *ui.ROUTES],
+        [
+            Route("/health", _store_health, methods=["GET"]),
+            *inspector.ROUTES,
+            *inspector_page.ROUTES,
+        ],
         config,
         lifespan,
     )

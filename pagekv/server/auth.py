@@ -21,10 +21,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pagekv.protocol import ErrorCode
 from pagekv.server.cluster import PEER_SCOPE_KEY
 from pagekv.server.codec import error_answer
 from pagekv.server.errors import HttpError
-from pagekv.server.protocol import ErrorCode
 
 OPEN_PATHS = frozenset({"/health", "/"})
 OPEN_PREFIXES = ("/ui/",)

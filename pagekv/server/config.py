@@ -6,10 +6,10 @@ import ipaddress
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from pagekv.actor.connection import ConnectionLimits
-from pagekv.actor.registry import LEASE_S
+from pagekv.actor.directory.leases import LEASE_S
+from pagekv.actor.realtime.connection import ConnectionLimits
 from pagekv.kv import redact_url
-from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
+from pagekv.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 
 GRACEFUL_S = 10
 """How long a stopping server lets the requests it began finish before it cancels them."""

@@ -28,19 +28,19 @@ from pagekv.actor import (
     UserError,
 )
 from pagekv.actor.errors import STORAGE_ERRORS
-from pagekv.actor.inspect import (
+from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
+from pagekv.actor.request_writes import Writes
+from pagekv.actor.schedule import TooManySchedules
+from pagekv.actor.views import (
     AnswerTooLarge,
     InspectError,
     QueryRefused,
     QueryTooLarge,
     TableNotFound,
 )
-from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
-from pagekv.actor.schedule import TooManySchedules
 from pagekv.actor.workflow import WorkflowChangeRefused
-from pagekv.actor.writes import Writes
 from pagekv.kv import LimitError
-from pagekv.server.protocol import ErrorCode
+from pagekv.protocol import ErrorCode
 
 log = logging.getLogger("pagekv.server")
 

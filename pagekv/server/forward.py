@@ -45,8 +45,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from pagekv.actor import NotOwner, OwnedElsewhere, Registry
-from pagekv.actor.ownership import Forwarded, Owner
-from pagekv.actor.writes import Writes
+from pagekv.actor.directory.leases import Forwarded, Owner
+from pagekv.actor.request_writes import Writes
+from pagekv.protocol import ErrorCode
 from pagekv.server.cluster import (
     FORWARDED_HEADER,
     PROOF_HEADER,
@@ -57,7 +58,6 @@ from pagekv.server.cluster import (
 from pagekv.server.codec import error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.errors import HttpError
-from pagekv.server.protocol import ErrorCode
 
 REFUSED_HEADER = "x-pagekv-refused"
 """On a server's refusal of a forwarded call (`not_owner`), and nowhere else."""

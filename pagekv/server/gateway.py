@@ -40,12 +40,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pagekv.actor import OwnedElsewhere, call_chain
-from pagekv.actor.ownership import Forwarded
-from pagekv.actor.writes import Writes, tracking_writes
+from pagekv.actor.directory.leases import Forwarded
+from pagekv.actor.request_writes import Writes, tracking_writes
+from pagekv.protocol import ErrorCode
 from pagekv.server.codec import answer, decode_body, query_params, read_fields, read_raw_body
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.logs import REQUEST_ID
-from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import Runtime, runtime
 
 MODES = ("get_or_create", "get")

@@ -16,7 +16,7 @@
     POST /inspect/actors/{name}/workflow/cancel?key=K      {} (serve only, at the owner)
     POST /inspect/actors/{name}/workflow/replay?key=K      {"from": LOCATION or null}
 
-Data is read from a read-only snapshot of the actor's database (see `pagekv.actor.inspect`):
+Data is read from a read-only snapshot of the actor's database (see `pagekv.actor.views`):
 committed data only, never a takeover, never a write, whether the actor is awake here, awake in
 another process or asleep. A snapshot is opened per request on a worker thread, so a slow read
 never blocks the event loop or the actor. Runtime facts (awake, in-flight calls, wake timings)
@@ -38,9 +38,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pagekv.actor import ActorNotFound, inspect
-from pagekv.actor.ownership import Forwarded, lease_owner
+from pagekv.actor import ActorNotFound, views
+from pagekv.actor.directory.leases import Forwarded, lease_owner
 from pagekv.kv import ActorKv
+from pagekv.protocol import ErrorCode
 from pagekv.server.codec import (
     answer,
     decode_body,
@@ -53,7 +54,6 @@ from pagekv.server.codec import (
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import forwarded
 from pagekv.server.gateway import failures
-from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import StoreView, runtime, store_view
 from pagekv.vfs import Database
 
@@ -79,7 +79,7 @@ def _index(rt: StoreView) -> ActorKv:
 
 def _owner(index: ActorKv, actor_id: str, asked: str | None) -> dict[str, Any] | None:
     """Who holds the actor's lease now (None: asleep, unless a server holding its sockets keeps
-    it, `pagekv.actor.holds`; or its owner's lease ran out); `here` says whether it is the
+    it, `pagekv.actor.realtime.holds`; or its owner's lease ran out); `here` says whether it is the
     registry the client asked (`asked`, see `_asked`)."""
     owner = lease_owner(index, actor_id, time.time())
     if owner is None:
@@ -137,14 +137,14 @@ async def _in_inspector(rt: StoreView, fn: Callable[[], T]) -> T:
 
 async def _snapshot_read(
     rt: StoreView, name: str, key: str, fn: Callable[[Database], T]
-) -> tuple[inspect.ActorRecord, T]:
+) -> tuple[views.ActorRecord, T]:
     """Find the actor in the registry's index and run `fn` on a snapshot of its database."""
     limit, temp = rt.config.inspect_max_bytes, rt.config.inspect_temp_bytes
     try:
-        record = await _in_inspector(rt, lambda: inspect.find_actor(_index(rt), name, key))
+        record = await _in_inspector(rt, lambda: views.find_actor(_index(rt), name, key))
         value = await _in_inspector(
             rt,
-            lambda: inspect.read_snapshot(rt.store, record, fn, max_bytes=limit, temp_bytes=temp),
+            lambda: views.read_snapshot(rt.store, record, fn, max_bytes=limit, temp_bytes=temp),
         )
     except HttpError:
         raise
@@ -174,11 +174,11 @@ async def list_actors(request: Request) -> Response:
     usage = int_param(params, "usage", default=0, low=0, high=1) == 1
     owners = int_param(params, "owners", default=0, low=0, high=1) == 1
 
-    def read() -> tuple[list[inspect.ActorRecord], list[dict[str, Any]]]:
+    def read() -> tuple[list[views.ActorRecord], list[dict[str, Any]]]:
         index = rt.index()
         if index is None:
             return [], []
-        records = inspect.list_actors(
+        records = views.list_actors(
             index,
             limit=limit + 1,
             name=params.get("name"),
@@ -238,13 +238,13 @@ async def actor_summary(request: Request) -> Response:
 
 async def actor_state(request: Request) -> Response:
     rt, name, key, _ = _address(request)
-    _, state = await _snapshot_read(rt, name, key, lambda db: inspect.read_state(db.connection))
+    _, state = await _snapshot_read(rt, name, key, lambda db: views.read_state(db.connection))
     return answer(request, {"state": state})
 
 
 async def actor_tables(request: Request) -> Response:
     rt, name, key, _ = _address(request)
-    _, tables = await _snapshot_read(rt, name, key, lambda db: inspect.list_tables(db.connection))
+    _, tables = await _snapshot_read(rt, name, key, lambda db: views.list_tables(db.connection))
     return answer(request, {"tables": [asdict(t) for t in tables]})
 
 
@@ -257,7 +257,7 @@ async def table_rows(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: inspect.read_rows(
+        lambda db: views.read_rows(
             db.connection, table, limit=limit, offset=offset, max_bytes=rt.config.inspect_max_bytes
         ),
     )
@@ -280,7 +280,7 @@ async def run_query(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: inspect.query(
+        lambda db: views.query(
             db.connection,
             sql,
             bindings,
@@ -299,7 +299,7 @@ async def actor_queue(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: inspect.read_queue(
+        lambda db: views.read_queue(
             db.connection, limit=limit, max_bytes=rt.config.inspect_max_bytes
         ),
     )
@@ -310,7 +310,7 @@ async def actor_schedules(request: Request) -> Response:
     rt, name, key, _ = _address(request)
     limit = rt.config.inspect_max_bytes
     _, rows = await _snapshot_read(
-        rt, name, key, lambda db: inspect.read_schedules(db.connection, max_bytes=limit)
+        rt, name, key, lambda db: views.read_schedules(db.connection, max_bytes=limit)
     )
     return answer(request, asdict(rows))
 
@@ -321,7 +321,7 @@ async def actor_workflow(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: inspect.read_workflow(db.connection, max_bytes=rt.config.inspect_max_bytes),
+        lambda db: views.read_workflow(db.connection, max_bytes=rt.config.inspect_max_bytes),
     )
     if workflow is None:
         raise HttpError(404, ErrorCode.NO_WORKFLOW, f"actor {record.actor_id} has no workflow")

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
-from pagekv.actor.client_connection import ActorConnection
-from pagekv.actor.ownership import Owner
-from pagekv.client import HttpClient, ServerUnreachable, raise_error
-from pagekv.remote_connection import RemoteConnection
+from pagekv.actor.directory.leases import Owner
+from pagekv.actor.realtime.client_connection import ActorConnection
+from pagekv.client.http import HttpClient, ServerUnreachable, raise_error
+from pagekv.client.websocket import RemoteConnection
 from pagekv.server.cluster import ClusterKey, PeerTransport, socket_proof
 from pagekv.server.config import ServerConfig
 

@@ -22,12 +22,12 @@ from starlette.applications import Starlette
 
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.kv import KvError, KvStore, open_kv, redact_url
+from pagekv.protocol import TOKEN_ENV
 from pagekv.server.advertise import check_address, check_peers, http_url
 from pagekv.server.cluster import CLUSTER_SECRET_ENV, stored_secret
 from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.loader import load_registry
 from pagekv.server.logs import configure_logging as configure_logging
-from pagekv.server.protocol import TOKEN_ENV
 from pagekv.server.run import uvicorn_server
 
 log = logging.getLogger("pagekv.server")

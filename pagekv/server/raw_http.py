@@ -25,12 +25,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message
 
-from pagekv.actor.ownership import Forwarded
+from pagekv.actor.directory.leases import Forwarded
+from pagekv.protocol import ErrorCode
 from pagekv.server.codec import query_items, read_raw_body
 from pagekv.server.errors import HttpError
 from pagekv.server.forward import end_to_end, without_own_headers
 from pagekv.server.gateway import MODES, failures
-from pagekv.server.protocol import ErrorCode
 from pagekv.server.runtime import runtime
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

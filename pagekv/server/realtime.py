@@ -1,22 +1,21 @@
 """Connections over WebSocket: `/actors/{name}/connect?key=K[&mode=M][&encoding=json|cbor]`.
 
-The frames are those of `pagekv.actor.connection`, as JSON text frames (the default) or CBOR
-binary frames. The token travels in the `Authorization` header, or, for browsers (which cannot
-set headers on a WebSocket), in the offered subprotocols as `pagekv.token.<token>` beside
-`pagekv` (the one accepted, so the token is never echoed), or in the first frame
-(`{"t": "connect", "token": ...}`); never in the URL. Every refusal is a close with a code of
-`CloseCode` and a reason, after the upgrade (a refused upgrade could carry no reason).
+The frames are those of `pagekv.actor.realtime.connection`, as JSON text frames (the default) or
+CBOR binary frames. The token travels in the `Authorization` header, or, for browsers (which cannot
+set headers on a WebSocket), in the offered subprotocols as `pagekv.token.<token>` beside `pagekv`
+(the one accepted, so the token is never echoed), or in the first frame (`{"t": "connect", "token":
+...}`); never in the URL. Every refusal is a close with a code of `CloseCode` and a reason, after
+the upgrade (a refused upgrade could carry no reason).
 
 A socket holds an actor's connection for as long as it is open; the hub keeps it while the actor
-sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.holds`). A server that drains
-takes no new socket: it closes it with `GOING_AWAY`, and the client connects again, through its
-address, to a server that stays. A socket whose actor is found served elsewhere (this server's hold
-on it ran out) gets a `not_owner` error frame for the frame that found it, which did not run, and is
-closed with `MOVED`: its client reconnects to where the actor runs. No refusal names another server.
-Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it the socket is not
-read until one ends, so a flood of frames is held up in TCP, not in memory. Frames to the client
-wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`).
-"""
+sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.realtime.holds`). A server
+that drains takes no new socket: it closes it with `GOING_AWAY`, and the client connects again,
+through its address, to a server that stays. A socket whose actor is found served elsewhere (this
+server's hold on it ran out) gets a `not_owner` error frame for the frame that found it, which did
+not run, and is closed with `MOVED`: its client reconnects to where the actor runs. No refusal names
+another server. Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it the
+socket is not read until one ends, so a flood of frames is held up in TCP, not in memory. Frames to
+the client wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,8 @@ from websockets.exceptions import ConnectionClosed as SocketClosed
 from websockets.exceptions import InvalidHandshake
 
 from pagekv.actor import ActorNotFound, NotOwner, OwnedElsewhere, UnknownActor
-from pagekv.actor.connection import (
+from pagekv.actor.directory.leases import Owner
+from pagekv.actor.realtime.connection import (
     CloseCode,
     Connection,
     ConnectionLimits,
@@ -42,14 +42,13 @@ from pagekv.actor.connection import (
     close_reason,
     encoded_size,
 )
-from pagekv.actor.ownership import Owner
+from pagekv.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 from pagekv.server.auth import header_token, token_matches
 from pagekv.server.cluster import PEER_SCOPE_KEY, PROOF_HEADER, ProofError, call_target
 from pagekv.server.codec import query_params
 from pagekv.server.errors import HttpError, classify
 from pagekv.server.forward import FORWARDED_HEADER, forwarded
 from pagekv.server.gateway import MODES, log_failure
-from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 from pagekv.server.runtime import Runtime
 
 SUBPROTOCOL = "pagekv"

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pagekv.actor import Registry
-from pagekv.actor import inspect as view
+from pagekv.actor import views as view
+from pagekv.actor.directory.leases import Forwarded
 from pagekv.actor.instance import ActorInstance
-from pagekv.actor.ownership import Forwarded
 from pagekv.kv import ActorKv, KvStore
 from pagekv.server.config import ServerConfig
 from pagekv.server.forward import Forwarder

@@ -24,7 +24,8 @@ from pagekv.actor import (
     Registry,
     actor,
 )
-from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
+from pagekv.actor.registry import actor_id
 from pagekv.kv import WRITE_OPS, Fault, FaultKind, FaultyStore, KeyTooLarge, MemoryStore
 
 pytestmark = pytest.mark.anyio

@@ -16,7 +16,8 @@ import anyio
 import pytest
 
 from pagekv.actor import ActionNotFound, ActorContext, InvalidArguments, Registry, actor
-from pagekv.actor.ownership import Lease, Sleeper
+from pagekv.actor.directory.leases import Lease, Sleeper
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.actor.queue import (
     MAX_MESSAGE_BYTES,
     MAX_QUEUE_NAME_BYTES,
@@ -24,7 +25,7 @@ from pagekv.actor.queue import (
     MessageTooLarge,
     QueueFull,
 )
-from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
+from pagekv.actor.registry import actor_id
 from pagekv.actor.schedule import TooManySchedules, next_due
 from pagekv.kv import CountingKv, FaultKind, FaultyStore, MemoryStore
 

@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 from pagekv.actor import ActorContext, ActorStopped, CallCycle, Registry, actor
-from pagekv.actor.connection import Connection
-from pagekv.actor.index import actor_id
+from pagekv.actor.directory.records import actor_id
+from pagekv.actor.realtime.connection import Connection
 from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from server_helpers import Served
 
-from pagekv.actor.ownership import Member
+from pagekv.actor.directory.leases import Member
 from pagekv.server.advertise import check_address, default_url, is_loopback, worker_url
 
 pytestmark = pytest.mark.anyio

@@ -24,7 +24,7 @@ from test_realtime import room
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 
-from pagekv.actor.connection import CloseCode
+from pagekv.actor.realtime.connection import CloseCode
 from pagekv.client import RemoteError
 from pagekv.kv import MemoryStore
 from pagekv.server import ServerConfig

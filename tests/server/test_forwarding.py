@@ -16,7 +16,7 @@ import httpx
 import pytest
 from server_helpers import TOKEN, serving
 
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import KvStore, MemoryStore
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.server.cluster import PROOF_HEADER, ClusterKey

@@ -1,6 +1,6 @@
 """A workflow's history: entries keyed by location, stored in the actor's own database.
 
-Tables (created by internal schema version 2, see `pagekv.actor.internal`):
+Tables (created by internal schema version 2, see `pagekv.actor.tables.schema`):
 
 - `_pagekv_workflow(key, value)`: `format_version`, and the workflow's `state`, `output` and
   `error` (CBOR).

@@ -24,7 +24,7 @@ import anyio
 import apsw
 import cbor2
 
-from pagekv.actor.database import ActorDb
+from pagekv.actor.async_db import ActorDb
 from pagekv.actor.queue import Message
 from pagekv.actor.schedule import WORKFLOW_WAKE
 from pagekv.actor.workflow.context import (
