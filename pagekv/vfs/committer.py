@@ -226,12 +226,14 @@ class Committer:
         """Write `batch` (its chunks numbered on from those stored, its index part next), with
         the head if given; once written, the transaction records it. Returns its index entries."""
         transaction = self._transaction
-        puts: dict[bytes, bytes] = {}
-        entries: list[tuple[int, int]] = []
+        puts: dict[bytes, bytes]
+        entries: list[tuple[int, int]]
         if batch.chunks:
             puts, entries = encode_batch(
                 self._generation, txid, len(transaction.parts), transaction.chunks, batch
             )
+        else:
+            puts, entries = {}, []
         if head_raw is not None:
             puts[HEAD_KEY] = head_raw
         self._kv.write(put=puts, fence=self._generation)
