@@ -16,7 +16,7 @@ from pagekv.actor.blocking import Workers, release_free_memory
 from pagekv.actor.directory.leases import Ownership, Sleeper
 from pagekv.actor.directory.records import actor_id
 from pagekv.actor.errors import ActorNotFound, OwnedElsewhere
-from pagekv.actor.instance import ActorInstance
+from pagekv.actor.lifecycle.instance import ActorInstance
 from pagekv.actor.placement import Placement
 from pagekv.actor.realtime.holds import Holds
 from pagekv.actor.realtime.hub import Hub
@@ -138,7 +138,7 @@ class Housekeeping:
         """Dispatch the due schedules of live instances, renew their leases, and put idle ones
         to sleep."""
         for instance in self._placement.live():
-            if instance.next_due is not None and instance.next_due <= now:
+            if instance.lease.next_due is not None and instance.lease.next_due <= now:
                 self._host.spawn(instance.dispatch_due)
             if instance.lease_lapsing(now):
                 self._host.spawn(instance.renew_lease)

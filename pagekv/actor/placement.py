@@ -39,7 +39,8 @@ from pagekv.actor.errors import (
     NotOwner,
     OwnedElsewhere,
 )
-from pagekv.actor.instance import ActorInstance, InstanceHost
+from pagekv.actor.lifecycle.instance import ActorInstance
+from pagekv.actor.lifecycle.instance_ports import InstanceHost
 from pagekv.actor.realtime.holds import Holds
 from pagekv.kv import ActorKv, KvStore
 
@@ -78,7 +79,7 @@ class Placement:
       under the actor's lock (`exclusive`), after any older one stopped, and removed by its own
       stop (`forget`).
     - Wakes, creates and destroys of one actor run one at a time here (the lock); across
-      processes the directory's leases decide (`ActorInstance._check_won`).
+      processes the directory's leases decide (`ActorInstance._take_lease`).
     - A call is answered by the owner or forwarded, never served by two: before a wake here,
       an owner that another live registry with an address holds is refused (`_route`), read
       afresh just before the takeover.
@@ -172,7 +173,7 @@ class Placement:
                 raise ActorExists(f"actor {name!r} with key {key!r} already exists")
             if namespace is None:
                 raise ActorNotFound(f"no actor {name!r} with key {key!r}")
-            await self._route(aid, via)  # just before the takeover (`ActorInstance._check_won`)
+            await self._route(aid, via)  # just before the takeover (`ActorInstance._take_lease`)
             instance = ActorInstance(host, definition, aid, key, namespace)
             try:
                 await instance.start(input, create=create)
@@ -186,7 +187,7 @@ class Placement:
                     raise
                 await self._await_owner(aid, instance.generation)
         host.counters["wakes"] += 1
-        for phase, ms in instance.metrics.items():
+        for phase, ms in instance.startup.metrics.items():
             # Counter holds any number; typeshed types its values as int only
             host.counters[f"{phase}_total"] += ms  # type: ignore[assignment]
         if instance.created or not recorded:

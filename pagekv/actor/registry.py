@@ -32,7 +32,8 @@ from pagekv.actor.directory.leases import LEASE_S, Forwarded, Member, Ownership
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE, actor_id, records_of
 from pagekv.actor.errors import ActorStopped, ActorTakenOver, UnknownActor
 from pagekv.actor.housekeeping import Housekeeping
-from pagekv.actor.instance import ActorInstance, NotServing
+from pagekv.actor.lifecycle.instance import ActorInstance
+from pagekv.actor.lifecycle.phase import NotServing
 from pagekv.actor.local_client import Client, RemoteCalls
 from pagekv.actor.placement import CALL_ATTEMPTS, Placement
 from pagekv.actor.queue import prepare_message
@@ -241,14 +242,14 @@ class Registry:
         and so are its records."""
         self.placement.forget(instance)
         self.hub.stopped(instance.actor_id, how)
-        if how == "sleep" and instance.holding:
+        if how == "sleep" and instance.lease.holding:
             self.holds.keep(
                 instance.actor_id,
                 instance.definition.name,
                 instance.key,
                 instance.generation,
-                instance.released_due,
-                instance.published,
+                instance.lease.released_due,
+                instance.lease.published,
             )
         self.counters[{"sleep": "sleeps", "destroy": "destroys"}.get(how, "crashes")] += 1
         self.housekeeping.count_stop()

@@ -7,7 +7,7 @@ retried; one cut short by a storage failure stays due and is dispatched again.
 
 With several registries on one store, a due event runs once while the instance that has the
 actor is healthy: its lease entry keeps the other registries from taking the actor over (see
-`ActorInstance._lease_target`). If its process dies, another registry wakes the actor at
+`LeaseKeeper._target`). If its process dies, another registry wakes the actor at
 most one lease later and dispatches the event again, even one the crash cut short.
 """
 

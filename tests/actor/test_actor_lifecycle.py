@@ -539,14 +539,14 @@ async def test_a_call_whose_takeover_check_overlaps_the_start_of_a_sleep_is_retr
         assert await client.get_or_create("drowsy", "k").inc() == 1
         (first,) = registry.live()
         checking, release = anyio.Event(), anyio.Event()
-        check = first._check_current
+        check = first.owner_check.check_current
 
         async def held_check() -> None:
             checking.set()
             await release.wait()
             await check()
 
-        first._check_current = held_check  # type: ignore[method-assign]
+        first.owner_check.check_current = held_check  # type: ignore[method-assign]
         results: list[Any] = []
 
         async def call() -> None:

@@ -582,7 +582,7 @@ async def test_a_stale_instance_going_to_sleep_does_not_wake_the_actor_from_its_
     owner = Registry([held.definition], kv=store)
 
     def second_dispatching() -> bool:
-        return any(instance._dispatching for instance in owner.live())
+        return any(instance.schedules.dispatching for instance in owner.live())
 
     async with stale.run() as first, owner.run() as second:
         await first.get_or_create("held", "k").arm(1.5)

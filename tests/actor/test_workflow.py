@@ -280,7 +280,7 @@ async def test_messages_are_received_in_order_filtered_and_time_out() -> None:
         # however the sends and the workflow interleave.
         async with anyio.create_task_group() as tg:
             tg.start_soon(handle.hold)
-            while not registry.live()[0].active:
+            while not registry.live()[0].calls.active:
                 await anyio.sleep(0.001)
             for n in range(3):
                 await handle.workflow.send("orders", n)
