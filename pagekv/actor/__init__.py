@@ -19,7 +19,8 @@ from pagekv.actor.errors import (
     UnknownActor,
     UserError,
 )
-from pagekv.actor.registry import ActorHandle, Client, Registry, actor_id
+from pagekv.actor.local_client import ActorHandle, Client
+from pagekv.actor.registry import Registry, actor_id
 
 __all__ = [
     "ActionNotFound",

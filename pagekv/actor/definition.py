@@ -34,7 +34,7 @@ class ActorDefinition:
     sleep_timeout: float = 30.0
     stop_grace: float = 15.0
     """How long a stop (sleep, destroy, the registry's end) spends on user code: calls in flight
-    and the stop hook share it; what still runs then is cancelled (`ActorInstance._stop`)."""
+    and the stop hook share it; what still runs then is cancelled (`Stopper.run`)."""
     actions: dict[str, Hook] = field(default_factory=dict)
     hooks: dict[str, Hook] = field(default_factory=dict)
     workflow_fn: Hook | None = None

@@ -27,7 +27,9 @@ from pagekv.actor.directory.records import ActorRecord as ActorRecord
 from pagekv.actor.directory.records import list_actors as list_actors
 from pagekv.actor.errors import ActorError, ActorNotFound
 from pagekv.actor.schedule import MAX_SCHEDULES
-from pagekv.actor.tables.schema import PREFIX
+from pagekv.actor.tables.schema import PREFIX, has_table
+from pagekv.actor.tables.sql import queue_messages, schedules
+from pagekv.actor.tables.sql import read_state as read_state
 from pagekv.kv import ActorKv, KvStore
 from pagekv.vfs import Database, SnapshotExpired, open_database
 
@@ -227,24 +229,6 @@ def _read_once(
             raise
 
 
-def _has_table(connection: apsw.Connection, name: str) -> bool:
-    rows = connection.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (name,)
-    ).fetchall()
-    return bool(rows)
-
-
-def read_state(connection: apsw.Connection) -> Any:
-    """The actor's committed state (None before its first commit)."""
-    if not _has_table(connection, "_pagekv_state"):
-        return None
-    rows = cast(
-        list[tuple[bytes]],
-        connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall(),
-    )
-    return cbor2.loads(rows[0][0]) if rows else None
-
-
 def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
@@ -297,7 +281,7 @@ def read_rows(
     max_bytes: int | None = None,
 ) -> Rows:
     """One page of a table's rows in storage order (rowid, or primary key WITHOUT ROWID)."""
-    if not _has_table(connection, table):
+    if not has_table(connection, table):
         raise TableNotFound(f"no table {table!r} in this actor's database")
     cursor = connection.execute(
         f"SELECT * FROM {_quote(table)} LIMIT ? OFFSET ?", (limit + 1, offset)
@@ -312,12 +296,10 @@ def read_rows(
 def read_queue(connection: apsw.Connection, *, limit: int, max_bytes: int | None = None) -> Rows:
     """Messages waiting in the actor's queue, oldest first, bodies decoded."""
     columns = ["id", "name", "body", "created"]
-    if not _has_table(connection, "_pagekv_queue"):
+    if not has_table(connection, "_pagekv_queue"):
         return Rows(columns, [])
-    cursor = connection.execute(
-        "SELECT id, name, body, created FROM _pagekv_queue ORDER BY id LIMIT ?", (limit + 1,)
-    )
-    rows = _collect(cursor, limit, max_bytes)
+    messages = queue_messages(connection, limit=limit + 1)
+    rows = _collect(((m.id, m.name, m.body, m.created) for m in messages), limit, max_bytes)
     decoded = [[i, name, cbor2.loads(body), created] for i, name, body, created in rows]
     return Rows(columns, decoded[:limit], truncated=len(decoded) > limit)
 
@@ -326,12 +308,10 @@ def read_schedules(connection: apsw.Connection, *, max_bytes: int | None = None)
     """Pending schedules, soonest first, arguments decoded (their number is bounded by the
     schedule limit, their bytes by `max_bytes`)."""
     columns = ["id", "due", "action", "args", "every", "created"]
-    if not _has_table(connection, "_pagekv_schedule"):
+    if not has_table(connection, "_pagekv_schedule"):
         return Rows(columns, [])
-    cursor = connection.execute(
-        "SELECT id, due, action, args, every, created FROM _pagekv_schedule ORDER BY due, id"
-    )
-    rows = _collect(cursor, MAX_SCHEDULES, max_bytes)
+    calls = ((c.id, c.due, c.action, c.args, c.every, c.created) for c in schedules(connection))
+    rows = _collect(calls, MAX_SCHEDULES, max_bytes)
     return Rows(columns, [[i, d, a, cbor2.loads(b), e, c] for i, d, a, b, e, c in rows])
 
 

@@ -15,7 +15,7 @@ import anyio
 from pagekv.cli.args import add_store_argument, port, positive_int, positive_seconds
 from pagekv.kv import redact_url
 from pagekv.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, TOKEN_ENV
-from pagekv.server.advertise import ADVERTISE_ENV, default_url, http_url
+from pagekv.server.cluster.advertise import ADVERTISE_ENV, default_url, http_url
 from pagekv.server.config import (
     DEFAULT_INSPECT_CONCURRENCY,
     DEFAULT_INSPECT_MAX_BYTES,
@@ -23,9 +23,9 @@ from pagekv.server.config import (
     ConfigError,
 )
 from pagekv.server.guard import configured_name, is_loopback
-from pagekv.server.loader import AppNotFound
-from pagekv.server.logs import LOG_FORMATS, announce
-from pagekv.server.process import (
+from pagekv.server.process.loader import AppNotFound
+from pagekv.server.process.logs import LOG_FORMATS, announce
+from pagekv.server.process.startup import (
     StartupError,
     configure_logging,
     listen,
@@ -34,7 +34,7 @@ from pagekv.server.process import (
     settings,
     with_stored_secret,
 )
-from pagekv.server.workers import supervise
+from pagekv.server.process.workers import supervise
 
 _FIX = f"pass --advertise-url (or set ${ADVERTISE_ENV}) with an address they can reach"
 

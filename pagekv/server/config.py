@@ -95,7 +95,7 @@ class ServerConfig:
     `ws_ping_timeout_s` is closed and its `on_disconnect` runs."""
     ws_ping_timeout_s: float = 20.0
     cluster_secret: str | None = field(default=None, repr=False)
-    """What the servers of a store prove to each other with (`cluster.py`): every server
+    """What the servers of a store prove to each other with (`cluster/peer_auth.py`): every server
     that forwards calls to another needs the same. None: a secret of this process's own, so
     only servers in this process can forward to each other (`pagekv serve` gives one)."""
 

@@ -66,10 +66,18 @@ from pagekv.actor.tables.schema import (
     MIGRATIONS,
     PREFIX,
     SCHEMA_VERSION,
+    has_table,
+    migrate,
+    stored_version,
+)
+from pagekv.actor.tables.sql import (
+    due_types,
+    earliest_due,
     encode_state,
     is_initialized,
     mark_initialized,
-    migrate,
+    name_actor,
+    read_meta,
 )
 from pagekv.actor.user_kv import USER_PREFIX
 from pagekv.actor.views import ListableStore, open_index
@@ -436,13 +444,7 @@ def _convert(
         converted.append(f"page size {page_size} -> {PAGE_SIZE} (VACUUM)")
     converted.extend(_internal_tables(connection, source, name, key, state))
     user_kv = _take_user_kv(connection, source, copy.parent / "ctx-kv.sqlite", limits)
-    meta = dict(
-        cast(
-            list[tuple[str, Any]],
-            connection.execute("SELECT key, value FROM _pagekv_meta").fetchall(),
-        )
-    )
-    created = meta.get("created_at")
+    created = read_meta(connection).created_at
     due = _due(connection, source)
     if user_kv is not None:
         copy = _compacted(connection, copy)
@@ -469,17 +471,11 @@ def _internal_tables(
 ) -> list[str]:
     """Bring the runtime's tables to this pagekv's schema (or create them, with the record of
     a creation, for a plain database) and name the actor in them; what changed, in words."""
-    has_meta = connection.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = '_pagekv_meta'"
-    ).fetchall()
-    if not has_meta:
+    if not has_table(connection, "_pagekv_meta"):
         _check_internal_schema(connection, source, 0)
         mark_initialized(connection, name, key, encode_state(state), fresh=True)
         return ["plain SQLite database: the runtime's tables created, with the given state"]
-    rows = connection.execute(
-        "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
-    ).fetchall()
-    version = rows[0][0] if rows else None
+    version = stored_version(connection)
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ImportRefused(f"{source} has an internal schema version of {version!r}")
     if version > SCHEMA_VERSION:
@@ -492,9 +488,7 @@ def _internal_tables(
         raise ImportRefused(f"{source} holds the tables of an actor that was never created")
     before = migrate(connection)
     with connection:
-        connection.executemany(
-            "INSERT OR REPLACE INTO _pagekv_meta VALUES (?, ?)", [("name", name), ("key", key)]
-        )
+        name_actor(connection, name, key)
     return [] if before == SCHEMA_VERSION else [f"internal schema {before} -> {SCHEMA_VERSION}"]
 
 
@@ -647,13 +641,9 @@ def _compacted(connection: apsw.Connection, copy: Path) -> Path:
 def _due(connection: apsw.Connection, source: Path) -> float | None:
     """When the actor must run next: its first schedule, or now if its workflow is not over
     (it resumes as soon as a registry's poll sees it)."""
-    kinds = connection.execute("SELECT DISTINCT typeof(due) FROM _pagekv_schedule").fetchall()
-    if {kind for (kind,) in kinds} - {"real", "integer"}:
+    if due_types(connection) - {"real", "integer"}:
         raise ImportRefused(f"{source}: a schedule of _pagekv_schedule is due at no time")
-    due = cast(
-        float | None,
-        connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0],
-    )
+    due = earliest_due(connection)
     workflow = describe(connection)
     if workflow is not None and workflow["state"] not in FINAL_STATES:
         now = time.time()

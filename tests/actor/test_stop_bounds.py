@@ -151,7 +151,7 @@ async def test_an_on_disconnect_cut_off_by_a_stop_is_logged_as_no_failure(
                 tg.start_soon(call_stuck)
                 await entered.wait()
                 tg.start_soon(conn.close)  # its on_disconnect waits for the transaction
-                gate = client.registry._instances[actor_id("stuck", "k")].gate
+                gate = client.registry.placement._instances[actor_id("stuck", "k")].gate
                 while not gate._shared_waiting:
                     await anyio.sleep(0.01)
                 await client.registry.drain()

@@ -12,7 +12,7 @@ import pytest
 from server_helpers import Served
 
 from pagekv.actor.directory.leases import Member
-from pagekv.server.advertise import check_address, default_url, is_loopback, worker_url
+from pagekv.server.cluster.advertise import check_address, default_url, is_loopback, worker_url
 
 pytestmark = pytest.mark.anyio
 FIX = "pass --advertise-url"

@@ -25,7 +25,8 @@ from server_helpers import Served, serving
 
 from pagekv.actor import Registry
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE
-from pagekv.actor.registry import Client, actor_id
+from pagekv.actor.local_client import Client
+from pagekv.actor.registry import actor_id
 from pagekv.kv import ActorKv, KvStore, open_kv
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs import open_database

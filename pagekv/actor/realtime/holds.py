@@ -5,7 +5,7 @@ events to them (`realtime/hub.py`). Were its lease released, the next call arriv
 server, or another server's poll finding a schedule due, would wake it there: that instance would
 take the sockets' rows for connections gone, run `on_disconnect` for them and delete the rows, and
 its broadcasts would never reach them. So an actor that goes to sleep with connections open here
-keeps its lease (`ActorInstance._release_wake`): every registry that routes forwards its calls here,
+keeps its lease (`LeaseKeeper.release`): every registry that routes forwards its calls here,
 and only this registry's poll wakes it for a due schedule (another's finds the lease and leaves it),
 so it wakes where its sockets are.
 

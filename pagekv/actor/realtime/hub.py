@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import cbor2
 
@@ -40,6 +40,13 @@ from pagekv.actor.realtime.connection import (
     Transport,
     calling_connection,
     encoded_size,
+)
+from pagekv.actor.tables.sql import (
+    ConnectionRow,
+    delete_connection,
+    has_connection,
+    put_connections,
+    read_connections,
 )
 
 
@@ -82,7 +89,6 @@ class Woken(Protocol):
 log = logging.getLogger("pagekv.actor")
 MAX_EVENT_NAME = 256
 MAX_SUBSCRIPTIONS = 256
-_TABLE = "_pagekv_connections"
 
 
 class Hub:
@@ -211,15 +217,8 @@ class Hub:
         if not rows:
             await ctx.db.save_state()
             return
-        params = {conn.id: cbor2.dumps(conn.params) for conn, _ in rows}
-
-        def write(c: Any) -> None:
-            c.executemany(
-                f"INSERT OR REPLACE INTO {_TABLE}(id, params, data) VALUES (?, ?, ?)",
-                [(conn.id, params[conn.id], data) for conn, data in rows],
-            )
-
-        await ctx.db.save_state(also=write)
+        written = [ConnectionRow(conn.id, cbor2.dumps(conn.params), data) for conn, data in rows]
+        await ctx.db.save_state(also=lambda c: put_connections(c, written))
         for conn, data in rows:
             conn.saved = data
 
@@ -250,24 +249,18 @@ class Hub:
         row (connected at an instance whose commit did not land). Returns the connections that
         are gone (a row, no socket here), for `reap` once the wake hooks ran."""
         aid = instance.actor_id
-        rows = await instance.ctx.db.locked(
-            lambda c: cast(
-                list[tuple[str, bytes, bytes]],
-                c.execute(f"SELECT id, params, data FROM {_TABLE}").fetchall(),
-            ),
-            internal=True,
-        )
+        rows = await instance.ctx.db.locked(read_connections, internal=True)
         live = self._live.get(aid, {})
         found, gone = set(), []
-        for conn_id, params, data in rows:
-            conn = live.get(conn_id)
-            state, subscriptions = cbor2.loads(data)
+        for row in rows:
+            conn = live.get(row.id)
+            state, subscriptions = cbor2.loads(row.data)
             if conn is not None and not conn.closed:
-                found.add(conn_id)
-                conn._state, conn.subscriptions, conn.saved = state, set(subscriptions), data
+                found.add(row.id)
+                conn._state, conn.subscriptions, conn.saved = state, set(subscriptions), row.data
                 continue
             name, key = instance.definition.name, instance.key
-            shell = Connection(name, key, cbor2.loads(params), _GONE, self.limits, id=conn_id)
+            shell = Connection(name, key, cbor2.loads(row.params), _GONE, self.limits, id=row.id)
             shell._state, shell.subscriptions = state, set(subscriptions)
             shell.close_code = CloseCode.NORMAL
             gone.append(shell)
@@ -313,10 +306,7 @@ class Hub:
         self, ctx: ActorContext, conn: Connection, hook: Callable[..., Awaitable[Any]] | None
     ) -> None:
         """`on_disconnect` for `conn` and its row deleted, if it has a row (see the module)."""
-        exists = await ctx.db.locked(
-            lambda c: c.execute(f"SELECT 1 FROM {_TABLE} WHERE id = ?", (conn.id,)).fetchall(),
-            internal=True,
-        )
+        exists = await ctx.db.locked(lambda c: has_connection(c, conn.id), internal=True)
         if not exists:
             return
         try:
@@ -324,9 +314,7 @@ class Hub:
                 await _as(conn, hook, ctx, conn)
         except Exception:  # logged; the row goes all the same, so the hook never runs again
             log.exception("actor %s: on_disconnect of %s failed", ctx.actor_id, conn.id)
-        await ctx.db.run(
-            lambda c: c.execute(f"DELETE FROM {_TABLE} WHERE id = ?", (conn.id,)), internal=True
-        )
+        await ctx.db.run(lambda c: delete_connection(c, conn.id), internal=True)
 
     def _forget(self, conn: Connection) -> None:
         aid = actor_id(conn.name, conn.key)

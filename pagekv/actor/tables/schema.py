@@ -2,17 +2,14 @@
 
 Tables are versioned in `_pagekv_meta.schema_version` and upgraded by a ladder of migrations, all
 the steps a database needs applied in one transaction; a database written by a newer runtime is
-refused.
+refused. The statements that read and write the tables' rows are in `sql`.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import apsw
-import cbor2
 
 from pagekv.actor.errors import ActorError
 
@@ -83,20 +80,30 @@ class Reserved:
         return apsw.SQLITE_OK
 
 
+def has_table(connection: apsw.Connection, name: str) -> bool:
+    rows = connection.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (name,)
+    ).fetchall()
+    return bool(rows)
+
+
+def stored_version(connection: apsw.Connection) -> object:
+    """The schema version the database records (None: none; an imported file may hold
+    anything there)."""
+    if not has_table(connection, "_pagekv_meta"):
+        return None
+    rows = cast(
+        list[tuple[object]],
+        connection.execute(
+            "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
+        ).fetchall(),
+    )
+    return rows[0][0] if rows else None
+
+
 def migrate(connection: apsw.Connection) -> int:
     """Bring the internal tables to `SCHEMA_VERSION`; return the version found before."""
-    exists = connection.execute(
-        "SELECT 1 FROM sqlite_schema WHERE name = '_pagekv_meta'"
-    ).fetchall()
-    version = 0
-    if exists:
-        row = cast(
-            list[tuple[int]],
-            connection.execute(
-                "SELECT value FROM _pagekv_meta WHERE key = 'schema_version'"
-            ).fetchall(),
-        )
-        version = row[0][0] if row else 0
+    version = cast(int, stored_version(connection) or 0)
     if version > SCHEMA_VERSION:
         raise ActorError(
             f"actor database has internal schema version {version}; this pagekv knows up to "
@@ -112,81 +119,3 @@ def migrate(connection: apsw.Connection) -> int:
             "INSERT OR REPLACE INTO _pagekv_meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
         )
     return version
-
-
-def _has_tables(connection: apsw.Connection) -> bool:
-    rows = connection.execute("SELECT 1 FROM sqlite_schema WHERE name = '_pagekv_meta'")
-    return bool(rows.fetchall())
-
-
-def is_initialized(connection: apsw.Connection) -> bool:
-    """Whether the database holds a created actor (read only: nothing is migrated)."""
-    if not _has_tables(connection):
-        return False
-    rows = connection.execute("SELECT value FROM _pagekv_meta WHERE key = 'initialized'")
-    return bool(rows.fetchall())
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """What a wake reads: whether the database holds a created actor, its state, its next
-    schedule due, and whether it has no internal tables yet (`fresh`)."""
-
-    initialized: bool
-    state: Any
-    due: float | None
-    fresh: bool
-
-
-def load(connection: apsw.Connection, *, create: bool) -> Loaded | None:
-    """Every read a wake needs, in one go, once the internal tables of a database that has
-    them are brought up to date (`migrate`). None if it holds no actor and `create` is false,
-    with nothing written. A fresh database is left as it is: its tables are created in the
-    commit that creates the actor, or by a `migrate` of their own just before the first hook."""
-    if not create and not is_initialized(connection):
-        return None
-    if not _has_tables(connection):
-        return Loaded(False, None, None, fresh=True)
-    migrate(connection)
-    rows = dict(
-        cast(
-            list[tuple[str, Any]],
-            connection.execute("SELECT key, value FROM _pagekv_meta").fetchall(),
-        )
-    )
-    state = cast(
-        list[tuple[bytes]],
-        connection.execute("SELECT data FROM _pagekv_state WHERE id = 1").fetchall(),
-    )
-    due = cast(
-        float | None,
-        connection.execute("SELECT min(due) FROM _pagekv_schedule").fetchall()[0][0],
-    )
-    stored = cbor2.loads(state[0][0]) if state else None
-    return Loaded(bool(rows.get("initialized")), stored, due, fresh=False)
-
-
-def save_state(connection: apsw.Connection, data: bytes) -> None:
-    connection.execute("INSERT OR REPLACE INTO _pagekv_state(id, data) VALUES (1, ?)", (data,))
-
-
-def mark_initialized(
-    connection: apsw.Connection, name: str, key: str, data: bytes, *, fresh: bool = False
-) -> None:
-    """Record creation and the first state in one transaction, with the internal tables too
-    if `fresh` (a new actor whose creation runs no hook: it then costs one commit)."""
-    with connection:
-        if fresh:
-            migrate(connection)
-        connection.executemany(
-            "INSERT OR REPLACE INTO _pagekv_meta VALUES (?, ?)",
-            [("initialized", 1), ("name", name), ("key", key), ("created_at", time.time())],
-        )
-        save_state(connection, data)
-
-
-def encode_state(state: Any) -> bytes:
-    try:
-        return cbor2.dumps(state)
-    except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
-        raise TypeError(f"actor state must be CBOR-serialisable: {e}") from e

@@ -44,11 +44,11 @@ from pagekv.actor.realtime.connection import (
 )
 from pagekv.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 from pagekv.server.auth import header_token, token_matches
-from pagekv.server.cluster import PEER_SCOPE_KEY, PROOF_HEADER, ProofError, call_target
+from pagekv.server.cluster.forward import FORWARDED_HEADER, forwarded
+from pagekv.server.cluster.peer_auth import PEER_SCOPE_KEY, PROOF_HEADER, ProofError, call_target
 from pagekv.server.codec import query_params
-from pagekv.server.errors import HttpError, classify
-from pagekv.server.forward import FORWARDED_HEADER, forwarded
-from pagekv.server.gateway import MODES, log_failure
+from pagekv.server.http_errors import HttpError, classify
+from pagekv.server.routes.gateway import MODES, log_failure
 from pagekv.server.runtime import Runtime
 
 SUBPROTOCOL = "pagekv"
@@ -298,7 +298,7 @@ async def _relay(
     """Another server owns the actor: carry the socket's frames to it and back, so a socket
     opened at any server reaches the actor's one instance. The token stays here (the relay
     proves the cluster secret instead, and goes on only once the owner proved it too: see
-    `cluster.py`); the owner serves the connection as forwarded: if it no longer owns the
+    `cluster/peer_auth.py`); the owner serves the connection as forwarded: if it no longer owns the
     actor it refuses, and the client reconnects (`RECONNECT`)."""
     assert owner.address is not None, "the registry forwards only to owners with an address"
     target = owner.address.rstrip("/").replace("http", "ws", 1) + websocket.url.path

@@ -12,19 +12,19 @@ path. `key` and `mode` are the only routing parameters; anything else is refused
 body's `args`/`kwargs` reach the action. Unknown actor types and actions, arguments that do not
 bind to the action, and messages the queue refuses are refused (by the registry) before anything
 is created or woken. Every answer is `{"result": ...}` (or `{"id": ...}` for a queued message),
-every failure an `{"error": {code, message, written}}` from `errors.py`: `written` says whether
+every failure an `{"error": {code, message, written}}` from `http_errors.py`: `written` says whether
 the call committed anything (true), nothing (false: a retry is safe), or a commit's outcome is
 unknown (null).
 
 Every failed call is one record on the `pagekv.server` logger (only emitted: configuring handlers
-is the application's business), naming the actor, the operation, the error's type and code and
-the request's id (`logs.py`), never the arguments: ERROR for a 5xx, with the exception's message
-and its traceback when the action's own code raised it (`action_error`: the operator's only way
-to the line that failed), INFO for a 4xx (the caller's fault: one line, no message, which may
+is the application's business), naming the actor, the operation, the error's type and code and the
+request's id (`process/logs.py`), never the arguments: ERROR for a 5xx, with the exception's
+message and its traceback when the action's own code raised it (`action_error`: the operator's only
+way to the line that failed), INFO for a 4xx (the caller's fault: one line, no message, which may
 hold what the client sent) and for a forwarded call refused as `not_owner` (a hand-off, which its
 sender routes again). The record carries them as `extra` fields too (`actor`, `actor_key`,
-`operation`, `action`, `queue`, `error_type`, `error_code`, `status`, `written`, `request_id`,
-and `error_message` for an `action_error`). The client's answer is the same either way.
+`operation`, `action`, `queue`, `error_type`, `error_code`, `status`, `written`, `request_id`, and
+`error_message` for an `action_error`). The client's answer is the same either way.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from pagekv.actor.directory.leases import Forwarded
 from pagekv.actor.request_writes import Writes, tracking_writes
 from pagekv.protocol import ErrorCode
 from pagekv.server.codec import answer, decode_body, query_params, read_fields, read_raw_body
-from pagekv.server.errors import HttpError, classify
-from pagekv.server.logs import REQUEST_ID
+from pagekv.server.http_errors import HttpError, classify
+from pagekv.server.process.logs import REQUEST_ID
 from pagekv.server.runtime import Runtime, runtime
 
 MODES = ("get_or_create", "get")

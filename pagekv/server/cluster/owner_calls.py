@@ -3,10 +3,10 @@
 A server sets its registry's `remote` to an `OwnerCalls`: a call of `ctx.client` that finds its
 actor owned by another registry of the store (`OwnedElsewhere`, raised before anything ran)
 goes to that registry's server over HTTP, signed with the cluster secret rather than with a
-token (`cluster.PeerTransport`: an answer of a process that is no server of the store is never
+token (`peer_auth.PeerTransport`: an answer of a process that is no server of the store is never
 taken), through the same client users have (`HttpClient`, whose retries cover a hand-off under
 way), and a connection goes there over a WebSocket, signed and checked alike
-(`cluster.socket_proof`). The owner serves it as any call, so it is routed afresh there if the
+(`peer_auth.socket_proof`). The owner serves it as any call, so it is routed afresh there if the
 actor moved meanwhile.
 """
 
@@ -22,7 +22,7 @@ from pagekv.actor.directory.leases import Owner
 from pagekv.actor.realtime.client_connection import ActorConnection
 from pagekv.client.http import HttpClient, ServerUnreachable, raise_error
 from pagekv.client.websocket import RemoteConnection
-from pagekv.server.cluster import ClusterKey, PeerTransport, socket_proof
+from pagekv.server.cluster.peer_auth import ClusterKey, PeerTransport, socket_proof
 from pagekv.server.config import ServerConfig
 
 log = logging.getLogger("pagekv.server")

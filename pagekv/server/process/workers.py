@@ -2,7 +2,7 @@
 store and one listening socket.
 
 The supervisor binds the public socket once and starts each worker as
-`python -m pagekv.server.workers FD INDEX`, with the socket's descriptor inherited and the
+`python -m pagekv.server.process.workers FD INDEX`, with the socket's descriptor inherited and the
 command's settings (token included) on its stdin, never on its command line. Every worker
 accepts on the public socket, opens the store itself and runs its own registry, so it owns the
 actors it woke; calls for an actor another worker owns are forwarded to that worker at its
@@ -36,10 +36,10 @@ from types import FrameType
 
 import anyio
 
-from pagekv.server.advertise import ADVERTISE_ENV, default_url, worker_url
+from pagekv.server.cluster.advertise import ADVERTISE_ENV, default_url, worker_url
 from pagekv.server.config import GRACEFUL_S, ConfigError
-from pagekv.server.loader import AppNotFound
-from pagekv.server.process import (
+from pagekv.server.process.loader import AppNotFound
+from pagekv.server.process.startup import (
     StartupError,
     configure_logging,
     listen,
@@ -129,7 +129,7 @@ def supervise(args: argparse.Namespace, public: socket.socket) -> int:
 def _start(worker: _Worker, public: socket.socket, given: bytes) -> None:
     fd = public.fileno()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pagekv.server.workers", str(fd), str(worker.index)],
+        [sys.executable, "-m", "pagekv.server.process.workers", str(fd), str(worker.index)],
         stdin=subprocess.PIPE,
         pass_fds=(fd,),
     )

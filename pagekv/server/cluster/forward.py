@@ -9,7 +9,7 @@ hop-by-hop headers (RFC 9110 §7.6.1), `Host`, `Content-Length` and `Expect` (of
 connection) and the `X-Pagekv-*` a client sent (only servers set those). The server's token
 is not among them (`BearerAuth` took it off the request): the call is signed with the cluster
 secret instead, and an answer is relayed only if it proves it came from a server of the store
-(`cluster.py`), so a process that is not one learns no token and fools no client.
+(`peer_auth.py`), so a process that is not one learns no token and fools no client.
 The owner relays nothing further: a forwarded call is served there or refused with 503
 `not_owner` and `X-Pagekv-Refused: not_owner`, never forwarded again, so calls cannot loop. One
 that arrives after that lease end is refused too: its sender may have given up on it
@@ -48,7 +48,7 @@ from pagekv.actor import NotOwner, OwnedElsewhere, Registry
 from pagekv.actor.directory.leases import Forwarded, Owner
 from pagekv.actor.request_writes import Writes
 from pagekv.protocol import ErrorCode
-from pagekv.server.cluster import (
+from pagekv.server.cluster.peer_auth import (
     FORWARDED_HEADER,
     PROOF_HEADER,
     ClusterKey,
@@ -57,7 +57,7 @@ from pagekv.server.cluster import (
 )
 from pagekv.server.codec import error_answer
 from pagekv.server.config import ServerConfig
-from pagekv.server.errors import HttpError
+from pagekv.server.http_errors import HttpError
 
 REFUSED_HEADER = "x-pagekv-refused"
 """On a server's refusal of a forwarded call (`not_owner`), and nowhere else."""
@@ -135,7 +135,7 @@ class Forwarder:
             if isinstance(outcome, Response):
                 self._registry.counters["forwarded"] += 1
                 return outcome
-            self._registry.forget_owner(aid)
+            self._registry.placement.forget_owner(aid)
             if time.monotonic() + pause > deadline:
                 lease = max(0.0, owner.until - time.time())
                 log.warning(
@@ -203,7 +203,7 @@ class Forwarder:
 
     def _proven(self, response: httpcore.Response, nonce: str, owner: Owner) -> bool:
         """Whether the answer to the call `nonce` came from a server of the store: nothing
-        of one that did not is relayed (`cluster.py`)."""
+        of one that did not is relayed (`peer_auth.py`)."""
         proofs = [v for k, v in response.headers if k.lower() == PROOF_HEADER.encode()]
         try:
             self.key.check_answer(

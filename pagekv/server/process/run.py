@@ -19,7 +19,7 @@ from pagekv.actor import ActorDefinition
 from pagekv.kv import KvStore
 from pagekv.server.app import create_app, create_store_app
 from pagekv.server.config import GRACEFUL_S, ServerConfig
-from pagekv.server.http_protocol import http_protocol
+from pagekv.server.process.http_protocol import http_protocol
 
 
 class _DrainingServer(uvicorn.Server):

@@ -19,7 +19,7 @@ import httpx
 
 from pagekv.actor import Registry
 from pagekv.actor.directory.leases import Member
-from pagekv.server.cluster import (
+from pagekv.server.cluster.peer_auth import (
     ANY_SERVER,
     CLUSTER_SECRET_ENV,
     MEMBER_PATH,

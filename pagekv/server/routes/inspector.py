@@ -21,7 +21,7 @@ committed data only, never a takeover, never a write, whether the actor is awake
 another process or asleep. A snapshot is opened per request on a worker thread, so a slow read
 never blocks the event loop or the actor. Runtime facts (awake, in-flight calls, wake timings)
 come from the live instance: the per-actor reads of an actor another server owns are forwarded
-to that server (`forward.py`). Under `pagekv ui` (a `StoreView`, no registry) every read is
+to that server (`cluster/forward.py`). Under `pagekv ui` (a `StoreView`, no registry) every read is
 answered from the store, the owner comes from the lease entries, and the two workflow changes,
 the only writes here, are refused: they run on the actor's owner, through its instance.
 """
@@ -42,6 +42,7 @@ from pagekv.actor import ActorNotFound, views
 from pagekv.actor.directory.leases import Forwarded, lease_owner
 from pagekv.kv import ActorKv
 from pagekv.protocol import ErrorCode
+from pagekv.server.cluster.forward import forwarded
 from pagekv.server.codec import (
     answer,
     decode_body,
@@ -51,9 +52,8 @@ from pagekv.server.codec import (
     read_fields,
     read_raw_body,
 )
-from pagekv.server.errors import HttpError, classify
-from pagekv.server.forward import forwarded
-from pagekv.server.gateway import failures
+from pagekv.server.http_errors import HttpError, classify
+from pagekv.server.routes.gateway import failures
 from pagekv.server.runtime import StoreView, runtime, store_view
 from pagekv.vfs import Database
 
@@ -229,9 +229,9 @@ async def actor_summary(request: Request) -> Response:
     if live is not None:
         summary["instance"] = {
             "phase": live.phase.value,
-            "active_calls": live.active,
-            "next_due": live.next_due,
-            "wake_ms": live.metrics,
+            "active_calls": live.calls.active,
+            "next_due": live.lease.next_due,
+            "wake_ms": live.startup.metrics,
         }
     return answer(request, summary)
 
@@ -335,7 +335,7 @@ async def actor_metrics(request: Request) -> Response:
     if live is None:
         return answer(request, {"live": False, "storage": snapshot})
     storage = await _in_inspector(rt, live.ctx.db.database.metrics)
-    return answer(request, {"live": True, "storage": storage, "wake_ms": live.metrics})
+    return answer(request, {"live": True, "storage": storage, "wake_ms": live.startup.metrics})
 
 
 def _at_owner(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[..., Any]:

@@ -26,7 +26,7 @@ URL at start.
 
 The proof says "holds the cluster secret", not "is the registry the lease named": a server
 restarted at the owner's address serves the calls meant for the registry that died there
-(`Registry._route`), so an answer from it is the actor's answer too. The secret is never
+(`Placement._route`), so an answer from it is the actor's answer too. The secret is never
 logged nor shown.
 """
 
@@ -51,7 +51,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pagekv.protocol import ErrorCode
 from pagekv.server.codec import error_answer
 from pagekv.server.config import ConfigError
-from pagekv.server.errors import HttpError
+from pagekv.server.http_errors import HttpError
 
 CLUSTER_SECRET_ENV = "PAGEKV_CLUSTER_SECRET"
 SECRET_FILE = "cluster-secret"

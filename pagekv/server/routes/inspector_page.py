@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pagekv.protocol import ErrorCode
-from pagekv.server.errors import HttpError
+from pagekv.server.http_errors import HttpError
 
 CONTENT_SECURITY_POLICY: Final = "; ".join(
     [

@@ -23,12 +23,12 @@ from starlette.applications import Starlette
 from pagekv.actor import ActorDefinition, Registry
 from pagekv.kv import KvError, KvStore, open_kv, redact_url
 from pagekv.protocol import TOKEN_ENV
-from pagekv.server.advertise import check_address, check_peers, http_url
-from pagekv.server.cluster import CLUSTER_SECRET_ENV, stored_secret
+from pagekv.server.cluster.advertise import check_address, check_peers, http_url
+from pagekv.server.cluster.peer_auth import CLUSTER_SECRET_ENV, stored_secret
 from pagekv.server.config import ConfigError, ServerConfig
-from pagekv.server.loader import load_registry
-from pagekv.server.logs import configure_logging as configure_logging
-from pagekv.server.run import uvicorn_server
+from pagekv.server.process.loader import load_registry
+from pagekv.server.process.logs import configure_logging as configure_logging
+from pagekv.server.process.run import uvicorn_server
 
 log = logging.getLogger("pagekv.server")
 
@@ -67,7 +67,7 @@ def settings(args: argparse.Namespace) -> tuple[ServerConfig, Registry]:
 
 def with_stored_secret(config: ServerConfig, url: str) -> ServerConfig:
     """`config` with its store's cluster secret if none was given and the store is a `file:`
-    directory (opened already), where it is generated once (`cluster.stored_secret`): so the
+    directory (opened already), where it is generated once (`peer_auth.stored_secret`): so the
     processes of one host need no setup to prove themselves to each other."""
     if config.cluster_secret is not None:
         return config
