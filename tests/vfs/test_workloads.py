@@ -24,7 +24,7 @@ import pytest
 import pagekv.vfs.vfs
 from pagekv.kv import ActorKv, CountingKv, open_kv
 from pagekv.vfs import Database, Options, SnapshotExpired, open_database
-from pagekv.vfs.file import PageFile
+from pagekv.vfs.page_file import PageFile
 
 Rows = list[tuple[Any, ...]]
 KiB = 1024
