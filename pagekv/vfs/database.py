@@ -8,8 +8,8 @@ from typing import Any, Final
 import apsw
 
 from pagekv.kv import ACTOR_KV_METHODS, ActorKv, KvIndeterminate
-from pagekv.vfs.page_file import MAIN_FILE, PINNED_PRAGMAS
 from pagekv.vfs.options import Options, check_options
+from pagekv.vfs.page_file import MAIN_FILE, PINNED_PRAGMAS
 from pagekv.vfs.pages import PageStore
 from pagekv.vfs.vfs import PageVfs, TempFilesFull
 
