@@ -38,7 +38,7 @@ flusher_since:u64`. A `kv.shm` without the magic (new, from pagekv before format
 overwritten) or of another store is rebuilt under the log's exclusive lock; one of a newer format
 is refused. The log header names the `kv.shm` in use by device and inode, so a process that
 still maps one that was deleted or replaced sees, at its next operation, that the others moved
-to another one (`FileStore._adopt_shm`).
+to another one (`LogFollower._adopt_shm`).
 
 Invariants: a record is acknowledged only once it is durable: written with `O_DSYNC`, or
 written to the page cache and covered by a later `sync`. A record is written durably at once only
@@ -257,13 +257,15 @@ class LogFile:
     def changes(self) -> int:
         """The change counter: a caller holding the lock that sees the value it saw last time
         knows that no process has written to the log since (through this `kv.shm`)."""
-        return _COUNTER.unpack_from(self._shm, _CHANGES_AT)[0]
+        changes: int = _COUNTER.unpack_from(self._shm, _CHANGES_AT)[0]
+        return changes
 
     def durable_mark(self) -> int:
         """The log position (`epoch << 32 | seq`) up to which some process has made the
         records durable; records at or below it need no flush. Shared like the change counter,
         and like it only ever a lower bound of the truth (`raise_mark`)."""
-        return _COUNTER.unpack_from(self._shm, _MARK_AT)[0]
+        mark: int = _COUNTER.unpack_from(self._shm, _MARK_AT)[0]
+        return mark
 
     def raise_mark(self, position: int) -> None:
         """Record that the log is durable up to `position`. Not atomic between processes: two
@@ -274,7 +276,8 @@ class LogFile:
     def written_mark(self) -> int:
         """The position of the last record any process has written to the file (to the page
         cache at least): a flush that starts now covers the log up to it."""
-        return _COUNTER.unpack_from(self._shm, _WRITTEN_AT)[0]
+        mark: int = _COUNTER.unpack_from(self._shm, _WRITTEN_AT)[0]
+        return mark
 
     def raise_written(self, position: int) -> None:
         """Record a record written; the caller holds the exclusive lock, so no writer races it."""
@@ -303,7 +306,7 @@ class LogFile:
     def flusher_held_s(self) -> float:
         """How long ago the flusher lock was last taken (`CLOCK_MONOTONIC`, one clock for every
         process of the host): while it is held, how long its holder has been flushing."""
-        since = _COUNTER.unpack_from(self._shm, _FLUSHER_SINCE_AT)[0]
+        since: int = _COUNTER.unpack_from(self._shm, _FLUSHER_SINCE_AT)[0]
         return (time.monotonic_ns() - since) / 1e9
 
     def unlock_flusher(self, fd: int) -> None:
@@ -317,7 +320,7 @@ class LogFile:
         once, never synced, and never trusted for more than "something changed" — after a
         reboot its value is arbitrary, and every process starts by reading the whole log.
         """
-        value = (_COUNTER.unpack_from(self._shm, _CHANGES_AT)[0] + 1) % 2**64
+        value: int = (_COUNTER.unpack_from(self._shm, _CHANGES_AT)[0] + 1) % 2**64
         _COUNTER.pack_into(self._shm, _CHANGES_AT, value)
         return value
 
@@ -388,7 +391,8 @@ class LogFile:
             view = self._view(_SLOT_SIZE + 16)
             if view is None:
                 return 0
-        return _HSEQ.unpack_from(view, 8)[0] + _HSEQ.unpack_from(view, _SLOT_SIZE + 8)[0]
+        stamp: int = _HSEQ.unpack_from(view, 8)[0] + _HSEQ.unpack_from(view, _SLOT_SIZE + 8)[0]
+        return stamp
 
     def decode_header(self, raw: bytes) -> HeaderSlots:
         """The header that `header_bytes` returned; `FormatTooNew` if a slot is of a newer
@@ -415,7 +419,7 @@ class LogFile:
     def clear_first_record(self) -> None:
         """Zero the first record's sector (unsynced; the next header write's flush covers it),
         before a new epoch's header: then, if that header write is torn, the sector cannot
-        hold a record of an epoch whose header is lost (`FileStore._check_fallback`)."""
+        hold a record of an epoch whose header is lost (`LogFollower._check_fallback`)."""
         write_all(self.fd, _PADDING, DATA_START)
 
     def read_record(
