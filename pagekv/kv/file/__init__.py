@@ -59,7 +59,9 @@ The package, one part a module:
 - `epoch.py`: `Epoch`, this process's view of the live epoch and its pending state.
 - `pending.py`: `Pending`, one namespace's changes in the epoch, over the base.
 - `base.py`: `Base`, `kv.sqlite3`: schema, reads, and the fold's transaction.
-- `log.py`: `LogFile`, `kv.log` and `kv.shm`: headers, records, flushes, locks.
+- `log.py`: `LogFile`, `kv.log`: its lock, headers, records and flushes.
+- `shm.py`: `ShmFile`, `kv.shm`: the change counter, the durable marks, the flusher lock.
+- `holders.py`: who holds a lock on or has open the store's files, from `/proc`.
 - `records.py`: the bodies of the log's records.
 """
 

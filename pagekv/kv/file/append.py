@@ -13,6 +13,7 @@ from pagekv.kv.file.epoch import Epoch, position
 from pagekv.kv.file.group_commit import GroupCommit
 from pagekv.kv.file.log import ALIGN, DATA_START, LOG_FORMAT, LogFile, LogHeader, os_reason
 from pagekv.kv.file.pending import Pending
+from pagekv.kv.file.shm import ShmFile
 
 
 class Appender:
@@ -33,6 +34,7 @@ class Appender:
     def __init__(
         self,
         log: LogFile,
+        shm: ShmFile,
         epoch: Epoch,
         base: Base,
         commit: GroupCommit,
@@ -40,6 +42,7 @@ class Appender:
         store_id: bytes,
     ) -> None:
         self._log = log
+        self._shm = shm
         self._epoch = epoch
         self._base = base
         self._commit = commit
@@ -81,7 +84,7 @@ class Appender:
         pending.last = at
         durable = commit.goes_alone(at)
         try:
-            epoch.changes = self._log.bump()
+            epoch.changes = self._shm.bump()
             epoch.chain = self._log.append(offset, epoch.chain, seq, body, durable)
         except OSError as e:
             commit.broken = f"an append to its log failed: {os_reason(e)}"
@@ -111,7 +114,7 @@ class Appender:
         epoch, log = self._epoch, self._log
         self._grow(DATA_START + ALIGN)
         try:
-            epoch.changes = log.bump()
+            epoch.changes = self._shm.bump()
             if new_epoch:
                 log.clear_first_record()
             log.write_header(header)
@@ -149,7 +152,7 @@ class Appender:
             # Counted before the base changes: a process holding this epoch's pending state
             # must drop it once the base holds the epoch (`LogFollower`), even if this one dies
             # before the next epoch's header, the only other write that would tell it.
-            epoch.changes = self._log.bump()
+            epoch.changes = self._shm.bump()
             if self._base.fold(header.epoch, epoch.pending):
                 self.folds += 1
         except KvIndeterminate as e:
@@ -168,11 +171,11 @@ class Appender:
         hseq = previous.hseq + 1 if previous is not None else 1
         number = self._base.folded_epoch() + 1
         salt = os.urandom(8)
-        header = LogHeader(hseq, number, salt, False, LOG_FORMAT, self._store_id, log.shm_ident)
+        header = LogHeader(hseq, number, salt, False, LOG_FORMAT, self._store_id, self._shm.ident)
         self.write_header(header, new_epoch=True)
         epoch.restart()
         epoch.live = True
         epoch.chain = log.salt_seed(salt)
         self._commit.saw(position(number, 0))
-        log.raise_written(self._commit.seen_pos)
+        self._shm.raise_written(self._commit.seen_pos)
         self._commit.mark_durable(self._commit.seen_pos)

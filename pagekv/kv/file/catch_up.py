@@ -13,6 +13,7 @@ from pagekv.kv.file.epoch import EPOCH_END, Epoch, position
 from pagekv.kv.file.group_commit import GroupCommit
 from pagekv.kv.file.log import DATA_START, LogFile, LogHeader, SlotState
 from pagekv.kv.file.records import Create, decode
+from pagekv.kv.file.shm import ShmFile
 
 
 class NeedsExclusive(Exception):
@@ -34,6 +35,7 @@ class LogFollower:
     def __init__(
         self,
         log: LogFile,
+        shm: ShmFile,
         epoch: Epoch,
         base: Base,
         commit: GroupCommit,
@@ -42,6 +44,7 @@ class LogFollower:
         store_id: bytes,
     ) -> None:
         self._log = log
+        self._shm = shm
         self._epoch = epoch
         self._base = base
         self._commit = commit
@@ -57,13 +60,13 @@ class LogFollower:
         would miss the records of processes that share another `kv.shm` (this one was deleted
         or replaced), but those wrote a header naming theirs before anything else.
         """
-        log, epoch = self._log, self._epoch
-        if not log.shm_intact():
+        shm, epoch = self._shm, self._epoch
+        if not shm.intact():
             self._adopt_shm(exclusive)
-        ident, changes, stamp = log.shm_ident, log.changes(), log.header_stamp()
+        ident, changes, stamp = shm.ident, shm.changes(), self._log.header_stamp()
         if changes != epoch.changes or stamp != epoch.stamp:
             self._follow(exclusive)
-            if log.shm_ident == ident:
+            if shm.ident == ident:
                 epoch.changes, epoch.stamp = changes, stamp
             else:
                 epoch.changes = None
@@ -94,12 +97,12 @@ class LogFollower:
                     f"the log belongs to another store ({header.store.hex()}), not to the "
                     f"one in {self._directory.name}/kv.sqlite3 ({self._store_id.hex()})",
                 )
-            if header.shm != log.shm_ident:
+            if header.shm != self._shm.ident:
                 self._adopt_shm(exclusive)
-                if header.shm != log.shm_ident:  # the one it names is gone: name the new one
+                if header.shm != self._shm.ident:  # the one it names is gone: name the new one
                     if not exclusive:
                         raise NeedsExclusive()
-                    header = replace(header, hseq=header.hseq + 1, shm=log.shm_ident)
+                    header = replace(header, hseq=header.hseq + 1, shm=self._shm.ident)
                     self._appender.write_header(header)
                     raw = log.header_bytes()
         epoch.header_bytes, epoch.header = raw, header
@@ -208,14 +211,14 @@ class LogFollower:
         marks are set only after a flush. A rebuild needs the log's exclusive lock
         (`NeedsExclusive`); a look does not.
         """
-        log = self._log
-        log.remap_shm()
-        if log.shm_state(self._store_id) is not SlotState.VALID:
+        shm = self._shm
+        shm.remap()
+        if shm.state(self._store_id) is not SlotState.VALID:
             if not exclusive:
                 raise NeedsExclusive()
-            log.init_shm(self._store_id)
+            shm.rebuild(self._store_id)
             self._commit.flush_under_lock()
-            log.reset_marks(self._commit.seen_pos)
+            shm.reset_marks(self._commit.seen_pos)
         self._epoch.changes = None
 
     def _sealed_is_durable(self, header: LogHeader) -> None:

@@ -18,6 +18,7 @@ from typing import Final
 
 from pagekv.kv.errors import KvIndeterminate, KvUnavailable
 from pagekv.kv.file.log import LogFile, os_reason
+from pagekv.kv.file.shm import ShmFile
 
 _FIRST_POLL: Final = 20e-6
 _MAX_POLL: Final = 500e-6
@@ -56,8 +57,9 @@ class GroupCommit:
     costs a flush, never a lost write. The package-internal fields are the ones without `_`.
     """
 
-    def __init__(self, log: LogFile, path: Path, lock_timeout: float) -> None:
+    def __init__(self, log: LogFile, shm: ShmFile, path: Path, lock_timeout: float) -> None:
         self._log = log
+        self._shm = shm
         self._path = path
         self.lock_timeout = lock_timeout
         """Bounds the wait for another process's flush (`FileStore.lock_timeout` sets it)."""
@@ -100,7 +102,7 @@ class GroupCommit:
     def appended(self, position: int, durable: bool) -> None:
         """Under the section: the record at `position` is written (durably if `durable`)."""
         self.saw(position)
-        self._log.raise_written(position)
+        self._shm.raise_written(position)
         self.writes += 1
         if durable:
             self.mark_durable(position)
@@ -117,7 +119,7 @@ class GroupCommit:
             return True
         if self.broken is not None:  # closed, maybe: only what this process saw flushed
             return False
-        mark = self._log.durable_mark()
+        mark = self._shm.durable_mark()
         if position <= mark:
             self.durable_pos = max(self.durable_pos, mark)
             return True
@@ -127,7 +129,7 @@ class GroupCommit:
         with self._durable:
             if position > self.durable_pos:
                 self.durable_pos = position
-            self._log.raise_mark(position)
+            self._shm.raise_mark(position)
             self._durable.notify_all()
 
     def flush_under_lock(self) -> None:
@@ -182,34 +184,34 @@ class GroupCommit:
         time every later flush goes around it at once.
         """
         self._gather()
-        want, log, writes = self.seen_pos, self._log, self.writes
+        want, shm, writes = self.seen_pos, self._shm, self.writes
         self._covered, self._flushed_writes = writes - self._flushed_writes, writes
         before = target = 0
         patience = max(_MIN_FLUSHER_WAIT_S, _FLUSHER_PATIENCE * self._flush_s)
         patience = min(patience, self.lock_timeout)
         self._durable.release()
         try:
-            locked, delay = log.try_lock_flusher(), _FIRST_POLL
-            while locked < 0 and not self.is_durable(want) and log.flusher_held_s() < patience:
+            locked, delay = shm.try_lock_flusher(), _FIRST_POLL
+            while locked < 0 and not self.is_durable(want) and shm.flusher_held_s() < patience:
                 time.sleep(delay)
                 delay = min(2 * delay, _MAX_POLL)
-                locked = log.try_lock_flusher()
+                locked = shm.try_lock_flusher()
             try:
                 if self.is_durable(want):
                     return
-                before = max(self.durable_pos, log.durable_mark())
-                started, end = time.monotonic(), max(want, log.written_mark())
+                before = max(self.durable_pos, shm.durable_mark())
+                started, end = time.monotonic(), max(want, shm.written_mark())
                 try:
-                    log.sync()
+                    self._log.sync()
                 except OSError as e:
                     self.broken = f"a flush of its log failed: {os_reason(e)}"
                     return
                 self._flush_s += (time.monotonic() - started - self._flush_s) / 4
-                log.raise_mark(end)
+                shm.raise_mark(end)
                 target = end
             finally:
                 if locked >= 0:
-                    log.unlock_flusher(locked)
+                    shm.unlock_flusher(locked)
         finally:
             self._durable.acquire()
         if target - before > 1:  # several records, from this process or others

@@ -18,6 +18,7 @@ from pagekv.kv.file.namespace import FileNamespace
 from pagekv.kv.file.pending import Pending
 from pagekv.kv.file.records import MAX_KEY_BYTES, MAX_NAME_BYTES, encode_create
 from pagekv.kv.file.section import Sections
+from pagekv.kv.file.shm import ShmFile
 from pagekv.kv.limits import KvLimits, check_name
 
 DEFAULT_LOCK_TIMEOUT: Final = 30.0
@@ -33,7 +34,7 @@ class FileStore:
     on the directory; past it the request fails with `KvUnavailable`, having done nothing.
 
     Its parts (package-internal, for the namespaces it hands out and white-box tests; fixed at
-    open): `base`, `log`, `epoch` (the pending state), `commit` (group commit), `appender`,
+    open): `base`, `log`, `shm`, `epoch` (the pending state), `commit` (group commit), `appender`,
     `sections` (the locks every operation runs under, which guard the others' state).
     """
 
@@ -70,7 +71,7 @@ class FileStore:
         self.base = Base(self.path, timeout)
         try:
             store_id = self.base.open()
-            self.log = LogFile(self.path / "kv.log", flush_delay_ms / 1000)
+            self.log, self.shm = _open_files(self.path, flush_delay_ms / 1000)
         except OSError as e:
             self.base.close()
             raise KvUnavailable(f"cannot open the log of the file store at {self.path}: {e}") from e
@@ -78,13 +79,14 @@ class FileStore:
             self.base.close()
             raise
         self.epoch = Epoch(self.base)
-        self.commit = GroupCommit(self.log, self.path, timeout)
-        self.appender = Appender(self.log, self.epoch, self.base, self.commit, log_bytes, store_id)
+        log, shm, epoch, base = self.log, self.shm, self.epoch, self.base
+        self.commit = GroupCommit(log, shm, self.path, timeout)
+        self.appender = Appender(log, shm, epoch, base, self.commit, log_bytes, store_id)
         follower = LogFollower(
-            self.log, self.epoch, self.base, self.commit, self.appender, self.path, store_id
+            log, shm, epoch, base, self.commit, self.appender, self.path, store_id
         )
         self.sections = Sections(
-            self.path, timeout, self.log, self.epoch, self.commit, self.appender, follower
+            self.path, timeout, log, epoch, self.commit, self.appender, follower
         )
         try:
             self._open_log()
@@ -99,7 +101,7 @@ class FileStore:
             # What the log holds now is durable, whatever `kv.shm` says (it may come from a copy
             # of the directory, or from before a reboot).
             self.commit.flush_under_lock()
-            self.log.reset_marks(self.commit.seen_pos)
+            self.shm.reset_marks(self.commit.seen_pos)
 
     @property
     def lock_timeout(self) -> float:
@@ -161,12 +163,22 @@ class FileStore:
             self.commit.close()
             self.base.close()
             self.log.close()
+            self.shm.close()
 
     def __enter__(self) -> FileStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_files(directory: Path, flush_delay: float) -> tuple[LogFile, ShmFile]:
+    log = LogFile(directory / "kv.log", flush_delay)
+    try:
+        return log, ShmFile(directory / "kv.shm")
+    except BaseException:
+        log.close()
+        raise
 
 
 def _unchanged(pending: Pending) -> None:
