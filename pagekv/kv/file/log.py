@@ -282,7 +282,7 @@ class LogFile:
     def clear_first_record(self) -> None:
         """Zero the first record's sector (unsynced; the next header write's flush covers it),
         before a new epoch's header: then, if that header write is torn, the sector cannot
-        hold a record of an epoch whose header is lost (`LogFollower._check_fallback`)."""
+        hold a record of an epoch whose header is lost (`catch_up.py`)."""
         write_all(self.fd, _PADDING, DATA_START)
 
     def read_record(

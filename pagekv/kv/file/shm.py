@@ -6,7 +6,7 @@ flusher_since:u64`. A `kv.shm` without the magic (new, from pagekv before format
 overwritten) or of another store is rebuilt under the log's exclusive lock; one of a newer format
 is refused. The log header names the `kv.shm` in use by device and inode, so a process that
 still maps one that was deleted or replaced sees, at its next operation, that the others moved
-to another one (`LogFollower._adopt_shm`).
+to another one (`catch_up.py`).
 
 Its counters are never trusted for more than their stated bound: after a reboot, or in a copy of
 the directory, `kv.shm` holds arbitrary old values, so a process opening the store flushes the log
