@@ -201,7 +201,7 @@ def start_server(kv: str, *args: str, processes: int = 1, app: str = __file__) -
     `args` added; returns once `processes` processes (`--workers`) listen."""
     env = {**os.environ, "PAGEKV_TOKEN": TOKEN}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pagekv.cli", "serve", app, "--kv", kv, "--port", "0", *args],
+        [sys.executable, "-m", "pagekv", "serve", app, "--kv", kv, "--port", "0", *args],
         stderr=subprocess.PIPE,
         text=True,
         env=env,

@@ -57,7 +57,7 @@ from http_bench import TOKEN, RawCaller, Server, UnexpectedAnswer, measure, star
 
 from pagekv.client import HttpClient, RemoteError, ServerUnreachable
 from pagekv.kv.pg_cluster import TempCluster, find_pg_bin
-from pagekv.server.protocol import ErrorCode
+from pagekv.protocol import ErrorCode
 
 ACTOR = "bench"
 LEASE_S = 2.0

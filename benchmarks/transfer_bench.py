@@ -34,10 +34,10 @@ from pathlib import Path
 
 import apsw
 
-from pagekv.actor import copy_store, export_actor, import_actor
-from pagekv.actor.kv_batches import batches, scan
 from pagekv.kv import KvStore, open_kv
 from pagekv.kv.pg_cluster import TempCluster
+from pagekv.transfer import copy_store, export_actor, import_actor
+from pagekv.transfer.batches import batches, scan
 
 BIG_ROWS = 25_600
 """4,000-byte blobs: a 100 MiB database."""

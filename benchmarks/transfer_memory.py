@@ -38,10 +38,10 @@ def _setup(store_dir: Path, mib: int) -> None:
     import anyio
 
     from pagekv.actor import ActorContext, Registry, actor
-    from pagekv.actor.index import actor_id
-    from pagekv.actor.kv_batches import batches
+    from pagekv.actor.directory.records import actor_id
     from pagekv.actor.user_kv import USER_PREFIX
     from pagekv.kv import open_kv
+    from pagekv.transfer.batches import batches
 
     memo = actor(_NAME, state={"n": 0})
 

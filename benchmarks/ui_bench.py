@@ -31,8 +31,7 @@ from pathlib import Path
 import httpx
 from http_bench import TOKEN, start_server
 
-from pagekv.actor.index import actor_id, encode_record, record_key
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE, actor_id, encode_record, record_key
 from pagekv.kv import open_kv
 
 PAGE = 50
@@ -134,7 +133,7 @@ def main(args: argparse.Namespace) -> None:
         finally:
             server.stop()
         view = subprocess.Popen(
-            [sys.executable, "-m", "pagekv.cli", "ui", "--kv", kv, "--port", "0"],
+            [sys.executable, "-m", "pagekv", "ui", "--kv", kv, "--port", "0"],
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PAGEKV_TOKEN": TOKEN},

@@ -25,7 +25,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import MemoryStore
 from pagekv.kv.pg_cluster import HOW_TO_INSTALL, TempCluster, find_pg_bin
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-import pagekv.bench.command
 import pagekv.bench.report
 import pagekv.bench.runner
 import pagekv.bench.targets
+import pagekv.cli.benchmark
 from pagekv.bench import WORKLOADS, Summary
 from pagekv.bench.report import (
     DROP_ORDER,
@@ -88,14 +88,14 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
     out = tmp_path_factory.mktemp("bench") / "quick.json"
     stdout, stderr = io.StringIO(), io.StringIO()
     reports: list[BenchReport] = []
-    print_report = pagekv.bench.command.print_report
+    print_report = pagekv.cli.benchmark.print_report
 
     def keep(report: BenchReport) -> None:
         reports.append(report)
         print_report(report)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pagekv.bench.command, "print_report", keep)
+        patch.setattr(pagekv.cli.benchmark, "print_report", keep)
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = main(["bench", "--quick", "--kv", "memory://", "--json", str(out)])
     assert code == 0
@@ -134,7 +134,7 @@ def test_no_internal_wording(
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     help_text = capsys.readouterr().out
-    modules = (pagekv.bench.targets, pagekv.bench.report, pagekv.bench.runner, pagekv.bench.command)
+    modules = (pagekv.bench.targets, pagekv.bench.report, pagekv.bench.runner, pagekv.cli.benchmark)
     texts = [out, help_text, json.dumps(doc["targets"], ensure_ascii=False)]
     texts += [m.__doc__ or "" for m in modules]
     for text in texts:

@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
+from pagekv.cli import fuzzing as cli
 from pagekv.client import HttpClient, ServerUnreachable
-from pagekv.fuzz import cli
 from pagekv.fuzz.runner import Coverage
 
 

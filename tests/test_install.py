@@ -213,7 +213,7 @@ def test_version_says_whether_the_compiled_modules_are_in_use() -> None:
     """The real `pagekv --version`, checked against what this process imports: the two agree,
     and the count is that of pyproject's list."""
     script = Path(sys.executable).with_name("pagekv")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "pagekv.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "pagekv"]
     done = subprocess.run([*command, "--version"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     line = done.stdout

@@ -1,11 +1,11 @@
 """The import graph of `pagekv`, read from the sources: no circles, and layers that depend one way
-(`kv` <- `vfs` <- `actor` <- `server`, the CLI and the tools).
+(`kv` <- `vfs` <- `actor` <- `protocol` <- `client` <- `server`; the tools and the CLI above).
 
 Why: modules in a circle can only be read, tested and changed together, and a circle closed only
 by an import under `if TYPE_CHECKING:` is one all the same (the types say each side knows the
 other). Every import counts: at module level, under `TYPE_CHECKING`, inside functions. What the
-source cannot show is not seen: imports by name through `importlib`, which only the CLI and
-`pagekv.server`'s lazy exports make, from the top of the graph.
+source cannot show is not seen: imports by name through `importlib`, which only the lazy exports of
+`pagekv.server` and `pagekv.actor` (the transfer tools' names it held before they moved) make.
 """
 
 from __future__ import annotations
@@ -16,8 +16,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-LAYERS = ("pagekv.kv", "pagekv.vfs", "pagekv.actor")
-"""Bottom up: a module of one imports nothing of pagekv but its own layer and those below."""
+LAYERS = (
+    "pagekv.kv",
+    "pagekv.vfs",
+    "pagekv.actor",
+    "pagekv.protocol",
+    "pagekv.client",
+    "pagekv.server",
+)
+"""The runtime, bottom up: a module of one imports nothing of pagekv but its own layer and those
+below (and the top package's build metadata)."""
+TOOLS = ("pagekv.transfer", "pagekv.bench", "pagekv.fuzz", "pagekv.testing")
+"""What runs beside the runtime, never inside it: offline data tools, the benchmark, the fuzzer
+and the backend conformance kit."""
+BOUNDARIES = (
+    "pagekv.kv",
+    "pagekv.kv.errors",
+    "pagekv.kv.limits",
+    "pagekv.kv.wrappers",
+    "pagekv.kv.file_log",
+    "pagekv.vfs",
+    "pagekv.vfs.format",
+    "pagekv.actor",
+    "pagekv.actor.errors",
+    "pagekv.actor.directory",
+    "pagekv.actor.tables",
+    "pagekv.actor.views",
+    "pagekv.actor.user_kv",
+    "pagekv.actor.workflow.history",
+)
+"""What a tool may import of the runtime: each package's public surface, and the modules that
+define what the runtime persists (the page format, the file store's log, the directory's keys,
+the internal tables, the reserved `ctx.kv` prefix) or injects faults with. A tool that needs
+more is reaching into the runtime's workings, which change without notice."""
 
 
 def _modules() -> dict[str, Path]:
@@ -98,7 +129,41 @@ def test_layers_depend_downwards() -> None:
         for target in sorted(targets)
         if not any(_within(target, below) for below in LAYERS[: rank + 1])
     ]
-    assert not wrong, "imports against the layers (kv <- vfs <- actor):\n" + "\n".join(wrong)
+    assert not wrong, "imports against the layers (kv <- vfs <- actor <- ...):\n" + "\n".join(wrong)
+
+
+def test_runtime_never_imports_tools_or_cli() -> None:
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in sorted(_graph().items())
+        if any(_within(module, layer) for layer in LAYERS)
+        for target in sorted(targets)
+        if any(_within(target, above) for above in (*TOOLS, "pagekv.cli"))
+    ]
+    assert not wrong, "the runtime imports a tool or the CLI:\n" + "\n".join(wrong)
+
+
+def test_tools_reach_the_runtime_only_through_its_boundaries() -> None:
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in sorted(_graph().items())
+        if any(_within(module, tool) for tool in TOOLS)
+        for target in sorted(targets)
+        if any(_within(target, layer) for layer in LAYERS)
+        and not any(target == b or (b.count(".") > 1 and _within(target, b)) for b in BOUNDARIES)
+    ]
+    assert not wrong, "a tool reaches into the runtime:\n" + "\n".join(wrong)
+
+
+def test_only_the_cli_imports_the_cli() -> None:
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in sorted(_graph().items())
+        if not _within(module, "pagekv.cli") and module != "pagekv.__main__"
+        for target in sorted(targets)
+        if _within(target, "pagekv.cli")
+    ]
+    assert not wrong, "imports of the CLI from outside it:\n" + "\n".join(wrong)
 
 
 def test_no_module_imports_its_own_package() -> None:

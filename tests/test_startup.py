@@ -25,7 +25,7 @@ def test_a_command_imports_only_its_own_modules() -> None:
         "assert 'crash, fault and takeover' in help, help\n"
         "bench = build_parser('bench').parse_args(['bench', '--workload', 'commit-1'])\n"
         "assert bench.workload == ['commit-1'], bench\n"
-        "assert 'pagekv.bench.command' in loaded(), loaded()\n"
+        "assert 'pagekv.cli.benchmark' in loaded(), loaded()\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

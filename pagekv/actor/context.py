@@ -6,10 +6,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagekv.actor.connection import Connection, calling_connection
-from pagekv.actor.database import ActorDb
-from pagekv.actor.part_hosts import ContextHost
+from pagekv.actor.async_db import ActorDb
+from pagekv.actor.ports import ContextHost
 from pagekv.actor.queue import Queue
+from pagekv.actor.realtime.connection import Connection, calling_connection
 from pagekv.actor.schedule import Schedule
 from pagekv.actor.state import StateCell
 from pagekv.actor.user_kv import UserKv

@@ -34,7 +34,7 @@ class ActorDefinition:
     sleep_timeout: float = 30.0
     stop_grace: float = 15.0
     """How long a stop (sleep, destroy, the registry's end) spends on user code: calls in flight
-    and the stop hook share it; what still runs then is cancelled (`ActorInstance._stop`)."""
+    and the stop hook share it; what still runs then is cancelled (`Stopper.run`)."""
     actions: dict[str, Hook] = field(default_factory=dict)
     hooks: dict[str, Hook] = field(default_factory=dict)
     workflow_fn: Hook | None = None
@@ -155,7 +155,7 @@ class ActorDefinition:
 
     def on_disconnect(self, fn: F) -> F:
         """`async def (ctx, conn)`: a connection closed; once per connection, wherever the
-        actor runs then (see `pagekv.actor.hub`)."""
+        actor runs then (see `pagekv.actor.realtime.hub`)."""
         return self._hook("on_disconnect", fn)
 
     def on_request(self, fn: F) -> F:

@@ -9,17 +9,24 @@ a sleeping actor wakes it.
 from __future__ import annotations
 
 import contextvars
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import anyio
+import apsw
 import cbor2
 
 from pagekv.actor.errors import ActorError
-from pagekv.actor.part_hosts import QueueHost
+from pagekv.actor.ports import QueueHost
+from pagekv.actor.tables.sql import (
+    QueueMessage,
+    queue_append,
+    queue_delete,
+    queue_messages,
+    queue_size,
+)
 
 MAX_MESSAGES = 1000
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -132,19 +139,16 @@ class Queue:
     async def append(self, message: Outgoing) -> int:
         """Append a message checked by `prepare_message`; returns its id."""
 
-        def insert(c: Any) -> int:
+        def insert(c: apsw.Connection) -> int:
             with c:
-                (count,) = c.execute("SELECT count(*) FROM _pagekv_queue").fetchall()[0]
+                count = queue_size(c)
                 if count >= MAX_MESSAGES:
                     raise QueueFull(
                         f"queue of actor {self._instance.actor_id} holds {count} messages "
                         f"(limit {MAX_MESSAGES})"
                     )
-                c.execute(
-                    "INSERT INTO _pagekv_queue(name, body, created) VALUES (?, ?, ?)",
-                    (message.name, message.body, time.time()),
-                )
-                return c.last_insert_rowid()
+                message_id = queue_append(c, message.name, message.body)
+            return message_id
 
         message_id = await self._instance.ctx.db.locked(insert, internal=True)
         self._notify()
@@ -175,26 +179,17 @@ class Queue:
 
     async def _take(self, names: Sequence[str] | None, completable: bool) -> Message | None:
         skip = sorted(self._in_flight)
-        where = f"id NOT IN ({','.join('?' * len(skip))})" if skip else "1"
-        params: list[Any] = list(skip)
-        if names is not None:
-            where += f" AND name IN ({','.join('?' * len(names))})"
-            params.extend(names)
 
-        def take(c: Any) -> tuple[Any, ...] | None:
-            rows = c.execute(
-                f"SELECT id, name, body, created FROM _pagekv_queue WHERE {where} "
-                "ORDER BY id LIMIT 1",
-                params,
-            ).fetchall()
-            if rows and not completable:
-                c.execute("DELETE FROM _pagekv_queue WHERE id = ?", (rows[0][0],))
-            return rows[0] if rows else None
+        def take(c: apsw.Connection) -> QueueMessage | None:
+            row = next(queue_messages(c, limit=1, names=names, skip=skip), None)
+            if row is not None and not completable:
+                queue_delete(c, [row.id])
+            return row
 
         row = await self._instance.ctx.db.locked(take, internal=True)
         if row is None:
             return None
-        message = Message(row[0], row[1], cbor2.loads(row[2]), row[3])
+        message = Message(row.id, row.name, cbor2.loads(row.body), row.created)
         if completable:
             self._in_flight.add(message.id)
             received = _received.get()
@@ -204,14 +199,8 @@ class Queue:
         return message
 
     async def _delete(self, message_id: int) -> None:
-        await self._instance.ctx.db.locked(
-            lambda c: c.execute("DELETE FROM _pagekv_queue WHERE id = ?", (message_id,)),
-            internal=True,
-        )
+        await self._instance.ctx.db.locked(lambda c: queue_delete(c, [message_id]), internal=True)
         self._in_flight.discard(message_id)
 
     async def size(self) -> int:
-        rows = await self._instance.ctx.db.locked(
-            lambda c: c.execute("SELECT count(*) FROM _pagekv_queue").fetchall(), internal=True
-        )
-        return cast(int, rows[0][0])
+        return await self._instance.ctx.db.locked(queue_size, internal=True)

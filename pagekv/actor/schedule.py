@@ -7,7 +7,7 @@ retried; one cut short by a storage failure stays due and is dispatched again.
 
 With several registries on one store, a due event runs once while the instance that has the
 actor is healthy: its lease entry keeps the other registries from taking the actor over (see
-`ActorInstance._lease_target`). If its process dies, another registry wakes the actor at
+`LeaseKeeper._target`). If its process dies, another registry wakes the actor at
 most one lease later and dispatches the event again, even one the crash cut short.
 """
 
@@ -16,12 +16,20 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
+import apsw
 import cbor2
 
 from pagekv.actor.errors import ActorError
-from pagekv.actor.part_hosts import ScheduleHost
+from pagekv.actor.ports import ScheduleHost
+from pagekv.actor.tables.sql import (
+    ScheduledCall,
+    schedule_cancel,
+    schedule_count,
+    schedule_put,
+    schedules,
+)
 
 MAX_SCHEDULES = 1000
 WORKFLOW_WAKE = "_pagekv.workflow"
@@ -73,19 +81,14 @@ class Schedule:
         instance.definition.resolve(action, args, {})  # refused now, not when it is due
         encoded = cbor2.dumps(list(args))
 
-        def add(c: Any) -> None:
+        def add(c: apsw.Connection) -> None:
             with c:
-                (count,) = c.execute(
-                    "SELECT count(*) FROM _pagekv_schedule WHERE id != ?", (event_id,)
-                ).fetchall()[0]
+                count = schedule_count(c, other_than=event_id)
                 if count >= MAX_SCHEDULES:
                     raise TooManySchedules(
                         f"actor {instance.actor_id} has {count} schedules (limit {MAX_SCHEDULES})"
                     )
-                c.execute(
-                    "INSERT OR REPLACE INTO _pagekv_schedule VALUES (?, ?, ?, ?, ?, ?)",
-                    (event_id, due, action, encoded, every, time.time()),
-                )
+                schedule_put(c, ScheduledCall(event_id, due, action, encoded, every, time.time()))
 
         await instance.announce_wake(due)
         await instance.ctx.db.locked(add, internal=True)
@@ -93,22 +96,14 @@ class Schedule:
         return event_id
 
     async def list(self) -> list[ScheduledEvent]:
-        rows = await self._instance.ctx.db.locked(
-            lambda c: cast(
-                list[tuple[str, float, str, bytes, float | None]],
-                c.execute(
-                    "SELECT id, due, action, args, every FROM _pagekv_schedule ORDER BY due, id"
-                ).fetchall(),
-            ),
-            internal=True,
-        )
-        return [ScheduledEvent(i, d, a, tuple(cbor2.loads(b)), e) for i, d, a, b, e in rows]
+        rows = await self._instance.ctx.db.locked(lambda c: list(schedules(c)), internal=True)
+        return [
+            ScheduledEvent(r.id, r.due, r.action, tuple(cbor2.loads(r.args)), r.every) for r in rows
+        ]
 
     async def cancel(self, event_id: str) -> bool:
-        def cancel(c: Any) -> bool:
-            c.execute("DELETE FROM _pagekv_schedule WHERE id = ?", (event_id,))
-            return c.changes() > 0
-
-        removed = await self._instance.ctx.db.locked(cancel, internal=True)
+        removed = await self._instance.ctx.db.locked(
+            lambda c: schedule_cancel(c, event_id), internal=True
+        )
         await self._instance.ctx.db.after_transaction(self._instance.refresh_wake)
         return removed

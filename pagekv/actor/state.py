@@ -7,7 +7,7 @@ from typing import Any
 
 import apsw
 
-from pagekv.actor.internal import encode_state, save_state
+from pagekv.actor.tables.sql import encode_state, save_state
 
 
 class StateCell:

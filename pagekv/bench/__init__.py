@@ -3,10 +3,9 @@
 The pieces: `workloads` (one definition per workload, also used by the pytest-benchmark suite in
 `benchmarks/`), `systems` (pagekv and the native baselines matched in durability), `runner`
 (interleaved samples and their summaries), `targets` (the performance targets), `report` (text and
-JSON), `command` (the argparse definition).
+JSON). The command line, `pagekv bench`, is `pagekv.cli.benchmark`.
 """
 
-from pagekv.bench.command import add_bench_command, run_bench
 from pagekv.bench.runner import (
     Harness,
     Progress,
@@ -45,9 +44,7 @@ __all__ = [
     "WorkloadResult",
     "WorkloadRun",
     "Workspace",
-    "add_bench_command",
     "baselines_for",
     "build",
     "evaluate",
-    "run_bench",
 ]

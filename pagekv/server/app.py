@@ -23,20 +23,20 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagekv.actor import ActorDefinition, Registry
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import FlushCounts, KvStore, open_kv, redact_url
-from pagekv.server import gateway, inspector, raw_http, realtime, ui
+from pagekv.protocol import ErrorCode
 from pagekv.server.auth import BearerAuth, ScopedCors
-from pagekv.server.cluster import MEMBER_PATH, ClusterKey, PeerAuth
+from pagekv.server.cluster.forward import FORWARDED_HEADER, Forwarder
+from pagekv.server.cluster.owner_calls import OwnerCalls
+from pagekv.server.cluster.peer_auth import MEMBER_PATH, ClusterKey, PeerAuth
 from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
-from pagekv.server.errors import HttpError, classify
-from pagekv.server.forward import FORWARDED_HEADER, Forwarder
 from pagekv.server.guard import HostAndOriginGuard
-from pagekv.server.logs import RequestIds
+from pagekv.server.http_errors import HttpError, classify
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
-from pagekv.server.owner_calls import OwnerCalls
-from pagekv.server.protocol import ErrorCode
+from pagekv.server.process.logs import RequestIds
+from pagekv.server.routes import gateway, inspector, inspector_page, raw_http, sockets
 from pagekv.server.runtime import Runtime, StoreView, runtime
 
 log = logging.getLogger("pagekv.server")
@@ -55,7 +55,7 @@ async def health(request: Request) -> Response:
 
 async def drain(app: Starlette, config: ServerConfig) -> None:
     """The start of a graceful stop, while this server still takes connections (its server
-    calls it before it closes them, `run.py`): the registry lets its actors go
+    calls it before it closes them, `process/run.py`): the registry lets its actors go
     (`Registry.drain`), every answer to a forwarded call from now on closes its connection,
     and, if other servers share the store, it waits out their forwarders' keep-alive
     (`forward_keepalive_s`): then none of them holds a pooled connection here that it could
@@ -156,7 +156,7 @@ def create_app(
                 address=config.advertise_url,
                 connection_limits=config.connection_limits(),
             )
-            app.state.registry = registry  # for the process serving the app (`process.py`)
+            app.state.registry = registry  # for the process serving the app (`process/startup.py`)
             forwarder = Forwarder(config, registry)
             registry.remote = owner_calls = OwnerCalls(config)
             try:
@@ -185,10 +185,10 @@ def create_app(
             # an Exposition per app: apps in one process share no metric
             Route("/metrics", partial(metrics, Exposition()), methods=["GET"]),
             *gateway.ROUTES,
-            *realtime.ROUTES,
+            *sockets.ROUTES,
             *raw_http.ROUTES,
             *inspector.ROUTES,
-            *ui.ROUTES,
+            *inspector_page.ROUTES,
         ],
         config,
         lifespan,
@@ -213,7 +213,11 @@ def create_store_app(
             yield {"runtime": StoreView(config, store, limiter, label or _label(kv))}
 
     return _app(
-        [Route("/health", _store_health, methods=["GET"]), *inspector.ROUTES, *ui.ROUTES],
+        [
+            Route("/health", _store_health, methods=["GET"]),
+            *inspector.ROUTES,
+            *inspector_page.ROUTES,
+        ],
         config,
         lifespan,
     )

@@ -1,16 +1,16 @@
 """Bearer-token authentication and explicitly scoped CORS, as ASGI middleware.
 
 Every route needs `Authorization: Bearer <token>` except `/health` (which reveals nothing but
-liveness) and the web inspector's page and static assets (`/` and `/ui/...`: they hold no data;
-the page asks for the token and sends it with every data request, `ui.py`). The token is compared
-in constant time and only ever read from that header: a token in the query string or a cookie
-authenticates nothing. Once checked, the header is taken off the request: the token is this
-server's credential, so no handler sees it and no call forwarded to another server carries it;
+liveness) and the web inspector's page and static assets (`/` and `/ui/...`: they hold no data; the
+page asks for the token and sends it with every data request, `routes/inspector_page.py`). The
+token is compared in constant time and only ever read from that header: a token in the query string
+or a cookie authenticates nothing. Once checked, the header is taken off the request: the token is
+this server's credential, so no handler sees it and no call forwarded to another server carries it;
 a forwarded call's proof of the cluster secret stands for the client's authentication
-(`cluster.py`). CORS answers exist only for origins configured by name, only on the
+(`cluster/peer_auth.py`). CORS answers exist only for origins configured by name, only on the
 browser-facing prefixes (the gateway and the inspector), and without
-`Access-Control-Allow-Credentials` (a bearer token is not an ambient credential), so no
-arbitrary Origin is ever reflected.
+`Access-Control-Allow-Credentials` (a bearer token is not an ambient credential), so no arbitrary
+Origin is ever reflected.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pagekv.server.cluster import PEER_SCOPE_KEY
+from pagekv.protocol import ErrorCode
+from pagekv.server.cluster.peer_auth import PEER_SCOPE_KEY
 from pagekv.server.codec import error_answer
-from pagekv.server.errors import HttpError
-from pagekv.server.protocol import ErrorCode
+from pagekv.server.http_errors import HttpError
 
 OPEN_PATHS = frozenset({"/health", "/"})
 OPEN_PREFIXES = ("/ui/",)

@@ -17,10 +17,10 @@ import cbor2
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
-from pagekv.actor.writes import Writes
+from pagekv.actor.request_writes import Writes
+from pagekv.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
 from pagekv.server.config import ServerConfig
-from pagekv.server.errors import HttpError
-from pagekv.server.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
+from pagekv.server.http_errors import HttpError
 
 
 def _is_count(text: str) -> bool:

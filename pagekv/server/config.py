@@ -6,10 +6,10 @@ import ipaddress
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from pagekv.actor.connection import ConnectionLimits
-from pagekv.actor.registry import LEASE_S
+from pagekv.actor.directory.leases import LEASE_S
+from pagekv.actor.realtime.connection import ConnectionLimits
 from pagekv.kv import redact_url
-from pagekv.server.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
+from pagekv.protocol import DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 
 GRACEFUL_S = 10
 """How long a stopping server lets the requests it began finish before it cancels them."""
@@ -95,7 +95,7 @@ class ServerConfig:
     `ws_ping_timeout_s` is closed and its `on_disconnect` runs."""
     ws_ping_timeout_s: float = 20.0
     cluster_secret: str | None = field(default=None, repr=False)
-    """What the servers of a store prove to each other with (`cluster.py`): every server
+    """What the servers of a store prove to each other with (`cluster/peer_auth.py`): every server
     that forwards calls to another needs the same. None: a secret of this process's own, so
     only servers in this process can forward to each other (`pagekv serve` gives one)."""
 

@@ -36,13 +36,13 @@ from starlette.requests import HTTPConnection
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pagekv.server import raw_http
-from pagekv.server.advertise import WILDCARD_HOSTS
+from pagekv.protocol import ErrorCode
+from pagekv.server.cluster.advertise import WILDCARD_HOSTS
+from pagekv.server.cluster.forward import FORWARDED_HEADER
 from pagekv.server.codec import error_answer
 from pagekv.server.config import ServerConfig
-from pagekv.server.errors import HttpError
-from pagekv.server.forward import FORWARDED_HEADER
-from pagekv.server.protocol import ErrorCode
+from pagekv.server.http_errors import HttpError
+from pagekv.server.routes import raw_http
 
 _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^\s:/@\[\]]+)(:[0-9]{1,5})?")
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -37,7 +37,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import ActorKv, FlushCounts, KvStore
 from pagekv.kv.limits import is_mapping
 from pagekv.kv.wrappers import KvWrapper

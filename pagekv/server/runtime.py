@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pagekv.actor import Registry
-from pagekv.actor import inspect as view
-from pagekv.actor.instance import ActorInstance
-from pagekv.actor.ownership import Forwarded
+from pagekv.actor import views as view
+from pagekv.actor.directory.leases import Forwarded
+from pagekv.actor.lifecycle.instance import ActorInstance
 from pagekv.kv import ActorKv, KvStore
+from pagekv.server.cluster.forward import Forwarder
 from pagekv.server.config import ServerConfig
-from pagekv.server.forward import Forwarder
 from pagekv.server.metrics import LATENCY_BUCKETS_S, Histogram, KvMeter
 
 Serve = Callable[[Forwarded | None], Awaitable[Response]]
@@ -99,7 +99,7 @@ class Runtime(StoreView):
         return await self.forwarder.route(request, body, serve)
 
     async def locate(self, name: str, key: str) -> None:
-        await self.registry.locate(name, key)
+        await self.registry.placement.locate(name, key)
 
 
 def store_view(request: Request) -> StoreView:

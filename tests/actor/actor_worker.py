@@ -1,8 +1,9 @@
 """A second process running a registry of `ledger` on a shared store, driven over stdin/stdout.
 
 Usage: `python actor_worker.py STORE_URL [FRESHNESS_S]` (the second sets how long an instance
-trusts that it still owns its actor, see `pagekv.actor.instance`). Each input line is a JSON list
-`[action, key, *args]`; each output line is `{"ok": result}` or `{"error": "ExceptionType"}`.
+trusts that it still owns its actor, see `pagekv.actor.lifecycle.owner_check`). Each input line
+is a JSON list `[action, key, *args]`; each output line is `{"ok": result}` or
+`{"error": "ExceptionType"}`.
 It prints `{"ready": true}` once serving and exits on EOF (sleeping its actors) or when killed.
 """
 
@@ -14,7 +15,7 @@ import sys
 import anyio
 from actor_defs import ledger
 
-import pagekv.actor.instance
+import pagekv.actor.lifecycle.owner_check
 from pagekv.actor import Registry
 
 
@@ -38,5 +39,5 @@ async def main(url: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 2:
-        pagekv.actor.instance.FRESHNESS_S = float(sys.argv[2])
+        pagekv.actor.lifecycle.owner_check.FRESHNESS_S = float(sys.argv[2])
     anyio.run(main, sys.argv[1])

@@ -22,7 +22,7 @@ from pagekv.actor import (
     UnknownActor,
     actor,
 )
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import FaultKind, FaultyStore, InvalidKey, MemoryStore
 
 pytestmark = pytest.mark.anyio

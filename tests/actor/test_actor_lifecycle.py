@@ -24,7 +24,8 @@ from pagekv.actor import (
     Registry,
     actor,
 )
-from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
+from pagekv.actor.registry import actor_id
 from pagekv.kv import WRITE_OPS, Fault, FaultKind, FaultyStore, KeyTooLarge, MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -538,14 +539,14 @@ async def test_a_call_whose_takeover_check_overlaps_the_start_of_a_sleep_is_retr
         assert await client.get_or_create("drowsy", "k").inc() == 1
         (first,) = registry.live()
         checking, release = anyio.Event(), anyio.Event()
-        check = first._check_current
+        check = first.owner_check.check_current
 
         async def held_check() -> None:
             checking.set()
             await release.wait()
             await check()
 
-        first._check_current = held_check  # type: ignore[method-assign]
+        first.owner_check.check_current = held_check  # type: ignore[method-assign]
         results: list[Any] = []
 
         async def call() -> None:
@@ -656,12 +657,12 @@ async def test_the_registry_forgets_the_locks_of_actors_not_awake() -> None:
         for i in range(50):
             with pytest.raises(ActorNotFound):
                 await client.get("napper", f"missing-{i}").nap()
-        assert registry._locks == {}
+        assert registry.placement._locks == {}
         await client.get_or_create("napper", "k").nap()
         with anyio.fail_after(10):
             while registry.live():
                 await anyio.sleep(0.01)
-        assert registry._locks == {}
+        assert registry.placement._locks == {}
 
 
 async def test_keys_are_distinct_actors() -> None:

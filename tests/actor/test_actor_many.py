@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from pagekv.actor import ActorContext, OwnedElsewhere, Registry, actor
-from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.actor.workers import UPKEEP_THREADS
+from pagekv.actor.blocking import UPKEEP_THREADS
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.actor.workflow import StepContext, WorkflowContext, WorkflowState
 from pagekv.kv import ActorKv, CountingKv, FaultyStore, MemoryStore
 from pagekv.kv.wrappers import KvWrapper
@@ -127,7 +127,7 @@ async def test_a_slept_actor_leaves_no_instance_connection_or_lock_behind() -> N
                 await anyio.sleep(0.01)
         gc.collect()
         assert [ref() for ref in refs] == [None] * len(refs)
-        assert registry._instances == {} and registry._locks == {}
+        assert registry.placement._instances == {} and registry.placement._locks == {}
         assert await handle.bump() == 3, "it wakes again with its state"
 
 

@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import FaultKind, FaultyStore, MemoryStore
 
 pytestmark = pytest.mark.anyio

@@ -16,7 +16,8 @@ import anyio
 import pytest
 
 from pagekv.actor import ActionNotFound, ActorContext, InvalidArguments, Registry, actor
-from pagekv.actor.ownership import Lease, Sleeper
+from pagekv.actor.directory.leases import Lease, Sleeper
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.actor.queue import (
     MAX_MESSAGE_BYTES,
     MAX_QUEUE_NAME_BYTES,
@@ -24,7 +25,7 @@ from pagekv.actor.queue import (
     MessageTooLarge,
     QueueFull,
 )
-from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
+from pagekv.actor.registry import actor_id
 from pagekv.actor.schedule import TooManySchedules, next_due
 from pagekv.kv import CountingKv, FaultKind, FaultyStore, MemoryStore
 
@@ -149,11 +150,11 @@ async def test_a_wake_poll_reads_only_the_due_entries(wait_for: WaitFor) -> None
         for key in keys:
             await client.get_or_create("ticker", key).arm(3600)
         await wait_for(lambda: not registry.live(), what="every actor asleep")
-        counting = CountingKv(registry._index)
+        counting = CountingKv(registry.index)
         registry.ownership._index = counting
-        assert await registry._due_sleepers(time.time()) == []
+        assert await registry.housekeeping.due_sleepers(time.time()) == []
         assert counting.stats.entries_read == 0, "no wake entry is due, so none is read"
-        due = await registry._due_sleepers(time.time() + 3601)
+        due = await registry.housekeeping.due_sleepers(time.time() + 3601)
         assert sorted((s.name, s.key) for s in due) == [("ticker", key) for key in sorted(keys)]
         assert counting.stats.round_trips["list"] == 2
 
@@ -174,7 +175,7 @@ async def test_each_wake_time_replaces_the_due_entries_it_supersedes() -> None:
     hour = time.time() + 3600
 
     def due_entries() -> list[bytes]:
-        return [key for key, _ in registry._index.list(prefix=b"due/")]
+        return [key for key, _ in registry.index.list(prefix=b"due/")]
 
     async with registry.run():
         _publish(registry, 2, hour)
@@ -192,9 +193,9 @@ async def test_a_due_entry_whose_wake_entry_is_gone_is_deleted_by_the_poll() -> 
     registry = Registry([_ticker()], kv=MemoryStore())
     async with registry.run():
         _publish(registry, 1, time.time() + 3600)
-        registry._index.delete_range(b"wake/", b"wake0")  # as a newer generation's write does
+        registry.index.delete_range(b"wake/", b"wake0")  # as a newer generation's write does
         assert _sleepers(registry, time.time() + 7200) == []
-        assert registry._index.list(prefix=b"due/") == []
+        assert registry.index.list(prefix=b"due/") == []
 
 
 async def test_a_wake_index_without_due_entries_is_completed_at_start(wait_for: WaitFor) -> None:
@@ -468,7 +469,7 @@ def _count_polls(registry: Registry, polls: int = 2) -> Callable[[], bool]:
     ended and no wake they started is still under way (so whole polls read the index after this
     call, and whatever they decided is done)."""
     ended = waking = 0
-    poll, wake = registry._due_sleepers, registry._wake
+    poll, wake = registry.housekeeping.due_sleepers, registry.housekeeping.wake
 
     async def counted_poll(now: float) -> list[Sleeper]:
         nonlocal ended
@@ -485,8 +486,8 @@ def _count_polls(registry: Registry, polls: int = 2) -> Callable[[], bool]:
         finally:
             waking -= 1
 
-    registry._due_sleepers = counted_poll  # type: ignore[method-assign]
-    registry._wake = counted_wake  # type: ignore[method-assign]
+    registry.housekeeping.due_sleepers = counted_poll  # type: ignore[method-assign]
+    registry.housekeeping.wake = counted_wake  # type: ignore[method-assign]
     return lambda: ended >= polls and waking == 0
 
 
@@ -581,7 +582,7 @@ async def test_a_stale_instance_going_to_sleep_does_not_wake_the_actor_from_its_
     owner = Registry([held.definition], kv=store)
 
     def second_dispatching() -> bool:
-        return any(instance._dispatching for instance in owner.live())
+        return any(instance.schedules.dispatching for instance in owner.live())
 
     async with stale.run() as first, owner.run() as second:
         await first.get_or_create("held", "k").arm(1.5)

@@ -125,7 +125,7 @@ async def test_alternating_takeovers_lose_no_acknowledged_write(
     the freshness check find the takeover first and send the call to a fresh instance without
     an error (the path `test_a_stale_instance_does_not_serve_reads_after_a_takeover` covers)."""
     trust = 3600.0
-    monkeypatch.setattr("pagekv.actor.instance.FRESHNESS_S", trust)
+    monkeypatch.setattr("pagekv.actor.lifecycle.owner_check.FRESHNESS_S", trust)
     url = f"file://{tmp_path}/store"
     registry = Registry([ledger], kv=url)
     async with registry.run() as client, other_registry(kind, url, trust) as there:
@@ -387,7 +387,7 @@ async def test_every_call_that_met_a_fenced_off_instance_runs_again(
     learnt of the takeover (the database hands its cause out once); the other two failed with
     ActorStopped instead of running again on a fresh instance. (The instance trusts itself
     for an hour, so the calls reach its database rather than its check before the action.)"""
-    monkeypatch.setattr("pagekv.actor.instance.FRESHNESS_S", 3600.0)
+    monkeypatch.setattr("pagekv.actor.lifecycle.owner_check.FRESHNESS_S", 3600.0)
     store = MemoryStore()
     async with (
         Registry([ledger], kv=store).run() as first,

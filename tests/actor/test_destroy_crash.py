@@ -19,8 +19,10 @@ import anyio
 import pytest
 from actor_defs import phoenix
 
-from pagekv.actor import ActorNotFound, Registry, inspect
-from pagekv.actor.registry import REGISTRY_NAMESPACE, actor_id
+from pagekv.actor import ActorNotFound, Registry
+from pagekv.actor import views as inspect
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
+from pagekv.actor.registry import actor_id
 from pagekv.kv import open_kv
 from pagekv.vfs import Database
 

@@ -25,28 +25,31 @@ import pytest
 from flows import settle
 from transfer_defs import approve, fill, order
 
-from pagekv.actor import (
-    ActorExists,
-    ActorNotFound,
-    ImportRefused,
-    ImportStopped,
-    Registry,
-    SchemaTooNew,
-    export_actor,
-    export_all,
-    frozen,
-    import_actor,
-    import_all,
+from pagekv.actor import ActorExists, ActorNotFound, Registry
+from pagekv.actor.directory.records import (
+    REGISTRY_NAMESPACE,
+    ActorRecord,
+    actor_id,
+    find_actor,
+    list_actors,
 )
-from pagekv.actor.checksum import namespace_checksum
-from pagekv.actor.exporter import USER_KV_TABLE, export_record
-from pagekv.actor.importer import DuplicateKvKey
-from pagekv.actor.index import ActorRecord, actor_id, find_actor, list_actors
-from pagekv.actor.internal import MIGRATIONS, SCHEMA_VERSION
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.tables.schema import MIGRATIONS, SCHEMA_VERSION
 from pagekv.actor.user_kv import USER_PREFIX
 from pagekv.actor.workflow import WorkflowState
 from pagekv.kv import KvLimits, MemoryStore, StorageQuotaExceeded, open_kv
+from pagekv.transfer import (
+    ImportRefused,
+    ImportStopped,
+    SchemaTooNew,
+    export_actor,
+    export_all,
+    import_actor,
+    import_all,
+)
+from pagekv.transfer import snapshot as frozen
+from pagekv.transfer.checksum import namespace_checksum
+from pagekv.transfer.exporter import USER_KV_TABLE, export_record
+from pagekv.transfer.importer import DuplicateKvKey
 from pagekv.vfs import SnapshotExpired, open_database
 
 pytestmark = pytest.mark.anyio

@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 from pagekv.actor import ActorContext, ActorStopped, CallCycle, Registry, actor
-from pagekv.actor.connection import Connection
-from pagekv.actor.index import actor_id
+from pagekv.actor.directory.records import actor_id
+from pagekv.actor.realtime.connection import Connection
 from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -151,7 +151,7 @@ async def test_an_on_disconnect_cut_off_by_a_stop_is_logged_as_no_failure(
                 tg.start_soon(call_stuck)
                 await entered.wait()
                 tg.start_soon(conn.close)  # its on_disconnect waits for the transaction
-                gate = client.registry._instances[actor_id("stuck", "k")].gate
+                gate = client.registry.placement._instances[actor_id("stuck", "k")].gate
                 while not gate._shared_waiting:
                     await anyio.sleep(0.01)
                 await client.registry.drain()

@@ -16,13 +16,13 @@ import anyio
 import pytest
 from transfer_defs import fill, order
 
-from pagekv.actor import CopyMismatch, CopyProgress, CopyRefused, Registry, copy_store
-from pagekv.actor.checksum import namespace_checksum
-from pagekv.actor.index import list_actors
-from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.actor.store_copy import COPY_MARKER, COPY_PREFIX
+from pagekv.actor import Registry
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE, list_actors
 from pagekv.actor.user_kv import USER_PREFIX
 from pagekv.kv import KvStore, MemoryStore, open_kv
+from pagekv.transfer import CopyMismatch, CopyProgress, CopyRefused, copy_store
+from pagekv.transfer.checksum import namespace_checksum
+from pagekv.transfer.store_copy import COPY_MARKER, COPY_PREFIX
 from pagekv.vfs import open_database
 
 ROOT = Path(__file__).resolve().parents[2]

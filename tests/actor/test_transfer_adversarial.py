@@ -22,16 +22,16 @@ import pytest
 from fixture_store import load_fixture
 from transfer_defs import fill, order
 
-from pagekv.actor import (
-    ActorContext,
-    ActorExists,
-    ActorNotFound,
+from pagekv.actor import ActorContext, ActorExists, ActorNotFound, Registry, actor
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE, actor_id, records_of
+from pagekv.actor.tables.schema import SCHEMA_VERSION
+from pagekv.actor.user_kv import USER_PREFIX
+from pagekv.kv import FenceMismatch, MemoryStore, open_kv
+from pagekv.transfer import (
     CopyProgress,
     FileShared,
     ImportRefused,
     ManifestFileShared,
-    Registry,
-    actor,
     export_actor,
     export_all,
     exporter,
@@ -39,15 +39,10 @@ from pagekv.actor import (
     import_all,
     store_copy,
 )
-from pagekv.actor.checksum import namespace_checksum
-from pagekv.actor.exporter import MANIFEST
-from pagekv.actor.importer import ImportInterrupted
-from pagekv.actor.index import actor_id, records_of
-from pagekv.actor.internal import SCHEMA_VERSION
-from pagekv.actor.registry import REGISTRY_NAMESPACE
-from pagekv.actor.store_copy import COPY_MARKER, COPY_PREFIX, copy_store
-from pagekv.actor.user_kv import USER_PREFIX
-from pagekv.kv import FenceMismatch, MemoryStore, open_kv
+from pagekv.transfer.checksum import namespace_checksum
+from pagekv.transfer.exporter import MANIFEST
+from pagekv.transfer.importer import ImportInterrupted
+from pagekv.transfer.store_copy import COPY_MARKER, COPY_PREFIX, copy_store
 from pagekv.vfs import SnapshotExpired, open_database
 from pagekv.vfs.format import base_key
 

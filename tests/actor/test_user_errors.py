@@ -15,14 +15,7 @@ from typing import Any, Literal, Optional, TypedDict
 import pytest
 from flows import settle
 
-from pagekv.actor import (
-    ActorContext,
-    ActorNotFound,
-    InvalidArguments,
-    Registry,
-    UserError,
-    actor,
-)
+from pagekv.actor import ActorContext, ActorNotFound, InvalidArguments, Registry, UserError, actor
 from pagekv.actor.workflow import (
     StepContext,
     StepCritical,

@@ -23,7 +23,8 @@ from pagekv.actor.workflow import (
     WorkflowState,
     WorkflowStatus,
 )
-from pagekv.actor.workflow.history import History, Kind
+from pagekv.actor.workflow.history import History
+from pagekv.actor.workflow.payloads import Kind, StepPending
 from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -279,7 +280,7 @@ async def test_messages_are_received_in_order_filtered_and_time_out() -> None:
         # however the sends and the workflow interleave.
         async with anyio.create_task_group() as tg:
             tg.start_soon(handle.hold)
-            while not registry.live()[0].active:
+            while not registry.live()[0].calls.active:
                 await anyio.sleep(0.001)
             for n in range(3):
                 await handle.workflow.send("orders", n)
@@ -824,10 +825,10 @@ def test_history_changes_made_while_a_commit_runs_stay_pending() -> None:
     and a failed commit's changes become pending again, ahead of newer ones."""
     history = History()
     history.name_index("a")
-    history.put(history.new_entry("0", "a", Kind.STEP, {}))
+    history.put(history.new_entry("0", "a", Kind.STEP, StepPending()))
     first = history.take_pending([])
     history.name_index("b")  # another branch, while the first commit is in its worker hop
-    history.put(history.new_entry("1", "b", Kind.STEP, {}))
+    history.put(history.new_entry("1", "b", Kind.STEP, StepPending()))
     history.committed(first)
     assert first.names == [(0, "a")] and first.puts == ["0"]
     assert history.dirty(), "the other branch's changes were dropped with the first commit"

@@ -22,7 +22,7 @@ from fixture_store import load_fixture
 from flows import durably, settle
 
 from pagekv.actor import ActorContext, Registry, actor
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.actor.workflow import (
     FORMAT_VERSION,
     StepContext,

@@ -42,7 +42,7 @@ import pytest
 from flows import durably, settle
 
 from pagekv.actor import ActorContext, Registry, actor
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.actor.workflow import (
     Critical,
     StepContext,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from server_helpers import Served
 
-from pagekv.actor.ownership import Member
-from pagekv.server.advertise import check_address, default_url, is_loopback, worker_url
+from pagekv.actor.directory.leases import Member
+from pagekv.server.cluster.advertise import check_address, default_url, is_loopback, worker_url
 
 pytestmark = pytest.mark.anyio
 FIX = "pass --advertise-url"

@@ -22,7 +22,7 @@ import pytest
 from server_helpers import TOKEN
 
 from pagekv.client import HttpClient
-from pagekv.server.process import listen
+from pagekv.server.process.startup import listen
 
 pytestmark = pytest.mark.anyio
 
@@ -34,7 +34,7 @@ RUNNING = re.compile(
 
 def pagekv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pagekv.cli", *args],
+        [sys.executable, "-m", "pagekv", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -58,7 +58,7 @@ class ServeProcess:
             env["PAGEKV_TOKEN"] = token
         run = ("serve", app) if command is None else command
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pagekv.cli", *run, "--port", "0", *args],
+            [sys.executable, "-m", "pagekv", *run, "--port", "0", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -106,7 +106,7 @@ async def served_process(*args: str) -> AsyncIterator[ServeProcess]:
 def test_serve_refuses_to_start_without_a_token() -> None:
     env = {"PAGEKV_TOKEN": ""}
     result = subprocess.run(
-        [sys.executable, "-m", "pagekv.cli", "serve", APP, "--port", "0"],
+        [sys.executable, "-m", "pagekv", "serve", APP, "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -392,7 +392,7 @@ async def test_ui_reads_the_store_beside_a_serving_process(tmp_path: Path) -> No
 
 def test_ui_fails_closed_like_serve(tmp_path: Path) -> None:
     none = subprocess.run(
-        [sys.executable, "-m", "pagekv.cli", "ui", "--kv", f"file:{tmp_path}/s", "--port", "0"],
+        [sys.executable, "-m", "pagekv", "ui", "--kv", f"file:{tmp_path}/s", "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -19,10 +19,11 @@ import pytest
 from server_helpers import serving
 
 from pagekv.actor import ActorTakenOver
-from pagekv.actor.registry import LEASE_S, REGISTRY_NAMESPACE
+from pagekv.actor.directory.leases import LEASE_S
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.client import RETRIED_CODES, RETRY_FOR_S, HttpClient, RemoteError, ServerUnreachable
 from pagekv.kv import FaultKind, FaultyStore, MemoryStore
-from pagekv.server.protocol import CBOR
+from pagekv.protocol import CBOR
 
 pytestmark = pytest.mark.anyio
 

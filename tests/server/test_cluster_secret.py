@@ -24,13 +24,13 @@ from test_realtime import room
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 
-from pagekv.actor.connection import CloseCode
+from pagekv.actor.realtime.connection import CloseCode
 from pagekv.client import RemoteError
 from pagekv.kv import MemoryStore
 from pagekv.server import ServerConfig
-from pagekv.server.cluster import ANY_SERVER, PROOF_HEADER, ClusterKey
+from pagekv.server.cluster.forward import FORWARDED_HEADER
+from pagekv.server.cluster.peer_auth import ANY_SERVER, PROOF_HEADER, ClusterKey
 from pagekv.server.config import ConfigError
-from pagekv.server.forward import FORWARDED_HEADER
 
 pytestmark = pytest.mark.anyio
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -24,7 +24,9 @@ from server_defs import ledger
 from server_helpers import Served, serving
 
 from pagekv.actor import Registry
-from pagekv.actor.registry import REGISTRY_NAMESPACE, Client, actor_id
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
+from pagekv.actor.local_client import Client
+from pagekv.actor.registry import actor_id
 from pagekv.kv import ActorKv, KvStore, open_kv
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs import open_database
@@ -50,7 +52,7 @@ def stored_rows(store: KvStore, key: str) -> list[int] | None:
 
 def recorded(store: KvStore, key: str) -> bool:
     """Whether the registry's index has a record of the actor (`actor/<actor id>`, then its
-    generation: `pagekv/actor/index.py`)."""
+    generation: `pagekv/actor/directory/records.py`)."""
     base = b"actor/" + actor_id("ledger", key).encode()
     return bool(store.namespace(REGISTRY_NAMESPACE).list(start=base, end=base + b"\x01"))
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from server_helpers import serving
 
-from pagekv.actor.client_connection import ConnectionClosed
+from pagekv.actor.realtime.client_connection import ConnectionClosed
 from pagekv.server import load_registry
 
 pytestmark = pytest.mark.anyio

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from server_helpers import TOKEN, serving
 
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import KvStore, MemoryStore
 from pagekv.kv.wrappers import KvWrapper
-from pagekv.server.cluster import PROOF_HEADER, ClusterKey
-from pagekv.server.forward import FORWARDED_HEADER
+from pagekv.server.cluster.forward import FORWARDED_HEADER
+from pagekv.server.cluster.peer_auth import PROOF_HEADER, ClusterKey
 
 pytestmark = pytest.mark.anyio
 AUTH = {"authorization": f"Bearer {TOKEN}"}

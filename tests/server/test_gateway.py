@@ -15,15 +15,9 @@ import pytest
 from server_defs import gauge
 from server_helpers import Served, serving
 
-from pagekv.actor import (
-    ActionNotFound,
-    ActorExists,
-    ActorNotFound,
-    InvalidArguments,
-    UnknownActor,
-)
+from pagekv.actor import ActionNotFound, ActorExists, ActorNotFound, InvalidArguments, UnknownActor
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.actor.queue import MAX_MESSAGE_BYTES, MAX_QUEUE_NAME_BYTES
-from pagekv.actor.registry import REGISTRY_NAMESPACE
 from pagekv.client import RemoteError
 from pagekv.kv import FaultKind, FaultyStore, KvLimits, MemoryStore
 

@@ -16,7 +16,7 @@ import pytest
 from server_helpers import serving
 
 from pagekv.actor import ActorContext, InvalidArguments, UserError, actor
-from pagekv.actor.registry import REGISTRY_NAMESPACE
+from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.client import RemoteError
 from pagekv.kv import FaultKind, FaultyStore, MemoryStore
 

@@ -33,9 +33,9 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
 from pagekv.actor import ActorContext, actor
+from pagekv.cli.serve import exposure_warning
 from pagekv.kv import MemoryStore
 from pagekv.server import ConfigError, ServerConfig
-from pagekv.server.command import exposure_warning
 
 pytestmark = pytest.mark.anyio
 

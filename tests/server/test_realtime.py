@@ -23,8 +23,8 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 
 from pagekv.actor import ActorContext, Registry, actor
-from pagekv.actor.client_connection import ConnectionClosed
-from pagekv.actor.connection import UNLOADED, CloseCode
+from pagekv.actor.realtime.client_connection import ConnectionClosed
+from pagekv.actor.realtime.connection import UNLOADED, CloseCode
 from pagekv.client import HttpClient
 from pagekv.kv import MemoryStore, open_kv
 

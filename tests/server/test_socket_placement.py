@@ -26,10 +26,10 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 
-from pagekv.actor.connection import RECONNECT, CloseCode
+from pagekv.actor.realtime.connection import RECONNECT, CloseCode
 from pagekv.client import HttpClient
+from pagekv.client.websocket import RemoteConnection
 from pagekv.kv import open_kv
-from pagekv.remote_connection import RemoteConnection
 
 pytestmark = pytest.mark.anyio
 APP_CONNECTED = f"{APP}:connected"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from server_helpers import Served, serving
 
-from pagekv.server import ui
+from pagekv.server.routes import inspector_page as ui
 
 pytestmark = pytest.mark.anyio
 

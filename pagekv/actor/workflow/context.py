@@ -31,10 +31,10 @@ from pagekv.actor.workflow.errors import (
     StepError,
     StepExhausted,
     StepTimeout,
+    WorkflowFormatError,
 )
 from pagekv.actor.workflow.history import (
     Entry,
-    Kind,
     Status,
     child,
     iteration_index,
@@ -42,6 +42,26 @@ from pagekv.actor.workflow.history import (
     subtree_range,
 )
 from pagekv.actor.workflow.hosts import ScopeHost
+from pagekv.actor.workflow.payloads import (
+    PENDING_BRANCH,
+    Branch,
+    BranchStatus,
+    Iteration,
+    Join,
+    Kind,
+    LoopProgress,
+    Messages,
+    Payload,
+    Race,
+    Removed,
+    RollbackCheckpoint,
+    Sleep,
+    StepDone,
+    StepFailed,
+    StepPending,
+    StepRetrying,
+    VersionCheck,
+)
 from pagekv.actor.workflow.step import (
     FailureKind,
     RollbackFn,
@@ -177,7 +197,7 @@ class WorkflowContext:
         self._runner.history.unvisited[self._scope].discard(location)
         return entry
 
-    def _fresh(self, location: str, name: str, kind: Kind, data: dict[str, Any]) -> Entry:
+    def _fresh(self, location: str, name: str, kind: Kind, data: Payload) -> Entry:
         """A new entry; refused while recorded entries of this scope were skipped."""
         self._refuse_skipped(f"{kind.value} {name!r}")
         if self._runner.rollback_mode:
@@ -295,12 +315,12 @@ class WorkflowContext:
                 )
             entry = self._recorded(location, name, Kind.STEP)
             if entry is None:
-                entry = self._fresh(location, name, Kind.STEP, {})
+                entry = self._fresh(location, name, Kind.STEP, StepPending())
             match entry.status:
                 case Status.COMPLETED:
                     if rollback is not None:
                         runner.register_rollback(entry, rollback)
-                    return StepResult(True, entry.data.get("output"))
+                    return StepResult(True, entry.payload(StepDone).output)
                 case Status.EXHAUSTED:
                     return _failed(entry)
                 case Status.PENDING | Status.RUNNING | Status.FAILED:
@@ -310,7 +330,7 @@ class WorkflowContext:
                     assert_never(entry.status)
             while True:
                 if entry.status is Status.FAILED:
-                    await runner.wait(entry.data["retry_at"])
+                    await runner.wait(entry.payload(StepRetrying).retry_at)
                 settled = await self._attempt(
                     entry,
                     fn,
@@ -323,12 +343,11 @@ class WorkflowContext:
                 if settled.status is Status.COMPLETED:
                     if rollback is not None:
                         runner.register_rollback(settled, rollback)
-                    return StepResult(True, settled.data.get("output"))
+                    return StepResult(True, settled.payload(StepDone).output)
                 if settled.status is Status.EXHAUSTED:
                     return _failed(settled)
-                settled.data["retry_at"] = time.time() + min(
-                    backoff_max, backoff * 2 ** (settled.attempts - 1)
-                )
+                delay = min(backoff_max, backoff * 2 ** (settled.attempts - 1))
+                settled.data = StepRetrying(time.time() + delay)
                 entry = settled
 
     async def _attempt(
@@ -359,7 +378,7 @@ class WorkflowContext:
                     check_encodable(value, f"the result of step {entry.name!r}")
                 except TypeError as e:
                     raise Critical(str(e)) from e
-                data = {"output": value, "rollback": True} if undoable else {"output": value}
+                data = StepDone(value, undoable)
                 staged.append(
                     entry.settled(data=data, attempts=attempt, last_attempt=started, error=None)
                 )
@@ -381,7 +400,7 @@ class WorkflowContext:
             entry.status = Status.FAILED
         else:
             entry.status = Status.EXHAUSTED
-            entry.data = {"failure": kind or "exhausted"}
+            entry.data = StepFailed(kind or "exhausted")
         runner.history.put(entry)
         return entry
 
@@ -399,11 +418,11 @@ class WorkflowContext:
             if entry is not None and entry.status is Status.COMPLETED:
                 return
             if entry is None:
-                entry = self._fresh(location, name, Kind.SLEEP, {"deadline": deadline()})
+                entry = self._fresh(location, name, Kind.SLEEP, Sleep(deadline()))
                 runner.history.put(entry)
             elif runner.rollback_mode:
                 raise RollbackStop
-            await runner.wait(entry.data["deadline"])
+            await runner.wait(entry.payload(Sleep).deadline)
             entry.status, entry.completed = Status.COMPLETED, time.time()
             runner.history.put(entry)
 
@@ -432,11 +451,11 @@ class WorkflowContext:
         with self._op(name) as location:
             entry = self._recorded(location, name, Kind.JOIN)
             if entry is None:
-                pending = {b: {"status": Status.PENDING.value} for b in branches}
-                entry = self._fresh(location, name, Kind.JOIN, {"branches": pending})
+                pending = dict.fromkeys(branches, PENDING_BRANCH)
+                entry = self._fresh(location, name, Kind.JOIN, Join(pending))
                 runner.history.put(entry)
                 await runner.flush()
-            statuses: dict[str, dict[str, Any]] = entry.data["branches"]
+            statuses = entry.payload(Join).branches
             if runner.rollback_mode:
                 await self._replay_branches(location, branches)
                 if entry.status is not Status.COMPLETED:
@@ -445,13 +464,12 @@ class WorkflowContext:
             control: list[BaseException] = []
 
             async def run(branch: str, fn: BranchFn) -> None:
-                status = statuses.setdefault(branch, {"status": Status.PENDING.value})
-                if status["status"] in (Status.COMPLETED.value, Status.FAILED.value):
+                status = statuses.setdefault(branch, PENDING_BRANCH)
+                if status.status in (BranchStatus.COMPLETED, BranchStatus.FAILED):
                     return
                 outcome = await self._branch(location, branch, fn, control)
                 if outcome is not None:
-                    status.clear()
-                    status.update(outcome)
+                    statuses[branch] = outcome
                     runner.history.put(entry)
 
             try:
@@ -482,28 +500,27 @@ class WorkflowContext:
         with self._op(name) as location:
             entry = self._recorded(location, name, Kind.RACE)
             if entry is not None and runner.rollback_mode:
-                recorded = entry.data["branches"]
+                recorded = entry.payload(Race)
                 settled = entry.status is Status.COMPLETED
                 await self._replay_branches(
                     location,
                     {
                         b: f
                         for b, f in named.items()
-                        if not settled or b == entry.data["winner"] or recorded[b].get("kept")
+                        if not settled or b == recorded.winner or recorded.branches[b].kept
                     },
                 )
                 if not settled:
                     raise RollbackStop
             if entry is not None and entry.status is Status.COMPLETED:
-                winner = entry.data["winner"]
-                return RaceResult(winner, entry.data["branches"][winner].get("output"))
+                return _won(entry.payload(Race))
             if entry is None:
-                pending = {b: {"status": Status.PENDING.value} for b in named}
-                data = {"winner": None, "branches": pending}
-                entry = self._fresh(location, name, Kind.RACE, data)
+                pending = dict.fromkeys(named, PENDING_BRANCH)
+                entry = self._fresh(location, name, Kind.RACE, Race(None, pending))
                 runner.history.put(entry)
                 await runner.flush()
-            statuses: dict[str, dict[str, Any]] = entry.data["branches"]
+            race = entry.payload(Race)
+            statuses = race.branches
             control: list[BaseException] = []
             won: list[str] = []
 
@@ -512,7 +529,7 @@ class WorkflowContext:
                 if outcome is None:
                     return
                 statuses[branch] = outcome
-                if outcome["status"] == Status.COMPLETED.value and not won:
+                if outcome.status is BranchStatus.COMPLETED and not won:
                     won.append(branch)
                     scope.cancel()
 
@@ -526,7 +543,7 @@ class WorkflowContext:
             if not won:
                 runner.history.put(entry)
                 await runner.flush()
-                raise RaceError(name, {b: s.get("error", "cancelled") for b, s in statuses.items()})
+                raise RaceError(name, {b: s.error or "cancelled" for b, s in statuses.items()})
             winner = won[0]
             gone, kept = [], []
             for branch in named:
@@ -534,15 +551,15 @@ class WorkflowContext:
                     low, high = subtree_range(child(location, runner.history.name_index(branch)))
                     if runner.history.undoable_in(low, high):
                         kept += runner.history.within(low, high)
-                        statuses[branch] = {"status": "cancelled", "kept": True}
+                        statuses[branch] = Branch(BranchStatus.CANCELLED, kept=True)
                     else:
                         gone += runner.history.delete_range(low, high)
-                        statuses[branch] = {"status": "cancelled"}
-            entry.data["winner"] = winner
+                        statuses[branch] = Branch(BranchStatus.CANCELLED)
+            race.winner = winner
             entry.status, entry.completed = Status.COMPLETED, time.time()
             runner.history.put(entry)
             await runner.return_messages(gone, kept)
-            return RaceResult(winner, statuses[winner].get("output"))
+            return RaceResult(winner, statuses[winner].output)
 
     async def _replay_branches(self, location: str, branches: Mapping[str, BranchFn]) -> None:
         """Rollback mode: replay `branches` (settled ones too) so that their completed steps
@@ -557,8 +574,8 @@ class WorkflowContext:
 
     async def _branch(
         self, location: str, branch: str, fn: BranchFn, control: list[BaseException]
-    ) -> dict[str, Any] | None:
-        """Run one branch; its outcome as a status record, or None if it hit a control error."""
+    ) -> Branch | None:
+        """Run one branch; its outcome, or None if it hit a control error."""
         scope = child(location, self._runner.history.name_index(branch))
         context = WorkflowContext(self._runner, scope)
         try:
@@ -571,15 +588,15 @@ class WorkflowContext:
         except INFRASTRUCTURE:
             raise
         except Exception as e:
-            return {"status": Status.FAILED.value, "error": describe_error(e)}
-        return {"status": Status.COMPLETED.value, "output": value}
+            return Branch(BranchStatus.FAILED, error=describe_error(e))
+        return Branch(BranchStatus.COMPLETED, output=value)
 
     async def rollback_checkpoint(self, name: str) -> None:
         """From here on, a failure of the workflow runs the rollback handlers of the steps that
         completed, newest first."""
         with self._op(name) as location:
             if self._recorded(location, name, Kind.ROLLBACK_CHECKPOINT) is None:
-                entry = self._fresh(location, name, Kind.ROLLBACK_CHECKPOINT, {})
+                entry = self._fresh(location, name, Kind.ROLLBACK_CHECKPOINT, RollbackCheckpoint())
                 entry.status, entry.completed = Status.COMPLETED, time.time()
                 self._runner.history.put(entry)
             self._runner.checkpointed = True
@@ -598,9 +615,7 @@ class WorkflowContext:
                 return
             if self._runner.rollback_mode:
                 return
-            entry = self._runner.history.new_entry(
-                location, name, Kind.REMOVED, {"original_kind": kind}
-            )
+            entry = self._runner.history.new_entry(location, name, Kind.REMOVED, Removed(kind))
             entry.status, entry.completed = Status.COMPLETED, time.time()
             self._runner.history.put(entry)
 
@@ -613,11 +628,11 @@ class WorkflowContext:
         with self._op(name) as location:
             entry = self._recorded(location, name, Kind.VERSION_CHECK)
             if entry is not None:
-                return int(entry.data["resolved"])
+                return int(entry.payload(VersionCheck).resolved)
             if runner.rollback_mode:
                 raise RollbackStop
             resolved = 1 if runner.history.unvisited[self._scope] else latest
-            data = {"resolved": resolved, "latest": latest}
+            data = VersionCheck(resolved, latest)
             entry = runner.history.new_entry(location, name, Kind.VERSION_CHECK, data)
             entry.status, entry.completed = Status.COMPLETED, time.time()
             runner.history.put(entry)
@@ -674,7 +689,7 @@ class Loop:
                 entry = parent._recorded(location, self._name, Kind.LOOP)
                 if entry is None:
                     check_encodable(self._initial, f"the state of loop {self._name!r}")
-                    data = {"state": _recorded_copy(self._initial), "iteration": 0, "pruned": 0}
+                    data = LoopProgress(_recorded_copy(self._initial))
                     entry = parent._fresh(location, self._name, Kind.LOOP, data)
                     runner.history.put(entry)
             self._entry = entry
@@ -682,7 +697,8 @@ class Loop:
             if runner.rollback_mode:
                 self._replaying = self._kept_iterations()
                 return self._iteration(*self._replaying.pop(0))
-            return self._iteration(entry.data["iteration"], entry.data["state"])
+            progress = entry.payload(LoopProgress)
+            return self._iteration(progress.iteration, progress.state)
         entry, current = self._entry, self._current
         assert current is not None
         current._finish()
@@ -697,19 +713,20 @@ class Loop:
             )
         check_encodable(current.state, f"the state of loop {self._name!r}")
         finished = iteration_scope(entry.location, current.index)
+        progress = entry.payload(LoopProgress)
         if runner.history.undoable_in(*subtree_range(finished)):
-            start = runner.history.new_entry(finished, self._name, Kind.ITERATION, {})
-            start.data["state"] = entry.data["state"]
+            started = Iteration(progress.state)
+            start = runner.history.new_entry(finished, self._name, Kind.ITERATION, started)
             start.status, start.completed = Status.COMPLETED, time.time()
             runner.history.put(start)
         index = current.index + 1
-        entry.data.update(state=_recorded_copy(current.state), iteration=index)
+        progress.state, progress.iteration = _recorded_copy(current.state), index
         keep_from = index - self._history_size
-        if keep_from - entry.data["pruned"] >= self._prune_every:
-            self._prune(entry.data["pruned"], keep_from)
-            entry.data["pruned"] = keep_from
+        if keep_from - progress.pruned >= self._prune_every:
+            self._prune(progress.pruned, keep_from)
+            progress.pruned = keep_from
         runner.history.put(entry)
-        return self._iteration(index, entry.data["state"])
+        return self._iteration(index, progress.state)
 
     def _kept_iterations(self) -> list[tuple[int, Any]]:
         """The iterations a rollback replays, oldest first, with the state each started with:
@@ -718,13 +735,14 @@ class Loop:
         assert entry is not None
         history = self._parent._runner.history
         kept = {
-            index: e.data["state"]
+            index: e.data.state
             for e in history.within(*subtree_range(entry.location))
-            if e.kind is Kind.ITERATION
+            if isinstance(e.data, Iteration)
             and (index := iteration_index(entry.location, e.location)) is not None
             and e.location == iteration_scope(entry.location, index)
         }
-        kept[entry.data["iteration"]] = entry.data["state"]
+        progress = entry.payload(LoopProgress)
+        kept[progress.iteration] = progress.state
         return sorted(kept.items())
 
     def _prune(self, low: int, high: int) -> None:
@@ -819,8 +837,7 @@ class WorkflowQueue:
                 return runner.messages(entry)
             if entry is None:
                 deadline = None if timeout is None else time.time() + timeout
-                data: dict[str, Any] = {"deadline": deadline, "messages": []}
-                entry = context._fresh(location, name, Kind.MESSAGE, data)
+                entry = context._fresh(location, name, Kind.MESSAGE, Messages(deadline))
                 if deadline is not None:
                     runner.history.put(entry)
             elif runner.rollback_mode:
@@ -829,18 +846,27 @@ class WorkflowQueue:
 
 
 def _joined(
-    name: str, statuses: dict[str, dict[str, Any]], branches: Mapping[str, BranchFn]
+    name: str, statuses: dict[str, Branch], branches: Mapping[str, BranchFn]
 ) -> dict[str, Any]:
     """A settled join's outcome: its branches' outputs, or `JoinError` naming the failed ones."""
-    errors = {b: s["error"] for b, s in statuses.items() if s["status"] == Status.FAILED.value}
+    errors = {b: s.error or "" for b, s in statuses.items() if s.status is BranchStatus.FAILED}
     if errors:
         raise JoinError(name, errors)
-    return {b: statuses[b].get("output") for b in branches}
+    return {b: statuses[b].output for b in branches}
+
+
+def _won(race: Race) -> RaceResult:
+    """A settled race's outcome, as recorded."""
+    if race.winner is None:
+        raise WorkflowFormatError("a settled race records no winner")
+    return RaceResult(race.winner, race.branches[race.winner].output)
 
 
 def _failed(entry: Entry) -> StepResult:
-    failure = StepFailure(entry.data["failure"], entry.name, entry.attempts, entry.error or "")
-    return StepResult(False, failure=failure)
+    kind = entry.payload(StepFailed).failure
+    return StepResult(
+        False, failure=StepFailure(kind, entry.name, entry.attempts, entry.error or "")
+    )
 
 
 def _raise_control(errors: list[BaseException]) -> None:

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
+from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import ActorError
 from pagekv.actor.queue import prepare_message
-from pagekv.actor.workflow.handle_registry import HandleRegistry
 from pagekv.actor.workflow.history import describe
 from pagekv.actor.workflow.runner import Runner, WorkflowStatus
+
+
+class WorkflowInstance(Protocol):
+    """A live instance as the handle sees it: the runner of its workflow, if it has one."""
+
+    @property
+    def workflow(self) -> Runner | None: ...
+
+
+class HandleRegistry(Protocol):
+    """What the handle needs from the registry it reaches its actor through: the actor's
+    definition (to refuse an actor without a workflow before waking it), its live instance (woken
+    or created), and the registry's way of sending it a message. The handle depends on this and
+    not on `Registry`, which creates handles, so imports run one way."""
+
+    def definition(self, name: str) -> ActorDefinition: ...
+
+    async def instance(
+        self, name: str, key: str, *, create: bool, input: Any
+    ) -> WorkflowInstance: ...
+
+    async def send(
+        self, name: str, key: str, queue: str, body: Any, *, create: bool, input: Any
+    ) -> int: ...
 
 
 class WorkflowHandle:

@@ -1,6 +1,7 @@
 """A workflow's history: entries keyed by location, stored in the actor's own database.
 
-Tables (created by internal schema version 2, see `pagekv.actor.internal`):
+Tables (created by internal schema version 2, see `pagekv.actor.tables.schema`; read and
+written through `pagekv.actor.tables.sql`):
 
 - `_pagekv_workflow(key, value)`: `format_version`, and the workflow's `state`, `output` and
   `error` (CBOR).
@@ -24,31 +25,32 @@ import enum
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, TypeVar
 
 import apsw
 import cbor2
 
+from pagekv.actor.tables.schema import has_table
+from pagekv.actor.tables.sql import (
+    HistoryRow,
+    QueueMessage,
+    WorkflowOutcome,
+    add_workflow_names,
+    delete_history,
+    put_history,
+    put_workflow_outcome,
+    queue_give_back,
+    read_history,
+    read_workflow_names,
+    read_workflow_outcome,
+)
 from pagekv.actor.workflow.errors import WorkflowFormatError
+from pagekv.actor.workflow.payloads import Kind, Payload, StepDone, decode, encode
 
+P = TypeVar("P", bound=Payload)
 FORMAT_VERSION = 2
-"""The encoding of entries in `_pagekv_workflow_history`; a newer one is refused. Version 2 added
-`iteration` entries (version 1 histories read as they are)."""
-
-
-class Kind(enum.StrEnum):
-    STEP = "step"
-    LOOP = "loop"
-    SLEEP = "sleep"
-    MESSAGE = "message"
-    ROLLBACK_CHECKPOINT = "rollback_checkpoint"
-    JOIN = "join"
-    RACE = "race"
-    REMOVED = "removed"
-    VERSION_CHECK = "version_check"
-    ITERATION = "iteration"
-    """The state a finished loop iteration holding a step with a rollback handler started with,
-    at the iteration's own scope location: what a rollback replays that iteration from."""
+"""The encoding of entries in `_pagekv_workflow_history` (their payloads: `payloads`); a newer
+one is refused. Version 2 added `iteration` entries (version 1 histories read as they are)."""
 
 
 class Status(enum.StrEnum):
@@ -82,7 +84,7 @@ class Entry:
     """Creation order, unique; replay-from-step deletes an entry and every later one."""
     name: str
     kind: Kind
-    data: dict[str, Any]
+    data: Payload
     status: Status = Status.PENDING
     attempts: int = 0
     error: str | None = None
@@ -91,6 +93,15 @@ class Entry:
     completed: float | None = None
     rollback_completed: float | None = None
     rollback_error: str | None = None
+
+    def payload(self, expected: type[P]) -> P:
+        """`data` as the payload type its kind records; `WorkflowFormatError` if it is not."""
+        if not isinstance(self.data, expected):
+            raise WorkflowFormatError(
+                f"the {self.kind.value} entry {self.name!r} holds a {type(self.data).__name__}, "
+                f"not a {expected.__name__}"
+            )
+        return self.data
 
     def settled(self, **changes: Any) -> Entry:
         """A completed copy (the original stays as it is until the copy is committed)."""
@@ -122,12 +133,6 @@ def subtree_range(scope: str) -> tuple[str, str]:
     return f"{scope}/", f"{scope}0"
 
 
-_COLUMNS = (
-    "location, seq, name, kind, data, status, attempts, error, created, last_attempt, "
-    "completed, rollback_completed, rollback_error"
-)
-
-
 class History:
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
@@ -143,7 +148,7 @@ class History:
         self._pending_puts: dict[str, None] = {}
         self._pending_deletes: list[tuple[str, str]] = []
         self._pending_names: list[tuple[int, str]] = []
-        self._pending_returns: list[tuple[Any, ...]] = []
+        self._pending_returns: list[QueueMessage] = []
         """Queue rows a race gives back with the deletion of its losers: written by the same
         commit as that deletion, whichever branch's commit it is."""
         self._meta_dirty = False
@@ -160,23 +165,18 @@ class History:
     def load_outcome(cls, connection: apsw.Connection) -> History:
         """Only the state, output and error (no entries): what a status query needs."""
         history = cls()
-        meta = dict(
-            cast(
-                list[tuple[str, Any]],
-                connection.execute("SELECT key, value FROM _pagekv_workflow").fetchall(),
-            )
-        )
-        version = meta.get("format_version", FORMAT_VERSION)
+        stored = read_workflow_outcome(connection)
+        version = FORMAT_VERSION if stored.format_version is None else stored.format_version
         if version > FORMAT_VERSION:
             raise WorkflowFormatError(
                 f"the workflow history has format version {version}; this pagekv reads up to "
                 f"{FORMAT_VERSION}. Upgrade pagekv."
             )
-        history.recorded = "state" in meta
-        if history.recorded:
-            history.state = WorkflowState(meta["state"])
-            history.output = cbor2.loads(meta["output"]) if meta.get("output") else None
-            history.error = cbor2.loads(meta["error"]) if meta.get("error") else None
+        history.recorded = stored.state is not None
+        if stored.state is not None:
+            history.state = WorkflowState(stored.state)
+            history.output = cbor2.loads(stored.output) if stored.output else None
+            history.error = cbor2.loads(stored.error) if stored.error else None
         history._committed = (history.state, history.output, history.error)
         history._taken = history._committed if history.recorded else None
         return history
@@ -184,11 +184,8 @@ class History:
     @classmethod
     def load(cls, connection: apsw.Connection) -> History:
         history = cls.load_outcome(connection)
-        history.names = {
-            name: idx
-            for idx, name in connection.execute("SELECT idx, name FROM _pagekv_workflow_names")
-        }
-        for row in connection.execute(f"SELECT {_COLUMNS} FROM _pagekv_workflow_history"):
+        history.names = read_workflow_names(connection)
+        for row in read_history(connection):
             entry = _entry(row)
             history.entries[entry.location] = entry
             history.unvisited[scope_of(entry.location)].add(entry.location)
@@ -210,7 +207,7 @@ class History:
             self._pending_names.append((idx, name))
         return idx
 
-    def new_entry(self, location: str, name: str, kind: Kind, data: dict[str, Any]) -> Entry:
+    def new_entry(self, location: str, name: str, kind: Kind, data: Payload) -> Entry:
         """A fresh entry, not yet recorded (put it, or stage it with a transaction)."""
         entry = Entry(location, self.next_seq, name, kind, data)
         self.next_seq += 1
@@ -229,9 +226,9 @@ class History:
         return [
             e
             for e in self.within(low, high)
-            if e.kind is Kind.STEP
+            if isinstance(e.data, StepDone)
+            and e.data.undoable
             and e.status is Status.COMPLETED
-            and e.data.get("rollback")
             and e.rollback_completed is None
         ]
 
@@ -278,8 +275,8 @@ class History:
             return self._committed
         return current
 
-    def give_back(self, rows: list[tuple[Any, ...]]) -> None:
-        """Queue rows `(id, name, body, created)` to put back with the pending changes."""
+    def give_back(self, rows: list[QueueMessage]) -> None:
+        """Queue rows to put back with the pending changes."""
         self._pending_returns += rows
 
     def dirty(self) -> bool:
@@ -342,9 +339,9 @@ class PendingWrite:
 
     deletes: list[tuple[str, str]]
     puts: list[str]
-    rows: list[tuple[Any, ...]]
+    rows: list[HistoryRow]
     names: list[tuple[int, str]]
-    returns: list[tuple[Any, ...]]
+    returns: list[QueueMessage]
     outcome: tuple[WorkflowState, Any, dict[str, Any] | None] | None
     staged: list[Entry]
 
@@ -352,45 +349,29 @@ class PendingWrite:
         """Write it inside the caller's transaction. Deletes go first, then puts: that order
         yields the in-memory history whatever order the changes were made in."""
         for low, high in self.deletes:
-            connection.execute(
-                "DELETE FROM _pagekv_workflow_history WHERE location >= ? AND location < ?",
-                (low, high),
-            )
+            delete_history(connection, low, high)
         if self.rows:
-            connection.executemany(
-                f"INSERT OR REPLACE INTO _pagekv_workflow_history({_COLUMNS}) "
-                f"VALUES ({', '.join('?' * 13)})",
-                self.rows,
-            )
+            put_history(connection, self.rows)
         if self.names:
-            connection.executemany(
-                "INSERT INTO _pagekv_workflow_names(idx, name) VALUES (?, ?)", self.names
-            )
+            add_workflow_names(connection, self.names)
         if self.returns:
-            connection.executemany(
-                "INSERT OR IGNORE INTO _pagekv_queue(id, name, body, created) VALUES (?, ?, ?, ?)",
-                self.returns,
-            )
+            queue_give_back(connection, self.returns)
         if self.outcome is not None:
             state, output, error = self.outcome
-            connection.executemany(
-                "INSERT OR REPLACE INTO _pagekv_workflow(key, value) VALUES (?, ?)",
-                [
-                    ("format_version", FORMAT_VERSION),
-                    ("state", state.value),
-                    ("output", cbor2.dumps(output)),
-                    ("error", cbor2.dumps(error) if error is not None else None),
-                ],
+            encoded_error = cbor2.dumps(error) if error is not None else None
+            put_workflow_outcome(
+                connection,
+                WorkflowOutcome(FORMAT_VERSION, state.value, cbor2.dumps(output), encoded_error),
             )
 
 
-def _row(entry: Entry) -> tuple[Any, ...]:
-    return (
+def _row(entry: Entry) -> HistoryRow:
+    return HistoryRow(
         entry.location,
         entry.seq,
         entry.name,
         entry.kind.value,
-        cbor2.dumps(entry.data),
+        cbor2.dumps(encode(entry.data)),
         entry.status.value,
         entry.attempts,
         entry.error,
@@ -402,23 +383,22 @@ def _row(entry: Entry) -> tuple[Any, ...]:
     )
 
 
-def _entry(row: tuple[Any, ...]) -> Entry:
-    location, seq, name, kind, data, status, attempts, error, created, *rest = row
-    last_attempt, completed, rollback_completed, rollback_error = rest
+def _entry(row: HistoryRow) -> Entry:
+    kind = Kind(row.kind)
     return Entry(
-        location,
-        seq,
-        name,
-        Kind(kind),
-        cbor2.loads(data),
-        Status(status),
-        attempts,
-        error,
-        created,
-        last_attempt,
-        completed,
-        rollback_completed,
-        rollback_error,
+        row.location,
+        row.seq,
+        row.name,
+        kind,
+        decode(kind, cbor2.loads(row.data)),
+        Status(row.status),
+        row.attempts,
+        row.error,
+        row.created,
+        row.last_attempt,
+        row.completed,
+        row.rollback_completed,
+        row.rollback_error,
     )
 
 
@@ -434,10 +414,7 @@ def describe(connection: apsw.Connection) -> dict[str, Any] | None:
 
     Read-only and JSON-friendly (CBOR values decoded; locations spelled with names).
     """
-    exists = connection.execute(
-        "SELECT 1 FROM sqlite_schema WHERE name = '_pagekv_workflow'"
-    ).fetchall()
-    if not exists:
+    if not has_table(connection, "_pagekv_workflow"):
         return None
     history = History.load(connection)
     if not history.entries and not history.recorded:
@@ -461,7 +438,7 @@ def describe(connection: apsw.Connection) -> dict[str, Any] | None:
                 "completed": e.completed,
                 "rollback_completed": e.rollback_completed,
                 "rollback_error": e.rollback_error,
-                "data": e.data,
+                "data": encode(e.data),
             }
             for e in sorted(history.entries.values(), key=lambda e: e.seq)
         ],

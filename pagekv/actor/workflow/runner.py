@@ -24,9 +24,18 @@ import anyio
 import apsw
 import cbor2
 
-from pagekv.actor.database import ActorDb
+from pagekv.actor.async_db import ActorDb
 from pagekv.actor.queue import Message
 from pagekv.actor.schedule import WORKFLOW_WAKE
+from pagekv.actor.tables.sql import (
+    QueueMessage,
+    ScheduledCall,
+    queue_delete,
+    queue_messages,
+    schedule_cancel,
+    schedule_due,
+    schedule_put,
+)
 from pagekv.actor.workflow.context import (
     INFRASTRUCTURE,
     RollbackStop,
@@ -45,7 +54,6 @@ from pagekv.actor.workflow.errors import (
 from pagekv.actor.workflow.history import (
     Entry,
     History,
-    Kind,
     PendingWrite,
     Status,
     WorkflowState,
@@ -54,6 +62,15 @@ from pagekv.actor.workflow.history import (
     subtree_range,
 )
 from pagekv.actor.workflow.hosts import RunHost
+from pagekv.actor.workflow.payloads import (
+    PENDING_BRANCH,
+    Join,
+    Kind,
+    Messages,
+    Race,
+    ReceivedMessage,
+    StepDone,
+)
 from pagekv.actor.workflow.step import RollbackFn, StepContext
 
 WorkflowFn = Callable[[WorkflowContext], Awaitable[Any]]
@@ -62,6 +79,8 @@ _CODE_ERRORS = (HistoryDiverged, EntryInProgress, RollbackCheckpointError)
 """The code does not fit its history: the workflow fails, and is tried again on the next wake
 (a deploy with `wf.removed(...)` may have fixed it); detected before any side effect."""
 _KEEP = object()
+_NO_ARGS = cbor2.dumps([])
+"""The arguments of the wake row (it calls no action)."""
 
 
 @dataclass(frozen=True)
@@ -93,11 +112,11 @@ class Runner:
         """Read the history; only while the run handler is not running (it owns `history`)."""
         self.history, self._wake_due = await self.db.locked(_load, internal=True)
         self._held = {
-            m["id"]
+            m.id
             for e in self.history.entries.values()
-            if e.kind is Kind.MESSAGE and e.data.get("completable")
-            for m in e.data["messages"]
-            if not m["completed"] and not m.get("returned")
+            if isinstance(e.data, Messages) and e.data.completable
+            for m in e.data.messages
+            if not m.completed and not m.returned
         }
         self.loaded = True
 
@@ -199,7 +218,7 @@ class Runner:
             step_ctx = StepContext(self.instance.ctx, entry.name, 1)
             try:
                 async with self.transaction() as staged:
-                    await handler(step_ctx, entry.data.get("output"))
+                    await handler(step_ctx, entry.payload(StepDone).output)
                     staged.append(replace(entry, rollback_completed=time.time()))
             except INFRASTRUCTURE:
                 raise
@@ -247,12 +266,11 @@ class Runner:
         read here, so branches changing the history meanwhile share nothing with this thread."""
         batch.write(connection)
         if wake is None:
-            connection.execute("DELETE FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,))
+            schedule_cancel(connection, WORKFLOW_WAKE)
         elif wake is not _KEEP:
-            connection.execute(
-                "INSERT OR REPLACE INTO _pagekv_schedule VALUES (?, ?, ?, ?, NULL, ?)",
-                (WORKFLOW_WAKE, wake, WORKFLOW_WAKE, cbor2.dumps([]), time.time()),
-            )
+            due = cast(float, wake)
+            call = ScheduledCall(WORKFLOW_WAKE, due, WORKFLOW_WAKE, _NO_ARGS, None, time.time())
+            schedule_put(connection, call)
 
     async def flush(self) -> None:
         """Make the pending history durable now (no-op if nothing changed)."""
@@ -292,7 +310,7 @@ class Runner:
             batch = await self._take(entry, names, count, completable)
             if batch is not None:
                 return batch
-            deadline = entry.data["deadline"]
+            deadline = entry.payload(Messages).deadline
             if deadline is not None and time.time() >= deadline:
                 entry.status, entry.completed = Status.COMPLETED, time.time()
                 self.history.put(entry)
@@ -320,20 +338,16 @@ class Runner:
                 )
                 if not rows:
                     return None  # another branch took them meanwhile
-                records = [
-                    {
-                        "id": i,
-                        "name": n,
-                        "body": cbor2.loads(b),
-                        "created": c,
-                        "completed": not completable,
-                    }
-                    for i, n, b, c in rows
-                ]
-                data = {**entry.data, "messages": records, "completable": completable}
-                staged.append(entry.settled(data=data))
+                records = tuple(
+                    ReceivedMessage(r.id, r.name, cbor2.loads(r.body), r.created, not completable)
+                    for r in rows
+                )
+                received = replace(
+                    entry.payload(Messages), messages=records, completable=completable
+                )
+                staged.append(entry.settled(data=received))
                 if completable:
-                    taken = {r["id"] for r in records}
+                    taken = {r.id for r in records}
                     self._held |= taken
         except BaseException:
             self._held -= taken
@@ -342,19 +356,10 @@ class Runner:
 
     def _select(
         self, names: Sequence[str] | None, count: int
-    ) -> Callable[[apsw.Connection], list[tuple[Any, ...]]]:
+    ) -> Callable[[apsw.Connection], list[QueueMessage]]:
         """The query for up to `count` messages (of `names`) not held, as the held set is now."""
-        where = "1"
-        params: list[int | str] = []
-        if self._held:
-            where += f" AND id NOT IN ({','.join('?' * len(self._held))})"
-            params += sorted(self._held)
-        if names is not None:
-            where += f" AND name IN ({','.join('?' * len(names))})"
-            params += list(names)
-        params.append(count)
-        sql = f"SELECT id, name, body, created FROM _pagekv_queue WHERE {where} ORDER BY id LIMIT ?"
-        return lambda connection: connection.execute(sql, params).fetchall()
+        skip = sorted(self._held)
+        return lambda c: list(queue_messages(c, limit=count, names=names, skip=skip))
 
     async def return_messages(self, gone: Sequence[Entry], kept: Sequence[Entry] = ()) -> None:
         """Commit the pending history (a race's losers deleted, or `kept` for their rollback
@@ -368,56 +373,55 @@ class Runner:
         deletion writes them too."""
         rows = []
         for entry in [*gone, *kept]:
-            if entry.kind is not Kind.MESSAGE or not entry.data.get("messages"):
+            if not isinstance(entry.data, Messages) or not entry.data.messages:
                 continue
-            data = copy.deepcopy(entry.data)
-            for record in data["messages"]:
-                if record.get("returned"):
+            received, marked = entry.data, []
+            for record in received.messages:
+                if record.returned:
+                    marked.append(record)
                     continue
-                if not entry.data.get("completable"):
-                    body = cbor2.dumps(record["body"])
-                    rows.append((record["id"], record["name"], body, record["created"]))
-                elif not record["completed"]:
-                    self._held.discard(record["id"])
-                record["returned"] = True
+                if not received.completable:
+                    body = cbor2.dumps(record.body)
+                    rows.append(QueueMessage(record.id, record.name, body, record.created))
+                elif not record.completed:
+                    self._held.discard(record.id)
+                marked.append(replace(record, returned=True))
             if entry in kept:
-                self.history.put(replace(entry, data=data))
+                self.history.put(replace(entry, data=replace(received, messages=tuple(marked))))
         self.history.give_back(rows)
         await self.flush()
         if rows or any(e.kind is Kind.MESSAGE for e in [*gone, *kept]):
             self.instance.ctx.queue.notify()
 
     def messages(self, entry: Entry) -> list[Message]:
-        completable = entry.data.get("completable", False)
+        received = entry.payload(Messages)
         return [
             Message(
-                record["id"],
-                record["name"],
-                record["body"],
-                record["created"],
+                record.id,
+                record.name,
+                record.body,
+                record.created,
                 _complete=(
                     _done
-                    if record["completed"] or record.get("returned") or self.rollback_mode
+                    if record.completed or record.returned or self.rollback_mode
                     else partial(self._complete, entry.location, index)
                 )
-                if completable
+                if received.completable
                 else None,
             )
-            for index, record in enumerate(entry.data["messages"])
+            for index, record in enumerate(received.messages)
         ]
 
     async def _complete(self, location: str, index: int) -> None:
         """Delete a completable message and mark it completed in its entry, in one commit."""
         entry = self.history.entries[location]
-        message_id = entry.data["messages"][index]["id"]
+        received = entry.payload(Messages)
+        messages = list(received.messages)
+        message_id = messages[index].id
         async with self.transaction() as staged:
-            await self.db.run(
-                lambda c: c.execute("DELETE FROM _pagekv_queue WHERE id = ?", (message_id,)),
-                internal=True,
-            )
-            data = copy.deepcopy(entry.data)
-            data["messages"][index]["completed"] = True
-            staged.append(replace(entry, data=data))
+            await self.db.run(lambda c: queue_delete(c, [message_id]), internal=True)
+            messages[index] = replace(messages[index], completed=True)
+            staged.append(replace(entry, data=replace(received, messages=tuple(messages))))
         self._held.discard(message_id)
 
     # -- handle operations ------------------------------------------------------------------
@@ -479,7 +483,7 @@ class Runner:
         winner: it is run again from that point, its losers from their start."""
         names = {idx: name for name, idx in self.history.names.items()}
         for entry in list(self.history.entries.values()):
-            if entry.kind not in (Kind.JOIN, Kind.RACE):
+            if not isinstance(entry.data, Join | Race):
                 continue
             prefix = entry.location + "/"
             segments = {
@@ -489,12 +493,13 @@ class Runner:
             if not branches:
                 continue
             data = copy.deepcopy(entry.data)
-            for branch in branches & set(data["branches"]):
-                data["branches"][branch] = {"status": Status.PENDING.value}
-            if entry.kind is Kind.RACE:
-                data["winner"] = None
-                for loser, status in data["branches"].items():
-                    if status.pop("kept", False):
+            for branch in set(data.branches) & branches:
+                data.branches[branch] = PENDING_BRANCH
+            if isinstance(data, Race):
+                data.winner = None
+                for loser, status in data.branches.items():
+                    if status.kept:
+                        data.branches[loser] = replace(status, kept=False)
                         index = self.history.names[loser]
                         self.history.delete_range(*subtree_range(child(entry.location, index)))
             self.history.put(replace(entry, data=data, status=Status.PENDING, completed=None))
@@ -521,21 +526,15 @@ class Runner:
 
 
 def _take_rows(
-    connection: apsw.Connection, rows: list[tuple[Any, ...]], completable: bool
-) -> list[tuple[Any, ...]]:
+    connection: apsw.Connection, rows: list[QueueMessage], completable: bool
+) -> list[QueueMessage]:
     if not completable:
-        connection.executemany("DELETE FROM _pagekv_queue WHERE id = ?", [(r[0],) for r in rows])
+        queue_delete(connection, [r.id for r in rows])
     return rows
 
 
 def _load(connection: apsw.Connection) -> tuple[History, float | None]:
-    row = cast(
-        list[tuple[float]],
-        connection.execute(
-            "SELECT due FROM _pagekv_schedule WHERE id = ?", (WORKFLOW_WAKE,)
-        ).fetchall(),
-    )
-    return History.load(connection), row[0][0] if row else None
+    return History.load(connection), schedule_due(connection, WORKFLOW_WAKE)
 
 
 def _error(error: BaseException, *, code_error: bool = False) -> dict[str, Any]:

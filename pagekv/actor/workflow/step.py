@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pagekv.actor.async_db import ActorDb
 from pagekv.actor.context import ActorContext
-from pagekv.actor.database import ActorDb
 from pagekv.actor.schedule import Schedule
 from pagekv.actor.user_kv import UserKv
 from pagekv.actor.workflow.errors import StepContextClosed
