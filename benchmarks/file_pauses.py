@@ -4,7 +4,7 @@
 
 Runs one-row VFS commits and one-entry KV writes to new keys on a fresh store with an 8 MiB and
 the default 32 MiB log, and prints median, p99, p99.9 and max per call, with the time of each
-fold (timed by wrapping `FileStore._fold`). Results: `benchmarks/RESULTS.md`, "Through the
+fold (timed by wrapping `Appender.fold`). Results: `benchmarks/RESULTS.md`, "Through the
 VFS" (the pauses), and its last table in `benchmarks/HISTORY.md`.
 """
 
@@ -16,17 +16,17 @@ import shutil
 import time
 from collections.abc import Callable
 
-from pagekv.kv import file as kv_file
 from pagekv.kv import open_kv
+from pagekv.kv.file.append import Appender
 from pagekv.vfs import open_database
 
 _folds: list[float] = []
 
 
-def _timed_fold(fold: Callable[[kv_file.FileStore], None]) -> Callable[[kv_file.FileStore], None]:
-    def wrapper(store: kv_file.FileStore) -> None:
+def _timed_fold(fold: Callable[[Appender], None]) -> Callable[[Appender], None]:
+    def wrapper(appender: Appender) -> None:
         start = time.perf_counter()
-        fold(store)
+        fold(appender)
         _folds.append(time.perf_counter() - start)
 
     return wrapper
@@ -71,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="./.bench-pauses", help="scratch store directory")
     args = parser.parse_args()
-    kv_file.FileStore._fold = _timed_fold(kv_file.FileStore._fold)  # type: ignore[method-assign]
+    Appender.fold = _timed_fold(Appender.fold)  # type: ignore[method-assign]
     for log_kib, kv_writes in ((8 * 1024, 30_000), (32 * 1024, 80_000)):
         _run(args.dir, log_kib, "vfs", 12_000)
         _run(args.dir, log_kib, "kv", kv_writes)

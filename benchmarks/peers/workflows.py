@@ -156,11 +156,11 @@ def _pagekv_setup() -> dict[str, Any]:
     import apsw
 
     import pagekv
-    import pagekv.kv.file
+    import pagekv.kv.limits
 
     return {
         "from": str(Path(pagekv.__file__).parent.parent),
-        "compiled": not pagekv.kv.file.__file__.endswith(".py"),
+        "compiled": not pagekv.kv.limits.__file__.endswith(".py"),
         "sqlite": apsw.sqlite_lib_version(),
     }
 

@@ -572,7 +572,7 @@ write, `S`/`s` a flush started/ended."""
 
 def _journal_log_io(log: Path, journal: Path, flush_ms: float) -> None:
     """Patch `os.pwrite`, `os.pwritev` and `os.fdatasync` so that those on `log` are journaled
-    (the store's `file_log` calls them through `os`, compiled or not). A flush takes `flush_ms`
+    (the store's `log.py` calls them through `os`, compiled or not). A flush takes `flush_ms`
     more between its start and its end, as on a slow disk (`flush_delay_ms` sleeps after the
     flush has ended, when nothing is at risk any more)."""
     st = os.stat(log)
@@ -970,8 +970,8 @@ def test_a_full_disk_during_a_fold_is_a_typed_error_and_loses_nothing(tmp_path: 
     `KvError` naming the cause (it raised a raw `apsw.SQLError` from its own ROLLBACK)."""
     store = FileStore(tmp_path / "s", log_bytes=64 * 1024)
     ns = store.namespace("a")
-    pages = store._db.execute("PRAGMA page_count").fetchall()[0][0]
-    store._db.execute(f"PRAGMA max_page_count = {pages + 3}")  # the disk fills up
+    pages = store.base.db.execute("PRAGMA page_count").fetchall()[0][0]
+    store.base.db.execute(f"PRAGMA max_page_count = {pages + 3}")  # the disk fills up
     written: dict[bytes, bytes] = {}
     with pytest.raises(KvUnavailable, match="full"):
         for i in range(200):

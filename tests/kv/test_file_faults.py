@@ -71,18 +71,18 @@ def _lift_file_size_limit() -> None:
 def _child_short_record(directory: str, room: int, direct: bool) -> dict[str, Any]:
     """Acknowledge three batches, then leave `room` bytes for the next record and write it."""
     store = FileStore(directory)
-    if not direct and store._log._direct is not None:
-        os.close(store._log._direct)
-        store._log._direct = None
+    if not direct and store.log._direct is not None:
+        os.close(store.log._direct)
+        store.log._direct = None
     ns = store.namespace("a")
     for i in range(3):
         ns.write(put={b"k%d" % i: bytes([i]) * 100})
-    offset = store._offset
+    offset = store.epoch.offset
     _limit_file_size(offset + room)
     failed = _outcome(lambda: ns.write(put={b"lost": b"x" * 5000}))
     after = _outcome(lambda: ns.get([b"k0"]))
     return {
-        "direct": store._log._direct is not None,
+        "direct": store.log._direct is not None,
         "size": os.path.getsize(Path(directory) / "kv.log"),
         "offset": offset,
         "write": failed,
@@ -96,7 +96,7 @@ def _child_short_extension(directory: str) -> dict[str, Any]:
     ns = store.namespace("a")
     log = Path(directory) / "kv.log"
     acked = 0
-    while acked == 0 or store._offset + 8192 <= os.path.getsize(log):
+    while acked == 0 or store.epoch.offset + 8192 <= os.path.getsize(log):
         ns.write(put={b"k%05d" % acked: b"v" * 8000})
         acked += 1
     size = os.path.getsize(log)
@@ -115,10 +115,10 @@ def _child_short_header(directory: str) -> dict[str, Any]:
     ns = store.namespace("a")
     for i in range(3):
         ns.write(put={b"k%d" % i: b"v" * 600})
-    with store._section(exclusive=True):
-        store._fold()
-    assert store._header is not None and store._header.sealed
-    assert (store._header.hseq + 1) % 2 == 1, "the next header goes to slot 0"
+    with store.sections.exclusive:
+        store.appender.fold()
+    assert store.epoch.header is not None and store.epoch.header.sealed
+    assert (store.epoch.header.hseq + 1) % 2 == 1, "the next header goes to slot 0"
     _limit_file_size(512 + 8)
     failed = _outcome(lambda: ns.write(put={b"lost": b"v" * 600}))
     after = _outcome(lambda: ns.get([b"k0"]))
@@ -130,7 +130,7 @@ def _child_stopped_holder(directory: str) -> None:
     store = FileStore(directory)
     ns = store.namespace("a")
     ns.put({b"before": b"1"})
-    with store._section(exclusive=True):
+    with store.sections.exclusive:
         print(json.dumps({"pid": os.getpid()}), flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
     ns.put({b"after-continue": b"1"})
@@ -246,7 +246,7 @@ def test_a_thread_holding_the_store_delays_another_only_up_to_the_timeout(
     inside, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with store._section(exclusive=True):
+        with store.sections.exclusive:
             inside.set()
             release.wait(30)
 

@@ -28,7 +28,7 @@ import pytest
 from crc32c import crc32c
 
 from pagekv.kv import FileStore, FormatTooNew, KvUnavailable, StoreDamaged
-from pagekv.kv.file_log import flock_holders
+from pagekv.kv.file.holders import flock_holders
 
 FIXTURES = Path(__file__).with_name("fixtures")
 WAIT = 60.0
@@ -129,11 +129,11 @@ def test_a_newer_header_damaged_after_its_records_is_refused(tmp_path: Path) -> 
     Falling back to it would drop the new epoch's records, so the store refuses."""
     with FileStore(tmp_path, log_bytes=16 * 1024) as store:
         ns = store.namespace("a")
-        assert store._header is not None
-        first = store._header.epoch
+        assert store.epoch.header is not None
+        first = store.epoch.header.epoch
         for i in range(200):
             ns.put({b"k%03d" % i: b"x" * 200})
-            if store._header.epoch > first and store.log_used > 4096 + 1024:
+            if store.epoch.header.epoch > first and store.log_used > 4096 + 1024:
                 break
         else:
             raise AssertionError("the log never folded")
@@ -246,9 +246,9 @@ def test_a_store_of_the_previous_format_is_read_and_upgraded(tmp_path: Path) -> 
     assert _user_version(directory) == 3 and _slots(directory).count(b"pkvlog2\0") >= 1
     with FileStore(directory, log_bytes=64 * 1024) as store:
         _reads_as(store, expected)
-        assert store._header is not None and store._header.format == 2  # read as it is
+        assert store.epoch.header is not None and store.epoch.header.format == 2  # read as it is
         store.namespace("b").put({b"after": b"the upgrade"}, fence=2)
-        assert store._header.format == 3, "the old epoch was folded before the write"
+        assert store.epoch.header.format == 3, "the old epoch was folded before the write"
     assert _user_version(directory) == 4, "older builds refuse the store from now on"
     assert _slots(directory)[:8] == b"pkvlog3\0" or _slots(directory)[SLOT : SLOT + 8] == (
         b"pkvlog3\0"

@@ -1,5 +1,5 @@
 """The `file://` store's log: folding, crashes at every step of a fold, torn and forged records,
-a failed sync, several store objects on one directory, and the pieces (`_Ranges`, record bodies).
+a failed sync, several store objects on one directory, and the pieces (`Ranges`, record bodies).
 
 A "crash" here is an exception raised from inside the store at a chosen point, after which the
 store object is abandoned and the directory reopened by a fresh one, as a new process would; each
@@ -23,11 +23,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagekv.kv import KvIndeterminate, KvUnavailable, file_log
-from pagekv.kv import file as kv_file
-from pagekv.kv.file import FileStore, _Pending, _Ranges
-from pagekv.kv.file_log import LogFile
-from pagekv.kv.file_records import (
+from pagekv.kv import KvIndeterminate, KvUnavailable
+from pagekv.kv.file import FileStore
+from pagekv.kv.file import log as kv_log
+from pagekv.kv.file.base import BASE_PAGE_SIZE, SCHEMA_VERSION
+from pagekv.kv.file.log import LogFile
+from pagekv.kv.file.namespace import MAX_GAPS
+from pagekv.kv.file.pending import Pending, Ranges
+from pagekv.kv.file.records import (
     Create,
     Range,
     Takeover,
@@ -162,13 +165,15 @@ def _crash_at(monkeypatch: pytest.MonkeyPatch, store: FileStore, step: str) -> l
     if step == "before-fold":
 
         def tracer(cursor: object, sql: str, bindings: object) -> bool:
-            sealed = store._header is not None and store._header.sealed  # the fold's, no other
+            sealed = (
+                store.epoch.header is not None and store.epoch.header.sealed
+            )  # the fold's, no other
             if sql == "BEGIN IMMEDIATE" and sealed and not fired:
                 fired.append(step)
                 raise Crash(step)
             return True
 
-        store._db.exec_trace = tracer
+        store.base.db.exec_trace = tracer
         return fired
     skip, after = {"before-seal": (0, False), "after-seal": (0, True), "after-fold": (1, False)}[
         step
@@ -198,12 +203,12 @@ def _on_header_writes(
     real_pwrite = os.pwrite
 
     def pwrite(fd: int, data: bytes, offset: int) -> int:
-        if offset >= file_log.DATA_START:
+        if offset >= kv_log.DATA_START:
             return real_pwrite(fd, data, offset)
         hook(lambda: real_pwrite(fd, data, offset), data)
         return len(data)
 
-    monkeypatch.setattr(file_log.os, "pwrite", pwrite)
+    monkeypatch.setattr(kv_log.os, "pwrite", pwrite)
 
 
 def _trace_base_reads(store: FileStore) -> tuple[list[str], list[bytes]]:
@@ -225,24 +230,24 @@ def _trace_base_reads(store: FileStore) -> tuple[list[str], list[bytes]]:
             rows.append(row[0])
         return row
 
-    store._db.exec_trace = exec_trace
-    store._db.row_trace = row_trace
+    store.base.db.exec_trace = exec_trace
+    store.base.db.row_trace = row_trace
     return queries, rows
 
 
 def test_reads_past_many_small_range_deletes_skip_every_hidden_row(tmp_path: Path) -> None:
-    """Past `_MAX_GAPS` hidden ranges a read queries the whole span once and skips hidden rows
+    """Past `MAX_GAPS` hidden ranges a read queries the whole span once and skips hidden rows
     itself (like the registry's index: one small range delete per actor)."""
     store = FileStore(tmp_path)
     ns = store.namespace("a")
     ns.put({b"k%04d" % j: b"v" for j in range(100)})
-    with store._section(exclusive=True):
-        store._fold()
-        store._start_epoch()
+    with store.sections.exclusive:
+        store.appender.fold()
+        store.appender.start_epoch()
     hidden = range(0, 80, 2)
     for j in hidden:  # 40 ranges of one row each, with a row between each pair
         ns.delete_range(b"k%04d" % j, b"k%04d" % (j + 1))
-    assert len(store._pending_for(ns._id).hidden.gaps(None, None)) > kv_file._MAX_GAPS
+    assert len(store.epoch.pending_for(ns._id).hidden.gaps(None, None)) > MAX_GAPS
     visible = [b"k%04d" % j for j in range(100) if j not in hidden]
     queries, _ = _trace_base_reads(store)
     assert [k for k, _ in ns.list()] == visible
@@ -309,7 +314,7 @@ def test_a_torn_header_falls_back_to_the_other_slot(
         calls.append(int.from_bytes(data[8:16], "little"))  # hseq
         write()
         if len(calls) == torn:
-            real_pwrite(store._log.fd, b"\xff" * 8, (calls[-1] % 2) * 512 + 12)
+            real_pwrite(store.log.fd, b"\xff" * 8, (calls[-1] % 2) * 512 + 12)
             raise Crash("torn header")
 
     _on_header_writes(monkeypatch, tearing)
@@ -321,7 +326,7 @@ def test_a_torn_header_falls_back_to_the_other_slot(
     monkeypatch.undo()
     assert len(calls) == torn
     reopened = FileStore(tmp_path, log_bytes=SMALL_LOG)
-    header = reopened._header
+    header = reopened.epoch.header
     assert header is not None and header.hseq == calls[-1] - 1  # the older slot
     model.check(reopened)
     reopened.namespace("a").put({b"after": b"tear"}, fence=model.generation)
@@ -332,7 +337,7 @@ def test_a_torn_header_falls_back_to_the_other_slot(
 
 def _tail(store: FileStore) -> tuple[int, int, int]:
     """Where the next record goes, its `seq`, and the seed its CRC needs (the chain so far)."""
-    return store._offset, store._seq + 1, store._chain
+    return store.epoch.offset, store.epoch.seq + 1, store.epoch.chain
 
 
 @pytest.mark.parametrize("salt_known", [False, True], ids=["forged", "genuine"])
@@ -371,7 +376,7 @@ def test_a_torn_record_is_ignored_and_overwritten(tmp_path: Path) -> None:
     ns = reopened.namespace("a")
     assert dict(ns.list()) == {b"a": b"1"}
     ns.put({b"c": b"3"})  # lands where the torn record was
-    assert reopened._offset == offset + file_log.ALIGN
+    assert reopened.epoch.offset == offset + kv_log.ALIGN
     reopened.close()
     assert dict(FileStore(tmp_path).namespace("a").list()) == {b"a": b"1", b"c": b"3"}
 
@@ -396,8 +401,8 @@ def test_a_failed_sync_breaks_the_store_until_reopened(
         fired.append(1)
         raise OSError(errno.EIO, "injected I/O error")
 
-    monkeypatch.setattr(file_log.os, "pwritev", pwritev)
-    monkeypatch.setattr(file_log.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(kv_log.os, "pwritev", pwritev)
+    monkeypatch.setattr(kv_log.os, "fdatasync", fdatasync)
     with pytest.raises(KvIndeterminate, match="injected I/O error"):
         ns.put({b"b": b"2"})
     monkeypatch.undo()
@@ -422,11 +427,11 @@ def test_both_ways_of_writing_the_log(
                 raise OSError(errno.EINVAL, "injected: no O_DIRECT here")
             return real_open(path, flags, *args)
 
-        monkeypatch.setattr(file_log.os, "open", open_without_direct)
+        monkeypatch.setattr(kv_log.os, "open", open_without_direct)
     store = FileStore(tmp_path, log_bytes=SMALL_LOG)
-    if direct and store._log._direct is None:
+    if direct and store.log._direct is None:
         pytest.skip(f"{tmp_path} does not support O_DIRECT")
-    assert (store._log._direct is not None) == direct
+    assert (store.log._direct is not None) == direct
     rng = random.Random(5)
     model = Model()
     for _ in range(60):
@@ -469,7 +474,7 @@ def test_a_version_1_store_is_read_and_upgraded(tmp_path: Path) -> None:
     store.close()
     assert (
         apsw.Connection(str(tmp_path / "kv" / "kv.sqlite3")).execute("PRAGMA user_version").get
-        == kv_file._SCHEMA_VERSION
+        == SCHEMA_VERSION
     )
 
 
@@ -480,7 +485,7 @@ _keys = st.binary(min_size=1, max_size=3)
 def test_ranges_and_their_gaps_match_a_list_of_intervals(
     added: list[tuple[bytes, bytes | None]], probes: list[bytes]
 ) -> None:
-    ranges = _Ranges()
+    ranges = Ranges()
     for start, end in added:
         ranges.add(start, end)
     intervals = list(ranges)
@@ -515,9 +520,9 @@ def _inside(key: bytes, start: bytes | None, end: bytes | None) -> bool:
 
 @given(st.lists(_pending_ops, max_size=30))
 def test_pending_keys_in_a_range_match_a_dict(ops: list[tuple[str, Any]]) -> None:
-    """`_Pending` keeps its keys in a `SortedKeys` (new keys inserted one by one, or merged by a
+    """`Pending` keeps its keys in a `SortedKeys` (new keys inserted one by one, or merged by a
     sort past `_INSERT_MAX`): every range must still list exactly the keys a dict holds."""
-    pending, model = _Pending(generation=0, used=0), dict[bytes, bytes | None]()
+    pending, model = Pending(generation=0, used=0), dict[bytes, bytes | None]()
     for op, arg in ops:
         if op == "put":
             pending.write([(k, b"v") for k in arg], ())
@@ -582,7 +587,7 @@ def test_a_new_base_uses_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path
         db = apsw.Connection(str(tmp_path / name / "kv.sqlite3"))
         sizes[name] = db.execute("PRAGMA page_size").get
         db.close()
-    assert sizes == {"new": kv_file._BASE_PAGE_SIZE, "old": 4096}
+    assert sizes == {"new": BASE_PAGE_SIZE, "old": 4096}
 
 
 def test_reads_skip_base_rows_hidden_by_a_range_delete(tmp_path: Path) -> None:
@@ -590,10 +595,10 @@ def test_reads_skip_base_rows_hidden_by_a_range_delete(tmp_path: Path) -> None:
     ns = store.namespace("a")
     for i in range(0, 600, 100):
         ns.put({b"k%04d" % j: b"v" for j in range(i, i + 100)})
-    with store._section(exclusive=True):  # fold the rest too: all 600 rows in the base
-        store._fold()
-        store._start_epoch()
-    assert store._pending == {}
+    with store.sections.exclusive:  # fold the rest too: all 600 rows in the base
+        store.appender.fold()
+        store.appender.start_epoch()
+    assert store.epoch.pending == {}
     ns.delete_range(b"k0100", b"k0500")
     _, rows_read = _trace_base_reads(store)
     assert [k for k, _ in ns.list()] == [b"k%04d" % j for j in (*range(100), *range(500, 600))]
@@ -635,7 +640,7 @@ def test_a_direct_write_refused_for_alignment_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileStore(tmp_path)
-    if store._log._direct is None:
+    if store.log._direct is None:
         pytest.skip(f"{tmp_path} does not support O_DIRECT")
     refused: list[int] = []
 
@@ -643,9 +648,9 @@ def test_a_direct_write_refused_for_alignment_falls_back(
         refused.append(offset)
         raise OSError(errno.EINVAL, "injected: bad alignment")
 
-    monkeypatch.setattr(file_log.os, "pwritev", pwritev)
+    monkeypatch.setattr(kv_log.os, "pwritev", pwritev)
     store.namespace("a").put({b"k": b"v"})
-    assert len(refused) == 1 and store._log._direct is None
+    assert len(refused) == 1 and store.log._direct is None
     store.namespace("a").put({b"k2": b"v2"})
     assert len(refused) == 1
     store.close()
@@ -660,7 +665,7 @@ def test_a_full_disk_while_the_log_grows_rejects_the_write_and_changes_nothing(
     ns.put({b"a": b"1"})
     used = ns.used_bytes()
     refused: list[int] = []
-    original = file_log.os.pwrite
+    original = kv_log.os.pwrite
 
     def pwrite(fd: int, data: memoryview, offset: int) -> int:
         if len(data) >= 2**16 and not any(data):  # the zeros of an extension
@@ -668,7 +673,7 @@ def test_a_full_disk_while_the_log_grows_rejects_the_write_and_changes_nothing(
             raise OSError(errno.ENOSPC, "injected: no space left on device")
         return original(fd, data, offset)
 
-    monkeypatch.setattr(file_log.os, "pwrite", pwrite)
+    monkeypatch.setattr(kv_log.os, "pwrite", pwrite)
     with pytest.raises(KvUnavailable, match="no space left"):
         ns.put({b"big": os.urandom(100_000)} | {b"k%d" % i: os.urandom(100_000) for i in range(8)})
     assert refused, "the extension never ran"
@@ -690,9 +695,9 @@ def test_usage_seen_by_another_store_stays_exact_after_two_crashes_around_a_fold
     first = FileStore(tmp_path, log_bytes=SMALL_LOG)
     ns = first.namespace("a")
     ns.put({b"k": b"x" * 100, b"other": b"o" * 1400})
-    with first._section(exclusive=True):  # into the base, as a full log would be
-        first._fold()
-        first._start_epoch()
+    with first.sections.exclusive:  # into the base, as a full log would be
+        first.appender.fold()
+        first.appender.start_epoch()
     ns.put({b"k": b"y" * 1000})
     fired = _crash_at(monkeypatch, first, "after-seal")
     with pytest.raises(Crash):
@@ -707,7 +712,7 @@ def test_usage_seen_by_another_store_stays_exact_after_two_crashes_around_a_fold
         second.namespace("a").put({b"never": b"written"})
     assert fired == ["before-seal"]
     monkeypatch.undo()
-    sealed = first._header
+    sealed = first.epoch.header
     assert sealed is not None and _folded(tmp_path) == sealed.epoch, "the second did not fold"
     mine = reader.namespace("a")
     assert dict(mine.list()) == entries
@@ -725,7 +730,7 @@ def test_a_list_beside_pending_entries_reads_only_what_it_returns(tmp_path: Path
     for i in range(0, 384, 4):
         ns.put({b"k%04d" % j: value for j in range(i, i + 4)})
     ns.put({b"k0000x": b"pending"})
-    assert store._pending.get(ns._id) is not None  # the merged path, not the base alone
+    assert store.epoch.pending.get(ns._id) is not None  # the merged path, not the base alone
     tracemalloc.start()
     try:
         first = ns.list(limit=1)

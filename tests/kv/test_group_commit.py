@@ -24,17 +24,18 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
-from pagekv.kv import FileStore, KvIndeterminate, KvLimits, KvUnavailable, file_log, open_kv
+from pagekv.kv import FileStore, KvIndeterminate, KvLimits, KvUnavailable, open_kv
 from pagekv.kv.file import FileNamespace
-from pagekv.kv.file_log import LogFile, LogHeader
-from pagekv.kv.file_records import encode_write
+from pagekv.kv.file import log as kv_log
+from pagekv.kv.file.log import LogFile, LogHeader
+from pagekv.kv.file.records import encode_write
 
 WAIT = 10.0
 
 
 def _in_groups(store: FileStore) -> None:
     """Make every write of `store` leave its flush to a group, as under contention."""
-    store._grouping_until = math.inf
+    store.commit.grouping_until = math.inf
 
 
 class _Flushes:
@@ -54,7 +55,7 @@ class _Flushes:
                 raise OSError(errno.EIO, "injected flush failure")
             real(fd)
 
-        monkeypatch.setattr(file_log.os, "fdatasync", fdatasync)
+        monkeypatch.setattr(kv_log.os, "fdatasync", fdatasync)
 
 
 def _start(fn: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
@@ -145,7 +146,7 @@ def test_a_write_never_goes_durable_ahead_of_an_unflushed_one(
     flushes = _Flushes(monkeypatch)
     first, first_out = _start(lambda: ns.put({b"k": b"1"}))
     assert flushes.started.wait(WAIT)
-    store._grouping_until = 0.0  # alone again, but behind an unflushed record
+    store.commit.grouping_until = 0.0  # alone again, but behind an unflushed record
     second, second_out = _start(lambda: other.put({b"k": b"2"}))
     time.sleep(0.2)
     assert second_out == [], "acknowledged ahead of the record before it"
@@ -194,15 +195,15 @@ def test_losing_an_unflushed_record_loses_it_and_every_later_one(
     ns = store.namespace("a")
     ns.put({b"acked": b"1"})
     _in_groups(store)
-    lost_at = store._offset
+    lost_at = store.epoch.offset
     flushes = _Flushes(monkeypatch, fail=True)
     first, first_out = _start(lambda: ns.put({b"lost": b"2"}))
     assert flushes.started.wait(WAIT)
     second, second_out = _start(lambda: store.namespace("b").put({b"later": b"3"}))
     deadline = time.monotonic() + WAIT
-    while store._seq < 4 and time.monotonic() < deadline:  # create b, then b's write
+    while store.epoch.seq < 4 and time.monotonic() < deadline:  # create b, then b's write
         time.sleep(0.01)
-    assert store._seq == 4
+    assert store.epoch.seq == 4
     with open(tmp_path / "kv.log", "r+b") as log:  # the first unflushed record never got there
         log.seek(lost_at)
         log.write(bytes(512))
@@ -238,7 +239,7 @@ def test_a_new_namespace_is_one_record_and_one_flush(tmp_path: Path, store: File
         statements.append(sql)
         return True
 
-    store._db.exec_trace = trace
+    store.base.db.exec_trace = trace
     before = store.flush_counts()
     ns = store.namespace("new")
     after = store.flush_counts()
@@ -251,10 +252,10 @@ def test_a_new_namespace_is_one_record_and_one_flush(tmp_path: Path, store: File
         assert other.namespace("new")._id == ns._id
         other.namespace("new").put({b"from": b"other"})
     assert ns.get([b"from"]) == [b"other"]
-    with store._section(exclusive=True):  # the fold gives it its row in the base
-        store._fold()
-        store._start_epoch()
-    rows = store._base("SELECT id, generation FROM namespaces WHERE name = 'new'")
+    with store.sections.exclusive:  # the fold gives it its row in the base
+        store.appender.fold()
+        store.appender.start_epoch()
+    rows = store.base.query("SELECT id, generation FROM namespaces WHERE name = 'new'")
     assert rows == [(ns._id, 0)]
     assert store.actor_ids() == ["new", "old"] and ns.get([b"from"]) == [b"other"]
 
@@ -324,14 +325,14 @@ def test_a_record_stranded_after_a_hole_never_rejoins_the_log(
     y.put({b"k": b"0"})
     _in_groups(store)
     flushes = _Flushes(monkeypatch)
-    hole, seq = store.log_used, store._seq
+    hole, seq = store.log_used, store.epoch.seq
     a, _ = _start(lambda: x.delete([b"big"]))
     assert flushes.started.wait(WAIT)
     b, _ = _start(lambda: x.put({b"big2": b"2" * 896}))
     deadline = time.monotonic() + WAIT
-    while store._seq < seq + 2 and time.monotonic() < deadline:
+    while store.epoch.seq < seq + 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert store._seq == seq + 2, "both records are in the file"
+    assert store.epoch.seq == seq + 2, "both records are in the file"
     crashed.mkdir()
     shutil.copy(live / "kv.sqlite3", crashed)
     image = bytearray((live / "kv.log").read_bytes())
@@ -365,14 +366,14 @@ def test_a_lost_record_redone_byte_for_byte_does_not_let_a_stranded_one_rejoin(
     b.put({b"k": b"before"})
     _in_groups(store)
     flushes = _Flushes(monkeypatch)
-    hole, seq = store.log_used, store._seq
+    hole, seq = store.log_used, store.epoch.seq
     first, _ = _start(a.takeover)
     assert flushes.started.wait(WAIT)
     second, _ = _start(lambda: b.put({b"k": b"never acknowledged"}))
     deadline = time.monotonic() + WAIT
-    while store._seq < seq + 2 and time.monotonic() < deadline:
+    while store.epoch.seq < seq + 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert store._seq == seq + 2, "both records are in the file"
+    assert store.epoch.seq == seq + 2, "both records are in the file"
     image = bytearray((live / "kv.log").read_bytes())
     lost = bytes(image[hole : hole + 512])
     image[hole : hole + 512] = bytes(512)  # record 1 never reached the disk; record 2 did
@@ -415,7 +416,7 @@ def test_a_flusher_interrupted_mid_flush_leaves_the_others_to_flush(
             raise Interrupted
         real(fd)
 
-    monkeypatch.setattr(file_log.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(kv_log.os, "fdatasync", fdatasync)
     first, first_out = _start(lambda: _interruptible(namespaces[0], Interrupted))
     assert started.wait(WAIT)
     others = [_start(lambda ns=ns: ns.put({b"k": b"v"})) for ns in namespaces[1:]]
@@ -445,7 +446,7 @@ def test_a_failed_flush_while_the_log_grows_fails_the_writes_it_covered(
     failure breaks the store like a failed group flush (the kernel reports an error only once,
     so the group flush after it could not tell)."""
     a, b = store.namespace("a"), store.namespace("b")
-    while store.log_used + 1024 <= store._log._size:
+    while store.log_used + 1024 <= store.log._size:
         a.put({b"f%d" % store.log_used: b"x" * 300})
     _in_groups(store)
     calls: list[int] = []
@@ -460,7 +461,7 @@ def test_a_failed_flush_while_the_log_grows_fails_the_writes_it_covered(
             raise OSError(errno.EIO, "injected writeback failure")
         real(fd)
 
-    monkeypatch.setattr(file_log.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(kv_log.os, "fdatasync", fdatasync)
     writer, written = _start(lambda: a.put({b"covered": b"1"}))
     deadline = time.monotonic() + WAIT
     while not calls and time.monotonic() < deadline:
@@ -554,31 +555,31 @@ def test_an_unchained_epoch_of_format_1_is_read_then_folded_before_a_write(
     ns_id = 1
     with FileStore(tmp_path) as store:
         assert store.namespace("a")._id == ns_id
-        with store._section(exclusive=True):  # fold the creation away: version 2 had none
-            store._fold()
-            store._start_epoch()
-        epoch = store._header.epoch if store._header else 0
+        with store.sections.exclusive:  # fold the creation away: version 2 had none
+            store.appender.fold()
+            store.appender.start_epoch()
+        epoch = store.epoch.header.epoch if store.epoch.header else 0
     log = LogFile(tmp_path / "kv.log")
     salt = os.urandom(8)
     log.write_header(LogHeader(hseq=99, epoch=epoch, salt=salt, sealed=False, format=1))
-    offset = file_log.DATA_START
+    offset = kv_log.DATA_START
     for seq, body in enumerate(
         [encode_write(ns_id, {b"old": b"1"}, []), encode_write(ns_id, {b"old2": b"2"}, [])], 1
     ):
         # format 1's record: crc | length | seq | body, every CRC seeded with the salt's
         head = struct.pack("<IQ", len(body), seq)
         record = struct.pack("<I", crc32c(body, crc32c(head, crc32c(salt)))) + head + body
-        record += bytes(-len(record) % file_log.ALIGN)
+        record += bytes(-len(record) % kv_log.ALIGN)
         assert len(record) == LogFile.record_size(body, 1)
         log.ensure_size(offset + len(record))
-        file_log.write_all(log.fd, record, offset)
+        kv_log.write_all(log.fd, record, offset)
         offset += len(record)
     log.close()
     with FileStore(tmp_path) as store:
         ns = store.namespace("a")
         assert dict(ns.list()) == {b"old": b"1", b"old2": b"2"}
         ns.put({b"new": b"3"})
-        assert store._header is not None and store._header.chained
-        assert store._header.epoch == epoch + 1, "the unchained epoch was folded first"
+        assert store.epoch.header is not None and store.epoch.header.chained
+        assert store.epoch.header.epoch == epoch + 1, "the unchained epoch was folded first"
     with FileStore(tmp_path) as store:
         assert dict(store.namespace("a").list()) == {b"old": b"1", b"old2": b"2", b"new": b"3"}

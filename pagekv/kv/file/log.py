@@ -6,7 +6,7 @@ Layout of `kv.log` (integers little-endian), log format 3:
   sealed:u8 | store:16 | shm_dev:u64 | shm_ino:u64 | crc32c:u32` over the bytes before the CRC.
   The valid slot with the larger `hseq` is the header; a new header goes to slot `hseq % 2`, so a
   torn header write leaves the previous one readable. `store` is the store's identity (also in
-  the base), `shm_dev`/`shm_ino` name the `kv.shm` its processes share (below).
+  the base), `shm_dev`/`shm_ino` name the `kv.shm` its processes share (`shm.py`).
 - from byte 4096: **records**, each starting on a 512-byte boundary: `crc32c:u32 | length:u32 |
   seq:u64 | nonce:u64 | body`, where the CRC covers the length, the sequence number, the nonce and
   the body, seeded with the previous record's CRC (the first record's with the CRC of the
@@ -32,14 +32,6 @@ sector-aligned offsets and lengths; on this ext4 a direct write of 4.3 KB took t
 512-byte and at 4 KiB alignment, and 512 wastes less of the log (a 100-byte write takes one
 sector, not one page).
 
-`kv.shm` (format 1), shared through memory by the processes that have the store open and never
-synced: `magic "pkvshm1\0" | store:16 | changes:u64 | durable:u64 | written:u64 |
-flusher_since:u64`. A `kv.shm` without the magic (new, from pagekv before format 1, or
-overwritten) or of another store is rebuilt under the log's exclusive lock; one of a newer format
-is refused. The log header names the `kv.shm` in use by device and inode, so a process that
-still maps one that was deleted or replaced sees, at its next operation, that the others moved
-to another one (`FileStore._adopt_shm`).
-
 Invariants: a record is acknowledged only once it is durable: written with `O_DSYNC`, or
 written to the page cache and covered by a later `sync`. A record is written durably at once only
 when every record before it is durable, so the durable records are always a prefix of the log and
@@ -62,6 +54,7 @@ from typing import Final
 from crc32c import crc32c
 
 from pagekv.kv.errors import FormatTooNew
+from pagekv.kv.file.holders import lock_holders
 
 DATA_START: Final = 4096
 ALIGN: Final = 512
@@ -84,16 +77,6 @@ _RECORD_OLD: Final = struct.Struct("<IIQ")
 _RECORD: Final = struct.Struct("<IIQQ")
 """Format 3: crc, length, seq, nonce."""
 _LENGTH_SEQ_NONCE: Final = struct.Struct("<IQQ")
-_SHM_MAGIC: Final = b"pkvshm1\0"
-_SHM_PREFIX: Final = b"pkvshm"
-SHM_FORMAT: Final = 1
-_STORE_ID_BYTES: Final = 16
-_COUNTER: Final = struct.Struct("<Q")
-_CHANGES_AT: Final = 24
-_MARK_AT: Final = 32
-_WRITTEN_AT: Final = 40
-_FLUSHER_SINCE_AT: Final = 48
-_SHARED_BYTES: Final = 56
 _FIRST_EXTENT: Final = 256 * 1024
 _MAX_EXTENT: Final = 2 * 2**20
 _PADDING: Final = bytes(ALIGN)
@@ -179,8 +162,7 @@ def _aligned(size: int) -> int:
 
 
 class LogFile:
-    """The open log file and the store's `kv.shm`: locking, headers, and reading and appending
-    records.
+    """The open log file: locking, headers, and reading and appending records.
 
     Reads go through a read-only shared mapping (remapped when the file has grown), so catching
     up with an unchanged log costs no system call. The file only ever grows, so a mapping never
@@ -188,14 +170,13 @@ class LogFile:
     that means. `nonce` goes into every record this object appends (random per object, so per
     open store).
 
-    `kv.shm` is mapped at construction and checked by the store (`shm_state`), which rebuilds it
-    (`init_shm`) or moves to the one now at its path (`remap_shm`); a mapping that is replaced
-    stays open until `close`, as a flush in flight may still hold its flusher lock.
+    Used under the store's section (`flock`, `lock` and `unlock` themselves aside), but for
+    `sync`, which the group commit's flusher calls without it (`fdatasync` needs no lock);
+    `flushes` counts them, a statistic only.
     """
 
     def __init__(self, path: Path, flush_delay: float = 0.0) -> None:
         self.path = path
-        self.shm_path = path.with_suffix(".shm")
         self.flush_delay = flush_delay
         self.flushes = 0
         self.nonce = int.from_bytes(os.urandom(8), "little")
@@ -204,122 +185,7 @@ class LogFile:
         self._size = 0  # a lower bound of the file's size: other processes may have grown it
         self._direct = _open_direct(path)
         self._buffer: mmap.mmap | None = None
-        self._retired: list[tuple[int, mmap.mmap]] = []
-        self._shm_fd, self._shm, self.shm_ident = _map_shared(self.shm_path)
-        self._shm_prefix = b""  # what the mapping's first bytes must be, once checked
         self._salt, self._salt_crc = b"", crc32c(b"")
-
-    # -- kv.shm ------------------------------------------------------------------------------
-
-    def shm_state(self, store: bytes) -> SlotState:
-        """Whether the mapped `kv.shm` is of this store (`VALID`), new or from before its format
-        (`EMPTY`), or another store's or overwritten (`DAMAGED`); `FormatTooNew` for a newer
-        format. A valid one is what `shm_intact` checks against from then on."""
-        head = self._shm[: len(_SHM_MAGIC)]
-        if head != _SHM_MAGIC:
-            if head.startswith(_SHM_PREFIX):
-                found = head.rstrip(b"\0")[len(_SHM_PREFIX) :].decode("latin-1")
-                raise FormatTooNew(self.shm_path, "kv.shm", found, SHM_FORMAT)
-            return SlotState.EMPTY if not any(self._shm[:_SHARED_BYTES]) else SlotState.DAMAGED
-        if self._shm[len(_SHM_MAGIC) : _CHANGES_AT] != store:
-            return SlotState.DAMAGED
-        self._shm_prefix = _SHM_MAGIC + store
-        return SlotState.VALID
-
-    def shm_intact(self) -> bool:
-        """Whether the mapped `kv.shm` still starts as it did when last checked: a cheap look,
-        on every operation, for one overwritten in place."""
-        return self._shm[:_CHANGES_AT] == self._shm_prefix
-
-    def init_shm(self, store: bytes) -> None:
-        """Make the mapped `kv.shm` this store's, under the log's exclusive lock. The change
-        counter is bumped, never reset, so no process can take the rebuild for no change; the
-        marks are the caller's to reset once it has flushed the log."""
-        self._shm[_CHANGES_AT:_SHARED_BYTES] = bytes(_SHARED_BYTES - _CHANGES_AT)
-        self._shm[: len(_SHM_MAGIC)] = _SHM_MAGIC
-        self._shm[len(_SHM_MAGIC) : _CHANGES_AT] = store
-        self._shm_prefix = _SHM_MAGIC + store
-        self.bump()
-
-    def remap_shm(self) -> bool:
-        """Map the `kv.shm` now at its path (creating it if it is gone), if it is another file
-        than the mapped one; return whether it was. The old mapping is kept until `close`."""
-        fd, shm, ident = _map_shared(self.shm_path)
-        if ident == self.shm_ident:
-            shm.close()
-            os.close(fd)
-            return False
-        self._retired.append((self._shm_fd, self._shm))
-        self._shm_fd, self._shm, self.shm_ident = fd, shm, ident
-        self._shm_prefix = b""
-        return True
-
-    def changes(self) -> int:
-        """The change counter: a caller holding the lock that sees the value it saw last time
-        knows that no process has written to the log since (through this `kv.shm`)."""
-        return _COUNTER.unpack_from(self._shm, _CHANGES_AT)[0]
-
-    def durable_mark(self) -> int:
-        """The log position (`epoch << 32 | seq`) up to which some process has made the
-        records durable; records at or below it need no flush. Shared like the change counter,
-        and like it only ever a lower bound of the truth (`raise_mark`)."""
-        return _COUNTER.unpack_from(self._shm, _MARK_AT)[0]
-
-    def raise_mark(self, position: int) -> None:
-        """Record that the log is durable up to `position`. Not atomic between processes: two
-        raising it at once can leave the lower value, which costs a flush, never a lost write."""
-        if position > _COUNTER.unpack_from(self._shm, _MARK_AT)[0]:
-            _COUNTER.pack_into(self._shm, _MARK_AT, position)
-
-    def written_mark(self) -> int:
-        """The position of the last record any process has written to the file (to the page
-        cache at least): a flush that starts now covers the log up to it."""
-        return _COUNTER.unpack_from(self._shm, _WRITTEN_AT)[0]
-
-    def raise_written(self, position: int) -> None:
-        """Record a record written; the caller holds the exclusive lock, so no writer races it."""
-        if position > _COUNTER.unpack_from(self._shm, _WRITTEN_AT)[0]:
-            _COUNTER.pack_into(self._shm, _WRITTEN_AT, position)
-
-    def reset_marks(self, position: int) -> None:
-        """Set both marks to `position`, the end of the log, just flushed: at open, where
-        `kv.shm` may come from before a reboot or from another copy of the directory."""
-        _COUNTER.pack_into(self._shm, _MARK_AT, position)
-        _COUNTER.pack_into(self._shm, _WRITTEN_AT, position)
-
-    def try_lock_flusher(self) -> int:
-        """Take the host's flusher lock (a `flock` on `kv.shm`) if it is free, and stamp the
-        time it was taken; return the descriptor locked (for `unlock_flusher`), or -1. One
-        process at a time flushes for all; the others wait for its flush or the next one, or
-        flush around a holder that keeps it too long (`flusher_held_s`)."""
-        fd, shm = self._shm_fd, self._shm
-        try:
-            fcntl.flock(fd, _LOCK_EX | _LOCK_NB)
-        except BlockingIOError:
-            return -1
-        _COUNTER.pack_into(shm, _FLUSHER_SINCE_AT, time.monotonic_ns())
-        return fd
-
-    def flusher_held_s(self) -> float:
-        """How long ago the flusher lock was last taken (`CLOCK_MONOTONIC`, one clock for every
-        process of the host): while it is held, how long its holder has been flushing."""
-        since = _COUNTER.unpack_from(self._shm, _FLUSHER_SINCE_AT)[0]
-        return (time.monotonic_ns() - since) / 1e9
-
-    def unlock_flusher(self, fd: int) -> None:
-        fcntl.flock(fd, _LOCK_UN)
-
-    def bump(self) -> int:
-        """Count a change about to be made (under the exclusive lock); return the new value.
-
-        Bumped *before* the change, so a writer that dies halfway still tells the others to
-        look. The counter lives in a shared mapping of `kv.shm`: visible to every process at
-        once, never synced, and never trusted for more than "something changed" — after a
-        reboot its value is arbitrary, and every process starts by reading the whole log.
-        """
-        value = (_COUNTER.unpack_from(self._shm, _CHANGES_AT)[0] + 1) % 2**64
-        _COUNTER.pack_into(self._shm, _CHANGES_AT, value)
-        return value
 
     # -- the log -----------------------------------------------------------------------------
 
@@ -388,7 +254,8 @@ class LogFile:
             view = self._view(_SLOT_SIZE + 16)
             if view is None:
                 return 0
-        return _HSEQ.unpack_from(view, 8)[0] + _HSEQ.unpack_from(view, _SLOT_SIZE + 8)[0]
+        stamp: int = _HSEQ.unpack_from(view, 8)[0] + _HSEQ.unpack_from(view, _SLOT_SIZE + 8)[0]
+        return stamp
 
     def decode_header(self, raw: bytes) -> HeaderSlots:
         """The header that `header_bytes` returned; `FormatTooNew` if a slot is of a newer
@@ -415,7 +282,7 @@ class LogFile:
     def clear_first_record(self) -> None:
         """Zero the first record's sector (unsynced; the next header write's flush covers it),
         before a new epoch's header: then, if that header write is torn, the sector cannot
-        hold a record of an epoch whose header is lost (`FileStore._check_fallback`)."""
+        hold a record of an epoch whose header is lost (`catch_up.py`)."""
         write_all(self.fd, _PADDING, DATA_START)
 
     def read_record(
@@ -541,16 +408,9 @@ class LogFile:
     def close(self) -> None:
         """Idempotent; later calls on a closed log fail with `OSError`."""
         self._close_buffer()
-        for resource in (self._map, self._shm, *(shm for _, shm in self._retired)):
-            if resource is not None and not resource.closed:
-                resource.close()
+        if self._map is not None and not self._map.closed:
+            self._map.close()
         self._map = None
-        for fd, _ in self._retired:
-            os.close(fd)
-        self._retired.clear()
-        if self._shm_fd >= 0:
-            fd, self._shm_fd = self._shm_fd, -1
-            os.close(fd)
         if self._direct is not None:
             os.close(self._direct)
             self._direct = None
@@ -584,65 +444,6 @@ def write_all(
             done += written
 
 
-def lock_holders(path: Path) -> str:
-    """Who holds a lock (`flock`, or SQLite's POSIX locks) on the file at `path`, from
-    `/proc/locks` (Linux): `pid 123 (stopped)`."""
-    try:
-        held = _locks(path)
-    except OSError:
-        return "another process (no /proc/locks here to name it)"
-    holders = []
-    for _, pid in held:
-        mine = " (this process)" if pid == os.getpid() else ""
-        holders.append(f"pid {pid}{mine}{_process_state(str(pid))}")
-    return ", ".join(holders) if holders else "a process that has let go since"
-
-
-def flock_holders(path: Path) -> set[int]:
-    """The pids holding a `flock` on the file at `path` (Linux; `OSError` without
-    `/proc/locks`): on `kv.log` the log's lock, on `kv.shm` the flusher lock."""
-    return {pid for kind, pid in _locks(path) if kind == "FLOCK"}
-
-
-def _locks(path: Path) -> list[tuple[str, int]]:
-    """`(kind, pid)` of each lock `/proc/locks` lists on the file at `path`."""
-    st = os.stat(path)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    with open("/proc/locks") as locks:
-        lines = locks.read().splitlines()
-    held = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) >= 6 and fields[1] in ("FLOCK", "POSIX") and fields[5] == inode:
-            held.append((fields[1], int(fields[4])))
-    return held
-
-
-def _process_state(pid: str) -> str:
-    """` (stopped)` and the like, from `/proc/PID/stat`; empty where it cannot be read."""
-    states = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O"}
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-    return f" ({states[state]})" if state in states else ""
-
-
-def _map_shared(path: Path) -> tuple[int, mmap.mmap, tuple[int, int]]:
-    """`kv.shm`'s descriptor (for the flusher lock), its shared mapping, and its identity
-    (device and inode)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        st = os.fstat(fd)
-        if st.st_size < _SHARED_BYTES:
-            os.ftruncate(fd, DATA_START)  # only grows it: every process truncates to this size
-        return fd, mmap.mmap(fd, _SHARED_BYTES), (st.st_dev, st.st_ino)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def _open_direct(path: Path) -> int | None:
     """A descriptor for durable direct writes, or None where the file system has none (tmpfs)."""
     try:
@@ -651,46 +452,3 @@ def _open_direct(path: Path) -> int | None:
         if e.errno == errno.EINVAL:
             return None
         raise
-
-
-def processes_holding(paths: list[Path]) -> list[str]:
-    """The other processes that have any of `paths` open, as `pid 123 (python3)`, from
-    `/proc/*/fd` (Linux; a process another user owns is visible only to root). Slow (a look at
-    every descriptor of every process): for rare checks, such as before an upgrade."""
-    keys = set()
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            continue
-        keys.add((st.st_dev, st.st_ino))
-    if not keys:
-        return []
-    me, found = str(os.getpid()), []
-    try:
-        pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and pid != me]
-    except OSError:
-        return []
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                st = os.stat(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) in keys:
-                found.append(f"pid {pid}{_command(pid)}")
-                break
-    return found
-
-
-def _command(pid: str) -> str:
-    """` (python3)`: the process's command name, from `/proc/PID/comm`; empty if gone."""
-    try:
-        with open(f"/proc/{pid}/comm") as comm:
-            return f" ({comm.read().strip()})"
-    except OSError:
-        return ""
