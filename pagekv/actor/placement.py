@@ -187,7 +187,7 @@ class Placement:
                     raise
                 await self._await_owner(aid, instance.generation)
         host.counters["wakes"] += 1
-        for phase, ms in instance.startup.metrics.items():
+        for phase, ms in instance.starter.metrics.items():
             # Counter holds any number; typeshed types its values as int only
             host.counters[f"{phase}_total"] += ms  # type: ignore[assignment]
         if instance.created or not recorded:

@@ -1,4 +1,4 @@
-"""One live actor instance and its parts: its start (`startup`), the calls it serves (`calls`),
+"""One live actor instance and its parts: its start (`starting`), the calls it serves (`calls`),
 its proof that it still owns the actor (`owner_check`), the lease entry it keeps
 (`lease_keeper`), its due schedules (`schedule_dispatch`), its run handler (`run_handler`) and its
 stop (`stopping`); where it is in its life and how it stops (`phase`), and the protocols across

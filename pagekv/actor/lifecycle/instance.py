@@ -1,5 +1,5 @@
 """One live actor instance (`ActorInstance`): it starts, serves calls, and stops, coordinating
-the parts that do each (`startup`, `calls`, `owner_check`, `lease_keeper`,
+the parts that do each (`starting`, `calls`, `owner_check`, `lease_keeper`,
 `schedule_dispatch`, `run_handler`, `stopping`).
 
 Lifecycle: STARTING -> RUNNING -> STOPPING -> STOPPED. Hooks run in the order
@@ -31,7 +31,7 @@ from pagekv.actor.lifecycle.owner_check import OwnerCheck
 from pagekv.actor.lifecycle.phase import Phase, Stop, StopState
 from pagekv.actor.lifecycle.run_handler import RunHandler
 from pagekv.actor.lifecycle.schedule_dispatch import ScheduleDispatcher
-from pagekv.actor.lifecycle.startup import Startup
+from pagekv.actor.lifecycle.starting import Starter
 from pagekv.actor.lifecycle.stopping import Stopper
 from pagekv.actor.queue import Outgoing, Queue
 from pagekv.actor.realtime.connection import Connection
@@ -92,7 +92,7 @@ class ActorInstance:
         self.gate = Gate(actor_id)
         self.stopped = anyio.Event()
         """Set once a stop is done, or a start failed."""
-        self.startup = Startup(actor_id, definition, key, registry)
+        self.starter = Starter(actor_id, definition, key, registry)
         self.run = RunHandler(actor_id, definition, self.stops, registry.spawn, self)
         self.schedules = ScheduleDispatcher(self, self.stops)
         self.ctx: ActorContext
@@ -117,7 +117,7 @@ class ActorInstance:
         An actor whose database holds none (never created, or destroyed meanwhile) is created,
         unless `create` is false: then `ActorNotFound`, before anything is written."""
         definition = self.definition
-        database = await self.startup.open(self.kv)
+        database = await self.starter.open(self.kv)
         cell = StateCell(None, None)
         db = ActorDb(database, cell, self.gate, self.registry.workers)
         self.ctx = ActorContext(
@@ -134,7 +134,7 @@ class ActorInstance:
             input=input,
         )
         try:
-            loaded = await self.startup.load(db, create=create)
+            loaded = await self.starter.load(db, create=create)
             self.created = not loaded.initialized
             cell.restore((loaded.state, encode_state(loaded.state) if loaded.initialized else None))
             self.lease = LeaseKeeper(
@@ -164,7 +164,7 @@ class ActorInstance:
                 lease=self.lease,
                 close=self._close,
             )
-            await self.startup.run_hooks(self, cell, loaded, input)
+            await self.starter.run_hooks(self, cell, loaded, input)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 try:

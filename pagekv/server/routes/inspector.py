@@ -231,7 +231,7 @@ async def actor_summary(request: Request) -> Response:
             "phase": live.phase.value,
             "active_calls": live.calls.active,
             "next_due": live.lease.next_due,
-            "wake_ms": live.startup.metrics,
+            "wake_ms": live.starter.metrics,
         }
     return answer(request, summary)
 
@@ -335,7 +335,7 @@ async def actor_metrics(request: Request) -> Response:
     if live is None:
         return answer(request, {"live": False, "storage": snapshot})
     storage = await _in_inspector(rt, live.ctx.db.database.metrics)
-    return answer(request, {"live": True, "storage": storage, "wake_ms": live.startup.metrics})
+    return answer(request, {"live": True, "storage": storage, "wake_ms": live.starter.metrics})
 
 
 def _at_owner(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[..., Any]:

@@ -1,4 +1,4 @@
-"""An instance's start (`Startup`): the takeover (opening the database), the internal tables'
+"""An instance's start (`Starter`): the takeover (opening the database), the internal tables'
 migrations and the load of the state, then the start hooks, each timed (`perf internal:` and
 `perf user:` in the debug log, and the registry's `*_ms_total` counters)."""
 
@@ -28,7 +28,7 @@ T = TypeVar("T")
 log = logging.getLogger("pagekv.actor")
 
 
-class Startup:
+class Starter:
     """Opens, loads and creates one instance's actor and runs its start hooks, in the order
     `on_migrate` (in a transaction) -> [new actor: `create_state`, `on_create`] ->
     `create_vars` -> `on_wake`, and keeps how long each took (`metrics`).
