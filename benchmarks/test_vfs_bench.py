@@ -38,7 +38,7 @@ from pagekv.bench import (
     Workspace,
     baselines_for,
 )
-from pagekv.bench.runner import variants
+from pagekv.bench.sampling import variants
 from pagekv.kv import KvStats
 
 URL = os.environ.get("PAGEKV_BENCH_KV", "memory://")

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-import pagekv.bench.report
-import pagekv.bench.runner
+import pagekv.bench.results
+import pagekv.bench.sampling
 import pagekv.bench.targets
 import pagekv.cli.benchmark
 from pagekv.bench import WORKLOADS, Summary
-from pagekv.bench.report import (
+from pagekv.bench.results import (
     DROP_ORDER,
     BenchReport,
     Config,
@@ -35,7 +35,7 @@ from pagekv.bench.report import (
     render,
     terminal_width,
 )
-from pagekv.bench.runner import (
+from pagekv.bench.sampling import (
     Harness,
     MemoryUse,
     Progress,
@@ -134,7 +134,12 @@ def test_no_internal_wording(
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     help_text = capsys.readouterr().out
-    modules = (pagekv.bench.targets, pagekv.bench.report, pagekv.bench.runner, pagekv.cli.benchmark)
+    modules = (
+        pagekv.bench.targets,
+        pagekv.bench.results,
+        pagekv.bench.sampling,
+        pagekv.cli.benchmark,
+    )
     texts = [out, help_text, json.dumps(doc["targets"], ensure_ascii=False)]
     texts += [m.__doc__ or "" for m in modules]
     for text in texts:
@@ -240,7 +245,7 @@ def test_report_fits_the_width_it_is_given(quick_run: QuickRun) -> None:
         previous = hidden
         head, *tables, _targets, _total = text.split("\n\n")
         said = " ".join(head.split())  # the header's lines wrap, their words kept
-        assert pagekv.bench.report.RATIO_DEFINITION in said
+        assert pagekv.bench.results.RATIO_DEFINITION in said
         assert "left out" not in "\n\n".join(tables)  # said once, under the header
         if hidden:
             assert f"columns left out to fit {width} columns: {', '.join(hidden)} " in said
@@ -772,7 +777,7 @@ def test_a_durable_sample_starts_after_the_last_ones_writeback(
     url: str, synced: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     syncs: list[int] = []
-    monkeypatch.setattr(pagekv.bench.runner.os, "sync", lambda: syncs.append(1))
+    monkeypatch.setattr(pagekv.bench.sampling.os, "sync", lambda: syncs.append(1))
     workspace = Workspace(url.format(tmp=tmp_path), 0, scratch=tmp_path)
     try:
         sizes = dataclasses.replace(Sizes.quick(), hot_updates=5)

@@ -13,7 +13,7 @@ import pytest
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.cli import fuzzing as cli
 from pagekv.client import HttpClient, ServerUnreachable
-from pagekv.fuzz.runner import Coverage
+from pagekv.fuzz.execution import Coverage
 
 
 def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,8 @@ def test_a_command_imports_only_its_own_modules() -> None:
         "from pagekv.cli import build_parser, main\n"
         "def loaded():\n"
         "    return sorted(m for m in sys.modules if m.split('.')[:2] in "
-        "(['pagekv', 'server'], ['pagekv', 'bench'], ['pagekv', 'fuzz']))\n"
+        "(['pagekv', 'server'], ['pagekv', 'bench'], ['pagekv', 'fuzz'], ['pagekv', 'cli']) "
+        "and m not in ('pagekv.cli', 'pagekv.cli.main', 'pagekv.cli.args'))\n"
         "assert main(['demo', '--kv', 'memory://', '--rows', '2']) == 0\n"
         "assert not loaded(), loaded()\n"
         "help = build_parser().format_help()\n"
@@ -26,6 +27,8 @@ def test_a_command_imports_only_its_own_modules() -> None:
         "bench = build_parser('bench').parse_args(['bench', '--workload', 'commit-1'])\n"
         "assert bench.workload == ['commit-1'], bench\n"
         "assert 'pagekv.cli.benchmark' in loaded(), loaded()\n"
+        "assert 'pagekv.bench.workloads' in loaded(), loaded()\n"
+        "assert not any(m.startswith(('pagekv.server', 'pagekv.fuzz')) for m in loaded())\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -95,7 +95,7 @@ class ActorStopped(ActorError):
 class CallCutOff(ActorStopped):
     """A stop cancelled the call once it had waited the actor's `stop_grace` for it: the
     runtime ended it, no code of the call failed. What of it may stand is in the message and,
-    over HTTP, in the answer's `written` (see `CallsInFlight.cut_off_by_stop`)."""
+    over HTTP, in the answer's `written` (see `Calls._cut_off_by_stop`)."""
 
 
 class CallCycle(ActorError):

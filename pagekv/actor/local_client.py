@@ -7,7 +7,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pagekv.actor.directory.leases import Owner
 from pagekv.actor.errors import OwnedElsewhere
-from pagekv.actor.handles import CallsByName
+from pagekv.actor.handle_base import CallsByName
 from pagekv.actor.realtime.client_connection import LocalConnection, Relay
 from pagekv.actor.realtime.hub import Hub
 from pagekv.actor.workflow.handle import HandleRegistry, WorkflowHandle, WorkflowInstance

@@ -1,12 +1,12 @@
 """`pagekv bench`: pagekv against native SQLite, interleaved in one run, with KV traffic counted.
 
 The pieces: `workloads` (one definition per workload, also used by the pytest-benchmark suite in
-`benchmarks/`), `systems` (pagekv and the native baselines matched in durability), `runner`
-(interleaved samples and their summaries), `targets` (the performance targets), `report` (text and
+`benchmarks/`), `systems` (pagekv and the native baselines matched in durability), `sampling`
+(interleaved samples and their summaries), `targets` (the performance targets), `results` (text and
 JSON). The command line, `pagekv bench`, is `pagekv.cli.benchmark`.
 """
 
-from pagekv.bench.runner import (
+from pagekv.bench.sampling import (
     Harness,
     Progress,
     Sample,

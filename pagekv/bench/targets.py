@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from pagekv.bench.runner import Summary, WorkloadResult
+from pagekv.bench.sampling import Summary, WorkloadResult
 from pagekv.bench.workloads import WORKLOADS, MiB, Sizes
 
 MET, MISSED, NOT_MEASURED, NOT_APPLICABLE = "met", "missed", "not measured", "n/a"

@@ -24,8 +24,8 @@ from typing import Any, Final
 from pagekv.cli.args import positive_seconds
 from pagekv.testing.check import DEFAULT_SECONDS, PARTS, CheckResult, check_backend, replay
 from pagekv.testing.outcome import PartResult
-from pagekv.testing.report import Violation
 from pagekv.testing.subject import DEFAULT_CALL_TIMEOUT, Subject, UsageError, load_factory
+from pagekv.testing.violation import Violation
 
 NOTHING_CHECKED: Final = 3
 INTERRUPTED: Final = 130

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pagekv.bench.report import BenchReport, Config, Machine, now, print_report, write_json
-from pagekv.bench.runner import Progress, count_steps, run_workloads
+from pagekv.bench.results import BenchReport, Config, Machine, now, print_report, write_json
+from pagekv.bench.sampling import Progress, count_steps, run_workloads
 from pagekv.bench.systems import NATIVE_SYSTEMS, PAGEKV, Workspace, baselines_for
 from pagekv.bench.targets import evaluate
 from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection, writers_workload

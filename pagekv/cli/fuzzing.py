@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from pagekv.cli.args import kv_url, positive_int, positive_seconds
+from pagekv.fuzz.execution import Coverage, FuzzFailure
 from pagekv.fuzz.processes import DEFAULT_WRITERS, Backend, fuzz_processes, load_kv_factory
-from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.session import FuzzConfig, execute, fuzz, load_replay
 from pagekv.fuzz.steps import EVENTS, FILE_ONLY_EVENTS, PROCESS_EVENTS, Step, to_json
 from pagekv.kv import ActorKv, KvLimits, open_kv, redact_url

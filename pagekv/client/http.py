@@ -53,7 +53,7 @@ from pagekv.actor import (
     call_chain,
 )
 from pagekv.actor.directory.leases import LEASE_S
-from pagekv.actor.handles import CallsByName
+from pagekv.actor.handle_base import CallsByName
 from pagekv.client.websocket import RemoteConnection
 from pagekv.protocol import CBOR, JSON, ErrorCode, decode, encode
 

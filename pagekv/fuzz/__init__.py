@@ -1,8 +1,8 @@
 """Crash, fault and takeover fuzzing of page I/O against a native SQLite oracle."""
 
+from pagekv.fuzz.execution import Coverage, FuzzFailure, Runner
 from pagekv.fuzz.oracle import Oracle, digest
 from pagekv.fuzz.processes import fuzz_processes
-from pagekv.fuzz.runner import Coverage, FuzzFailure, Runner
 from pagekv.fuzz.session import Found, FuzzConfig, fuzz, load_replay, minimize, run_seed
 from pagekv.fuzz.steps import (
     EVENTS,

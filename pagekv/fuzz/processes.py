@@ -59,8 +59,8 @@ from typing import IO, Any, Final
 import apsw
 from crc32c import crc32c
 
+from pagekv.fuzz.execution import Coverage, FuzzFailure
 from pagekv.fuzz.oracle import Oracle, digest, run_txn
-from pagekv.fuzz.runner import Coverage, FuzzFailure
 from pagekv.fuzz.steps import FILE_ONLY_EVENTS, PROCESS_EVENTS, StepGenerator, Txn
 from pagekv.kv import FileStore, FormatTooNew, KvError, KvStore, open_kv
 from pagekv.kv.file_log import flock_holders

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from pagekv.fuzz.runner import Coverage, FuzzFailure, Runner
+from pagekv.fuzz.execution import Coverage, FuzzFailure, Runner
 from pagekv.fuzz.steps import EVENTS, Step, StepGenerator, from_json, to_json
 from pagekv.kv import ActorKv, KvLimits, KvStore, MemoryStore, open_kv
 

@@ -13,8 +13,8 @@ from typing import Any
 from pagekv.testing.check import PARTS, CheckResult, check_backend, replay
 from pagekv.testing.clauses import CLAUSES, Clause, NotChecked, Trial, clause, run_clause
 from pagekv.testing.outcome import PartResult, Status
-from pagekv.testing.report import Violation
 from pagekv.testing.subject import Subject, UsageError, load_factory
+from pagekv.testing.violation import Violation
 
 __all__ = [
     "CLAUSES",

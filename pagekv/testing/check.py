@@ -21,7 +21,6 @@ from typing import Any, Final
 from pagekv.testing import contract as _contract  # noqa: F401  (registers the clauses)
 from pagekv.testing.clauses import CLAUSES, NotChecked, run_clause
 from pagekv.testing.outcome import PartResult, Status
-from pagekv.testing.report import Violation, show
 from pagekv.testing.subject import (
     DEFAULT_CALL_TIMEOUT,
     RETURNS,
@@ -31,6 +30,7 @@ from pagekv.testing.subject import (
     Subject,
     UsageError,
 )
+from pagekv.testing.violation import Violation, show
 
 PARTS: Final = ("contract", "concurrent", "restart", "fuzz")
 DEFAULT_SECONDS: Final = 30.0

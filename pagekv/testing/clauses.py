@@ -40,8 +40,8 @@ from typing import Any, Final, cast
 
 from pagekv.kv import ActorKv, KvIndeterminate, KvLimits, KvUnavailable
 from pagekv.testing.model import RESULT_TYPES_REQUIRES, wrong_type
-from pagekv.testing.report import Call, Violation, show
 from pagekv.testing.subject import NAMESPACE, Probe, Subject
+from pagekv.testing.violation import Call, Violation, show
 
 Snapshot = tuple[list[tuple[bytes, bytes]], int, int]
 _SEQUENCE_SHOWN: Final = 40

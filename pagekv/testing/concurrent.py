@@ -53,7 +53,6 @@ from pagekv.testing.model import (
     observe,
 )
 from pagekv.testing.outcome import PartResult, Status
-from pagekv.testing.report import Violation, show
 from pagekv.testing.subject import (
     NAMESPACE,
     RETURNS,
@@ -64,6 +63,7 @@ from pagekv.testing.subject import (
     UsageError,
     switching_often,
 )
+from pagekv.testing.violation import Violation, show
 
 PART: Final = "concurrent"
 KEYS: Final = (b"a", b"b", b"c", b"d")

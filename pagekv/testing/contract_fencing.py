@@ -13,8 +13,8 @@ from pathlib import Path
 from pagekv.kv import FenceMismatch, InvalidArgument
 from pagekv.testing.clauses import NotChecked, Trial, clause
 from pagekv.testing.contract_data import fresh, takes_small
-from pagekv.testing.report import Violation, show
 from pagekv.testing.subject import Probe
+from pagekv.testing.violation import Violation, show
 
 
 def _writes(kv: Probe, fence: object) -> list[tuple[str, Callable[[], object]]]:

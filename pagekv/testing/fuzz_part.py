@@ -40,8 +40,8 @@ from pagekv.testing.model import (
     wrong_type,
 )
 from pagekv.testing.outcome import PartResult, Status
-from pagekv.testing.report import Violation, show
 from pagekv.testing.subject import FactoryFailed, Subject, UsageError
+from pagekv.testing.violation import Violation, show
 
 T = TypeVar("T")
 _SEQUENCE_SHOWN: Final = 30

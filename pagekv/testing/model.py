@@ -42,8 +42,8 @@ from pagekv.kv.limits import (
     entry_size,
     quota_delta,
 )
-from pagekv.testing.report import show, show_call
 from pagekv.testing.subject import UsageError
+from pagekv.testing.violation import show, show_call
 
 READS = frozenset({"get", "list", "generation", "used_bytes"})
 WRITES = frozenset({"write", "put", "delete", "delete_range", "takeover", "drop"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from pagekv.testing.report import Violation
+from pagekv.testing.violation import Violation
 
 
 class Status(enum.Enum):

@@ -21,8 +21,8 @@ import pytest
 
 from pagekv.testing import contract as _contract  # noqa: F401  (registers the clauses)
 from pagekv.testing.clauses import CLAUSES, Clause, NotChecked, run_clause
-from pagekv.testing.report import Violation
 from pagekv.testing.subject import Factory, Subject
+from pagekv.testing.violation import Violation
 
 
 class KvContract:

@@ -59,8 +59,8 @@ from pagekv.testing.model import (
     observe,
 )
 from pagekv.testing.outcome import PartResult, Status
-from pagekv.testing.report import Violation, show
 from pagekv.testing.subject import NAMESPACE, FactoryFailed, Subject, UsageError
+from pagekv.testing.violation import Violation, show
 
 CLEAN: Final = "clean"
 KILL: Final = "kill"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from pagekv.kv import ACTOR_KV_METHODS, ActorKv, KvLimits
-from pagekv.testing.report import Call, Violation, show, show_call
+from pagekv.testing.violation import Call, Violation, show, show_call
 
 Factory = Callable[..., Any]
 T = TypeVar("T")

@@ -3,7 +3,8 @@
 from pagekv.vfs.database import Database, open_database
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import FORMAT_VERSION, PAGE_SIZE
-from pagekv.vfs.pages import Options, PageStore
+from pagekv.vfs.options import Options
+from pagekv.vfs.pages import PageStore
 
 __all__ = [
     "FORMAT_VERSION",

@@ -8,8 +8,9 @@ from typing import Any, Final
 import apsw
 
 from pagekv.kv import ACTOR_KV_METHODS, ActorKv, KvIndeterminate
-from pagekv.vfs.file import MAIN_FILE, PINNED_PRAGMAS
-from pagekv.vfs.pages import Options, PageStore, check_options
+from pagekv.vfs.options import Options, check_options
+from pagekv.vfs.page_file import MAIN_FILE, PINNED_PRAGMAS
+from pagekv.vfs.pages import PageStore
 from pagekv.vfs.vfs import PageVfs, TempFilesFull
 
 SPILL_CACHE_KIB: Final = 16384
@@ -34,7 +35,7 @@ class Database:
 
     @property
     def is_dead(self) -> bool:
-        return self._store.dead is not None
+        return self._store.health.dead is not None
 
     @property
     def read_only(self) -> bool:
@@ -49,12 +50,14 @@ class Database:
     def outcome_unknown(self) -> bool:
         """Dead after a write whose outcome is unknown (`KvIndeterminate`): it may or may not
         have been applied, which only a reopen tells."""
-        return isinstance(self._store.dead, KvIndeterminate)
+        return isinstance(self._store.health.dead, KvIndeterminate)
 
     def execute(self, sql: str, bindings: Any = None) -> apsw.Cursor:
         """Run SQL; on a dead database fail like the VFS does, without reaching SQLite."""
-        if self._store.dead is not None:
-            raise apsw.IOError(f"pagekv: {self._store._dead_error()}") from self._store.dead
+        if self._store.health.dead is not None:
+            raise apsw.IOError(
+                f"pagekv: {self._store.health.dead_error()}"
+            ) from self._store.health.dead
         return self.connection.execute(sql, bindings)
 
     @property

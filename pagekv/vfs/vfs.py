@@ -16,7 +16,7 @@ import uuid
 
 import apsw
 
-from pagekv.vfs.file import MAIN_FILE, PageFile
+from pagekv.vfs.page_file import MAIN_FILE, PageFile
 from pagekv.vfs.pages import PageStore
 
 

@@ -117,6 +117,8 @@ def test_decoded_payloads_have_their_kinds_fields() -> None:
 def test_a_map_of_the_wrong_shape_is_a_format_error() -> None:
     with pytest.raises(WorkflowFormatError, match="a sleep entry holds"):
         decode(Kind.SLEEP, {"until": 3})
+    with pytest.raises(WorkflowFormatError, match="no step failure kind 'lost'"):
+        decode(Kind.STEP, {"failure": "lost"})
 
 
 def test_the_released_fixture_histories_read_unchanged() -> None:

@@ -19,8 +19,8 @@ from pagekv.kv import KvLimits
 from pagekv.testing.check import check_backend
 from pagekv.testing.fuzz_part import run_fuzz
 from pagekv.testing.outcome import PartResult, Status
-from pagekv.testing.report import Violation
 from pagekv.testing.subject import Factory, Subject
+from pagekv.testing.violation import Violation
 from tests.testing.backends import broken
 from tests.testing.backends.broken import BROKEN
 from tests.testing.backends.plain import PlainStore, plain_namespace, plain_store

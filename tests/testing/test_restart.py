@@ -20,9 +20,9 @@ from pagekv.kv.fence import check_fence
 from pagekv.kv.limits import WriteBatch, check_quota, entry_size, quota_delta
 from pagekv.kv.namespace import KvNamespace
 from pagekv.testing.outcome import PartResult, Status
-from pagekv.testing.report import Violation
 from pagekv.testing.restart import Scenario, replay_restart, run_restart
 from pagekv.testing.subject import Subject, UsageError
+from pagekv.testing.violation import Violation
 
 
 def file_store(location: Path, limits: KvLimits | None = None) -> Any:

@@ -38,8 +38,9 @@ from pagekv.vfs.format import (
     decode_chunk,
     parse_base_key,
 )
+from pagekv.vfs.options import Options
 from pagekv.vfs.page_cache import PageCache
-from pagekv.vfs.pages import Options, PageStore
+from pagekv.vfs.pages import PageStore
 
 MAX_OFFSET = 64 * 1024
 SMALL_LIMITS = KvLimits(max_value_bytes=16 * 1024, max_batch_bytes=64 * 1024)
@@ -134,7 +135,7 @@ class PageStoreMachine(RuleBasedStateMachine):
     def finish_commit(self) -> None:
         """What the VFS does after SQLite's commit: flush anything left, maybe auto-compact."""
         self.store.finish_commit()
-        assert not self.store.dead, self.store.take_last_error()
+        assert not self.store.health.dead, self.store.take_last_error()
         self.committed = bytearray(self.current)
         self.clean = True
 
@@ -151,7 +152,7 @@ class PageStoreMachine(RuleBasedStateMachine):
             with pytest.raises(DatabaseDead):
                 old.write(b"stale!!!" * (PAGE_SIZE // 8), 0)
                 old.sync()
-            assert old.dead is not None
+            assert old.health.dead is not None
 
     @rule()
     def snapshot(self) -> None:
@@ -165,7 +166,7 @@ class PageStoreMachine(RuleBasedStateMachine):
         assert not self.store.has_pending()
         self.store.compact()
         assert self.store.metrics()["live_deltas"] == 0
-        pages = self.store.head.pages
+        pages = self.store.reader.head.pages
         stored = [parse_base_key(k) for k, _ in self.kv.list(start=base_key(1), end=BASE_END)]
         assert all(p <= pages for p in stored), f"base pages past EOF ({pages}): {stored[-3:]}"
 
@@ -273,13 +274,15 @@ def test_read_ahead_during_a_staged_transaction_leaves_no_stale_page_cached() ->
     store.sync()
     store.compact()  # every page is a base page
     store = PageStore(kv, options=Options(stage_pages=2))
-    assert len(store.cache) < pages - 10
+    assert len(store.reader.cache) < pages - 10
     at = (pages - 2) * PAGE_SIZE
     new = _patterned(2, 2)
     store.write(new, at)  # the last two pages, staged to KV at once
     assert store.metrics()["stage_batches"] == 1
     assert store.read(1, at - 4 * PAGE_SIZE) == old[at - 4 * PAGE_SIZE : at - 4 * PAGE_SIZE + 1]
-    assert at // PAGE_SIZE + 1 in store.cache, "the read-ahead must have cached a staged page"
+    assert at // PAGE_SIZE + 1 in store.reader.cache, (
+        "the read-ahead must have cached a staged page"
+    )
     store.sync()
     store.write(b"!", at + 1)  # a partial write of a page the commit wrote: read, modify, write
     store.sync()
@@ -309,7 +312,7 @@ def test_taken_over_writer_dies_instead_of_reporting_corruption(lost: str) -> No
     old.write(_patterned(2, 4), 0)
     if lost == "compacted-delta":
         old.sync()
-        old.cache.clear()  # as if evicted: the next read must go to KV
+        old.reader.cache.clear()  # as if evicted: the next read must go to KV
     assert old.has_pending() == (lost == "staged-chunk")
     new = PageStore(kv)  # takeover: reaps the old writer's staged chunk
     if lost == "compacted-delta":
@@ -319,7 +322,7 @@ def test_taken_over_writer_dies_instead_of_reporting_corruption(lost: str) -> No
     with pytest.raises(DatabaseDead):
         old.write(b"partial page update", 100)  # needs the current page 1
         old.sync()
-    assert old.dead is not None
+    assert old.health.dead is not None
 
 
 # -- the lock-byte page ----------------------------------------------------------------------
@@ -435,7 +438,7 @@ def test_in_place_commits_write_base_pages_and_a_compacted_head_only() -> None:
     keys = [key for key, _ in kv.list()]
     assert not [k for k in keys if k.startswith(DELTA_PREFIX)], keys
     assert [parse_base_key(k) for k in keys if k.startswith(base_key(0)[:2])] == [1, 2, 3, 4, 5]
-    head = store.head
+    head = store.reader.head
     assert (head.txid, head.compacted, head.base_pages, head.shrinks) == (5, 5, 5, ())
 
 
@@ -482,7 +485,10 @@ def test_a_snapshot_or_stale_writer_never_reads_another_incarnation(layout: str)
     assert stale.read(PAGE_SIZE, 0) == old[:PAGE_SIZE]
     kv.drop()
     fresh = build(2)
-    assert (fresh.head.txid, fresh.head.compacted) == (stale.head.txid, stale.head.compacted)
+    assert (fresh.reader.head.txid, fresh.reader.head.compacted) == (
+        stale.reader.head.txid,
+        stale.reader.head.compacted,
+    )
     where = 600 * PAGE_SIZE
     with pytest.raises(SnapshotExpired):
         snap.read(PAGE_SIZE, where)
@@ -524,10 +530,10 @@ def test_an_in_place_commit_across_the_lock_byte_page(
     """Growing across 1 GiB: in place needs every new page but the lock-byte page. (The state of
     a 1 GiB compacted file is set up by hand: the check reads no page.)"""
     store = PageStore(MemoryStore().namespace("t"))
-    store.head = Head(7, base * PAGE_SIZE, 7, base, ())
-    store.index.base_limit = base
-    store.size = max(dirty) * PAGE_SIZE
-    assert store._in_place([(p, bytes(PAGE_SIZE)) for p in dirty]) is in_place
+    store.reader.head = Head(7, base * PAGE_SIZE, 7, base, ())
+    store.reader.index.base_limit = base
+    store.transaction.size = max(dirty) * PAGE_SIZE
+    assert store.committer.in_place([(p, bytes(PAGE_SIZE)) for p in dirty]) is in_place
 
 
 class _Racing(CountingKv):

@@ -171,7 +171,7 @@ def test_blob_insert_writes(warm: tuple[Database, CountingKv], size: int, max_wr
 
 
 def test_only_a_multi_batch_commit_asks_for_the_usage_first() -> None:
-    """The quota check ahead of a commit of several batches (`PageStore._check_quota`) costs
+    """The quota check ahead of a commit of several batches (`Committer._check_quota`) costs
     one `used_bytes`, on that path alone: a one-batch commit, in place or as a delta, is
     still one write, and a multi-batch commit the check refuses writes nothing."""
     counting = CountingKv(fresh_ns(KvLimits(max_storage_bytes=4 * MiB)))

@@ -24,7 +24,7 @@ import pytest
 import pagekv.vfs.vfs
 from pagekv.kv import ActorKv, CountingKv, open_kv
 from pagekv.vfs import Database, Options, SnapshotExpired, open_database
-from pagekv.vfs.file import PageFile
+from pagekv.vfs.page_file import PageFile
 
 Rows = list[tuple[Any, ...]]
 KiB = 1024
@@ -621,7 +621,7 @@ def test_100MiB_transaction_keeps_memory_bounded(
         def xWrite(self, data: bytes, offset: int) -> None:
             nonlocal peak_dirty
             super().xWrite(data, offset)
-            peak_dirty = max(peak_dirty, len(self.store._pending.dirty))
+            peak_dirty = max(peak_dirty, len(self.store.transaction.dirty))
 
     monkeypatch.setattr(pagekv.vfs.vfs, "PageFile", ObservedFile)
     rng = random.Random(100)

@@ -1,5 +1,5 @@
 """One live actor instance (`ActorInstance`): it starts, serves calls, and stops, coordinating
-the parts that do each (`startup`, `in_flight`, `owner_check`, `lease_keeper`,
+the parts that do each (`startup`, `calls`, `owner_check`, `lease_keeper`,
 `schedule_dispatch`, `run_handler`, `stopping`).
 
 Lifecycle: STARTING -> RUNNING -> STOPPING -> STOPPED. Hooks run in the order
@@ -13,30 +13,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any
 
 import anyio
 
-from pagekv.actor import call_chain
 from pagekv.actor.async_db import ActorDb
 from pagekv.actor.context import ActorContext
 from pagekv.actor.definition import ActorDefinition, Hook
-from pagekv.actor.errors import STORAGE_ERRORS, ActorStopped, ActorTakenOver
+from pagekv.actor.errors import ActorTakenOver
 from pagekv.actor.gate import Gate
-from pagekv.actor.lifecycle.in_flight import CallsInFlight
+from pagekv.actor.lifecycle.calls import Calls
 from pagekv.actor.lifecycle.instance_ports import InstanceHost
 from pagekv.actor.lifecycle.lease_keeper import LeaseKeeper
 from pagekv.actor.lifecycle.owner_check import OwnerCheck
-from pagekv.actor.lifecycle.phase import NotServing, Phase, Stop, StopState
+from pagekv.actor.lifecycle.phase import Phase, Stop, StopState
 from pagekv.actor.lifecycle.run_handler import RunHandler
 from pagekv.actor.lifecycle.schedule_dispatch import ScheduleDispatcher
 from pagekv.actor.lifecycle.startup import Startup
 from pagekv.actor.lifecycle.stopping import Stopper
 from pagekv.actor.queue import Outgoing, Queue
-from pagekv.actor.realtime.connection import Connection, calling_connection
-from pagekv.actor.request_writes import Writes, tracking_writes
+from pagekv.actor.realtime.connection import Connection
 from pagekv.actor.schedule import Schedule
 from pagekv.actor.state import StateCell
 from pagekv.actor.tables.sql import encode_state
@@ -53,21 +51,21 @@ class ActorInstance:
 
     Invariants:
     - one live instance per actor per process: the registry creates one under the actor's lock
-      and addresses calls to it until it stops (`Registry._instance`); a second one anywhere
+      and addresses calls to it until it stops (`Placement.locked_instance`); a second one anywhere
       is a takeover, which fences this one off (`owner_check`: a write after a takeover fails);
     - an action's answer only after its commit is durable, and only once the actor was still
-      this instance's after the action's code ended (`_answer_current`), so no answer comes
-      from stale memory;
-    - calls run only while RUNNING and current (`_serving`); a takeover or a stop met inside
-      tears the instance down (a crash), and a stop waits for the calls and the running
-      transaction, bounded by `stop_grace` and `UNWIND_S` (`Stopper`);
+      this instance's after the action's code ended, so no answer comes from stale memory;
+      calls run only while RUNNING and current, and a takeover or a stop met inside tears the
+      instance down (`Calls`);
+    - a stop waits for the calls and the running transaction, bounded by `stop_grace` and
+      `UNWIND_S` (`Stopper`);
     - the lease entry is published before any hook runs and kept until the stop
       (`LeaseKeeper`).
 
     Why it has more than twenty members: it is the one object the registry, `ctx`, `ctx.queue`,
-    `ctx.schedule`, the schedule dispatcher and the workflow runner hold (their protocols in
-    `ports.py`, `workflow/hosts.py` and `instance_ports.py` say what each uses); the members that
-    serve them are one-line hand-offs to the part that does the work.
+    `ctx.schedule`, its calls, the schedule dispatcher and the workflow runner hold (their
+    protocols in `ports.py`, `workflow/hosts.py` and `instance_ports.py` say what each uses);
+    the members that serve them are one-line hand-offs to the part that does the work.
     """
 
     def __init__(
@@ -98,11 +96,11 @@ class ActorInstance:
         self.run = RunHandler(actor_id, definition, self.stops, registry.spawn, self)
         self.schedules = ScheduleDispatcher(self, self.stops)
         self.ctx: ActorContext
-        self.calls: CallsInFlight
         self.lease: LeaseKeeper
         self.owner_check: OwnerCheck
-        """Made as the start takes the lease (`_take_lease`)."""
+        self.calls: Calls
         self._stopper: Stopper
+        """`ctx` and the four parts above are made by the start, once the database opened."""
 
     # -- start ------------------------------------------------------------------------------
 
@@ -135,7 +133,6 @@ class ActorInstance:
             _instance=self,
             input=input,
         )
-        self.calls = CallsInFlight(self.actor_id, definition.stop_grace, db, self.stops)
         try:
             loaded = await self.startup.load(db, create=create)
             self.created = not loaded.initialized
@@ -151,6 +148,10 @@ class ActorInstance:
                 next_due=loaded.due,
                 run_pending=self.run.pending,
             )
+            self.owner_check = await self._take_lease()  # before any hook runs
+            self.calls = Calls(
+                self, self.registry, self.gate, self.stops, self.run, self.owner_check
+            )
             self._stopper = Stopper(
                 instance=self,
                 actor_id=self.actor_id,
@@ -163,7 +164,6 @@ class ActorInstance:
                 lease=self.lease,
                 close=self._close,
             )
-            await self._take_lease()  # before any hook runs (`LeaseKeeper._target`)
             await self.startup.run_hooks(self, cell, loaded, input)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -178,16 +178,18 @@ class ActorInstance:
             self.workflow = Runner(self, definition.workflow_fn)
         self.start_run()
 
-    async def _take_lease(self) -> None:
+    async def _take_lease(self) -> OwnerCheck:
         """Publish the lease, then refuse to start if another registry woke the actor since
         this instance's takeover (two calls for an actor nobody owned, arriving at two
         registries at once), both in one worker hop. The loser's hooks never run, and it steps
-        aside for the winner, whose lease entry the registry then finds (`ActorTakenOver`)."""
+        aside for the winner, whose lease entry the registry then finds (`ActorTakenOver`).
+        Returns the check of its ownership from then on, which this takeover proved as of the
+        moment it began."""
         started = time.monotonic()
         generation = await self.lease.publish_first(self.kv.generation)
         if generation != self.generation:
             raise ActorTakenOver(f"actor {self.actor_id} was woken elsewhere at the same time")
-        self.owner_check = OwnerCheck(
+        return OwnerCheck(
             self.actor_id,
             self.kv,
             self.ctx.db,
@@ -214,118 +216,17 @@ class ActorInstance:
         if self.stops.requested is not None and self.calls.active == 0:
             await self.stop(self.stops.requested)
 
-    # -- actions ----------------------------------------------------------------------------
+    # -- calls (`Calls`) ------------------------------------------------------------------
 
     async def call(
         self, fn: Hook, args: tuple[Any, ...], kwargs: dict[str, Any], *, answered: bool = True
     ) -> Any:
-        """Run action `fn`, which `ActorDefinition.resolve` found and bound to the arguments
-        (callers resolve first, so a call that cannot run is refused before the wake). An
-        `answered` call's answer is proven current (`_answer_current`); a scheduled one has
-        nobody to answer."""
-        async with self._serving():
-            self.registry.counters["actions"] += 1
-            ended: float | None = None
-            commits = self.ctx.db.database.commits
-            with tracking_writes() as writes:
-                try:
-                    with (
-                        self.calls.cut_off_by_stop(writes) as running,
-                        call_chain.entering(self.actor_id) as frame,
-                    ):
-                        async with self.gate.shared(frame):
-                            with self.ctx.queue.redeliver_on_failure():
-                                try:
-                                    running.commits = self.ctx.db.database.commits
-                                    result = await fn(self.ctx, *args, **kwargs)
-                                except Exception:
-                                    ended = time.monotonic()
-                                    await self._keep_state()
-                                    raise
-                                ended = time.monotonic()
-                                await self.registry.hub.save(self.ctx)  # the state too
-                except ActorTakenOver as e:
-                    if self._wrote_nothing(writes, commits):  # the fence refused it all
-                        self.owner_check.count_takeover()
-                        raise NotServing(f"actor {self.actor_id}: {e}") from e
-                    raise
-                except (ActorStopped, *STORAGE_ERRORS):
-                    raise
-                except Exception:
-                    if ended is not None and answered:
-                        await self._answer_current(ended, writes, commits)
-                    raise
-            if answered:
-                await self._answer_current(ended, writes, commits)
-            return result
+        """Run action `fn` (`Calls.call`)."""
+        return await self.calls.call(fn, args, kwargs, answered=answered)
 
     async def send(self, message: Outgoing) -> int:
-        """Append `message` to this instance's queue, as a call would: refused (`NotServing`)
-        if the instance stopped or was taken over elsewhere since its last check, and the
-        instance does not go to sleep under it."""
-        async with self._serving():
-            return await self.ctx.queue.append(message)
-
-    @asynccontextmanager
-    async def _serving(self) -> AsyncIterator[None]:
-        """Around a call or a send: refused (`NotServing`: the registry wakes a fresh instance)
-        unless the instance serves and is current; while it runs the instance is active, so it
-        does not go to sleep; a takeover or stop met inside tears the instance down."""
-        if not self.serving():
-            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
-        await self.owner_check.check_current()
-        if not self.serving():  # it began to stop while the check above waited
-            raise NotServing(f"actor {self.actor_id} is {self.phase.value}")
-        self.calls.enter()
-        outer = calling_connection.set(None)  # a connection is `ctx.conn` in its actor alone
-        try:
-            yield
-        except (ActorTakenOver, ActorStopped) as e:
-            if self.stops.stopping is None:
-                self.stops.request_crash()
-            if isinstance(e, ActorTakenOver):
-                self.owner_check.count_takeover()
-            raise
-        finally:
-            calling_connection.reset(outer)
-            self.calls.leave()
-            self.last_active = time.monotonic()
-            requested = self.stops.requested
-            if requested is not None and self.calls.active == 0 and not self.run.active:
-                self.registry.spawn(self.stop, requested)
-
-    async def _keep_state(self) -> None:
-        """After an action raised: commit the state it changed outside a transaction now, as
-        SQL it ran outside one is committed, so the failed call's answer can say it wrote. (Left
-        in memory, the change was committed later by whichever call saved next.) A failure here
-        is logged: the action's own error is the answer."""
-        if self.ctx.db.database.is_dead:
-            return
-        try:
-            await self.ctx.db.save_state()
-        except Exception:
-            log.exception("actor %s: state of a failed action not saved", self.actor_id)
-
-    def _wrote_nothing(self, writes: Writes, commits: int) -> bool:
-        """Nothing of the call can have landed: it committed nothing, and neither did anything
-        else on this instance while it ran (another call's commit saves the shared state, with
-        this call's changes to it)."""
-        return writes.state() is False and self.ctx.db.database.commits == commits
-
-    async def _answer_current(self, ended: float, writes: Writes, commits: int) -> None:
-        """Acknowledge a call only if the actor was still this instance's after the call's code
-        ended (`OwnerCheck.owned_since`). Else the answer may come from stale memory: a no-op
-        write (`state["v"] = 1` when memory holds 1 and the store 2) or a read. A call that
-        wrote nothing runs again on a fresh instance (`NotServing`); one whose writes may have
-        landed is refused with `ActorTakenOver`, as running it again could apply them twice."""
-        if await self.owner_check.owned_since(ended):
-            return
-        if not self._wrote_nothing(writes, commits):
-            raise ActorTakenOver(
-                f"actor {self.actor_id} was taken over elsewhere while this call ran, "
-                "after writes of this instance committed; its answer may be stale"
-            )
-        raise NotServing(f"actor {self.actor_id} was taken over elsewhere")
+        """Append `message` to the actor's queue (`Calls.send`)."""
+        return await self.calls.send(message)
 
     def serving(self) -> bool:
         """Running, not torn down by a failure, and its database alive (it may have died in a

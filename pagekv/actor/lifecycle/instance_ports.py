@@ -3,8 +3,8 @@ way (registry -> instance -> parts -> these):
 
 - `InstanceHost`: what an instance and its parts need from the registry that hosts them; they
   depend on it and not on the registry, which creates and addresses instances.
-- `RunOwner`, `ScheduleOwner`: what the run handler and the schedule dispatcher need from
-  their instance, which creates them.
+- `CallsOwner`, `RunOwner`, `ScheduleOwner`: what the calls, the run handler and the
+  schedule dispatcher need from their instance, which creates them.
 
 Each has one implementation, and states exactly what crosses the boundary.
 """
@@ -19,6 +19,7 @@ from pagekv.actor.blocking import Workers
 from pagekv.actor.context import ActorContext
 from pagekv.actor.definition import ActorDefinition, Hook
 from pagekv.actor.directory.leases import Ownership
+from pagekv.actor.lifecycle.phase import Phase, Stop
 from pagekv.actor.realtime.hub import Hub
 from pagekv.actor.workflow.runner import Runner
 
@@ -93,3 +94,28 @@ class ScheduleOwner(Protocol):
     def start_run(self) -> None: ...
 
     async def refresh_wake(self) -> None: ...
+
+
+class CallsOwner(Protocol):
+    """What the calls need from their instance: its id, definition (the stop's grace) and
+    context, whether it serves and where it is in its life (why not), its idle clock, and its
+    stop (once the last call of a stop requested meanwhile ended)."""
+
+    last_active: float
+    """When the instance last did something (`time.monotonic()`)."""
+
+    @property
+    def actor_id(self) -> str: ...
+
+    @property
+    def definition(self) -> ActorDefinition: ...
+
+    @property
+    def ctx(self) -> ActorContext: ...
+
+    @property
+    def phase(self) -> Phase: ...
+
+    def serving(self) -> bool: ...
+
+    async def stop(self, how: Stop) -> Stop: ...

@@ -13,7 +13,7 @@ import anyio
 from pagekv.actor.context import ActorContext
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.errors import ActorTakenOver
-from pagekv.actor.lifecycle.in_flight import CallsInFlight
+from pagekv.actor.lifecycle.calls import Calls
 from pagekv.actor.lifecycle.instance_ports import InstanceHost
 from pagekv.actor.lifecycle.lease_keeper import LeaseKeeper
 from pagekv.actor.lifecycle.phase import Stop
@@ -47,7 +47,7 @@ class Stopper:
         kv: ActorKv,
         ctx: ActorContext,
         registry: InstanceHost,
-        calls: CallsInFlight,
+        calls: Calls,
         run: RunHandler,
         lease: LeaseKeeper,
         close: Callable[[], Awaitable[None]],

@@ -19,7 +19,7 @@ import cbor2
 
 from pagekv.actor.directory.leases import Owner
 from pagekv.actor.errors import ActorError, ActorNotFound, OwnedElsewhere, UnknownActor
-from pagekv.actor.handles import CallsByName
+from pagekv.actor.handle_base import CallsByName
 from pagekv.actor.realtime.connection import CloseCode, Connection, Frame
 
 if TYPE_CHECKING:

@@ -5,10 +5,12 @@ them), so what is written to them, and how, is reviewed in one place, beside the
 makes them (`schema`). Callers pass the connection of the transaction they are in and get
 frozen dataclasses back; none of them writes SQL on these tables.
 
-Invariants: every function runs inside its caller's transaction, never opens or commits one
-of its own (except `mark_initialized`, the creation commit); values are stored as they come
-(CBOR blobs stay bytes here, their meaning is the caller's); the runtime's SQL runs with the
-`Reserved` authorizer's `internal` flag set by the caller (`ActorDb.locked(..., internal=True)`).
+Invariants: every function runs inside its caller's transaction and opens none of its own,
+except the creation commit (`mark_initialized`) and the upgrade a wake may make (`load`, through
+`schema.migrate`); blobs stay the bytes stored, their CBOR decoded by the caller, except the
+state's (`encode_state`, `read_state`), which is decoded here; the caller sets the `Reserved`
+authorizer's `internal` flag (`ActorDb.locked(..., internal=True)`), as only the runtime writes
+these tables.
 """
 
 from __future__ import annotations

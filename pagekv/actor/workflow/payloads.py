@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any, assert_never, cast, get_args
 
 from pagekv.actor.workflow.errors import WorkflowFormatError
 from pagekv.actor.workflow.step import FailureKind
@@ -247,7 +247,7 @@ def _decode(kind: Kind, data: dict[str, Any]) -> Payload:
     match kind:
         case Kind.STEP:
             if "failure" in data:
-                return StepFailed(data["failure"])
+                return StepFailed(_failure(data["failure"]))
             if "output" in data:
                 return StepDone(data["output"], bool(data.get("rollback")))
             if "retry_at" in data:
@@ -284,6 +284,12 @@ def _decode(kind: Kind, data: dict[str, Any]) -> Payload:
             return VersionCheck(data["resolved"], data["latest"])
         case _:
             assert_never(kind)
+
+
+def _failure(kind: object) -> FailureKind:
+    if kind not in get_args(FailureKind):
+        raise ValueError(f"no step failure kind {kind!r}")
+    return cast(FailureKind, kind)
 
 
 def _message(message: ReceivedMessage) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import apsw
 
 from pagekv import __version__, build_description
-from pagekv.bench.runner import MEMORY_METHOD, SystemResult, WorkloadResult
+from pagekv.bench.sampling import MEMORY_METHOD, SystemResult, WorkloadResult
 from pagekv.bench.targets import MET, MISSED, TargetResult, fmt_ratio
 
 SCHEMA_VERSION = 2

@@ -1,5 +1,5 @@
-"""`handle.increment(5)` for `handle.call("increment", 5)`: the attribute access every client
-handle and connection shares."""
+"""`handle.increment(5)` for `handle.call("increment", 5)`: the base every actor handle and
+connection (in process or over the network) shares."""
 
 from __future__ import annotations
 

@@ -49,16 +49,16 @@ def _sqlite_error(store: PageStore, e: Exception) -> Exception:
     if isinstance(e, StorageQuotaExceeded):
         return apsw.FullError(f"pagekv: {e}")
     if isinstance(e, StorageCorrupt):
-        store.last_error = e
+        store.health.last_error = e
         return apsw.CorruptError(f"pagekv: {e}")
     if isinstance(e, SnapshotExpired):
-        store.last_error = e
+        store.health.last_error = e
         return apsw.IOError(f"pagekv: {e}")
     if isinstance(e, PermissionError):
         return apsw.ReadOnlyError(f"pagekv: {e}")
     if isinstance(e, KvError | DatabaseDead):
-        if store.last_error is None:
-            store.last_error = e
+        if store.health.last_error is None:
+            store.health.last_error = e
         return apsw.IOError(f"pagekv: {e}")
     return e
 
@@ -98,14 +98,14 @@ class PageFile:
 
     def xFileSize(self) -> int:
         try:
-            self.store._check_alive()
+            self.store.health.check_alive()
             return self.store.size
         except Exception as e:
             raise _sqlite_error(self.store, e) from e
 
     def xLock(self, level: int) -> None:
         try:
-            self.store._check_alive()
+            self.store.health.check_alive()
         except Exception as e:
             raise _sqlite_error(self.store, e) from e
 
