@@ -23,9 +23,7 @@ from pagekv.server.config import (
     ConfigError,
 )
 from pagekv.server.guard import configured_name, is_loopback
-from pagekv.server.process.loader import AppNotFound
-from pagekv.server.process.logs import LOG_FORMATS, announce
-from pagekv.server.process.startup import (
+from pagekv.server.process.launch import (
     StartupError,
     configure_logging,
     listen,
@@ -34,6 +32,8 @@ from pagekv.server.process.startup import (
     settings,
     with_stored_secret,
 )
+from pagekv.server.process.loader import AppNotFound
+from pagekv.server.process.logs import LOG_FORMATS, announce
 from pagekv.server.process.workers import supervise
 
 _FIX = f"pass --advertise-url (or set ${ADVERTISE_ENV}) with an address they can reach"

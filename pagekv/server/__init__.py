@@ -6,7 +6,7 @@
     metrics.py                      `/metrics` and the meters behind it
     routes/                         the URLs: gateway, raw HTTP, sockets, inspector and its page
     cluster/                        several servers on one store: advertise, prove, forward, call
-    process/                        `pagekv serve` as processes: startup, uvicorn, workers, logs
+    process/                        `pagekv serve` as processes: launch, uvicorn, workers, logs
 
 The names below load their module on first use: the ASGI stack takes ~0.2 s to import, and
 `pagekv inspect` needs only the wire format (`pagekv.protocol`).

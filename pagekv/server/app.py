@@ -156,7 +156,7 @@ def create_app(
                 address=config.advertise_url,
                 connection_limits=config.connection_limits(),
             )
-            app.state.registry = registry  # for the process serving the app (`process/startup.py`)
+            app.state.registry = registry  # for the process serving the app (`process/launch.py`)
             forwarder = Forwarder(config, registry)
             registry.remote = owner_calls = OwnerCalls(config)
             try:

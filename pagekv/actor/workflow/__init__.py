@@ -10,7 +10,6 @@ async def fulfil(wf):
 ```
 """
 
-from pagekv.actor.workflow.context import LoopIteration, RaceResult, WorkflowContext
 from pagekv.actor.workflow.errors import (
     Critical,
     EntryInProgress,
@@ -29,6 +28,7 @@ from pagekv.actor.workflow.errors import (
 )
 from pagekv.actor.workflow.handle import WorkflowHandle
 from pagekv.actor.workflow.history import FORMAT_VERSION, WorkflowState, describe
+from pagekv.actor.workflow.primitives import LoopIteration, RaceResult, WorkflowContext
 from pagekv.actor.workflow.runner import WorkflowStatus
 from pagekv.actor.workflow.step import StepContext, StepFailure, StepResult
 

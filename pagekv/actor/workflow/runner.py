@@ -36,14 +36,6 @@ from pagekv.actor.tables.sql import (
     schedule_due,
     schedule_put,
 )
-from pagekv.actor.workflow.context import (
-    INFRASTRUCTURE,
-    RollbackStop,
-    WorkflowContext,
-    check_encodable,
-    describe_error,
-    unwrap,
-)
 from pagekv.actor.workflow.errors import (
     EntryInProgress,
     HistoryDiverged,
@@ -70,6 +62,14 @@ from pagekv.actor.workflow.payloads import (
     Race,
     ReceivedMessage,
     StepDone,
+)
+from pagekv.actor.workflow.primitives import (
+    INFRASTRUCTURE,
+    RollbackStop,
+    WorkflowContext,
+    check_encodable,
+    describe_error,
+    unwrap,
 )
 from pagekv.actor.workflow.step import RollbackFn, StepContext
 

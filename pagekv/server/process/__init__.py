@@ -1,6 +1,6 @@
 """`pagekv serve` as operating-system processes:
 
-startup.py        one process: settings, store, listening sockets, then uvicorn until a signal
+launch.py         one process: settings, store, listening sockets, then uvicorn until a signal
 run.py            the app under uvicorn in the current event loop, with a drain on signals
 workers.py        `--workers N`: a supervisor and N worker processes sharing one port
 loader.py         `app.py[:registry]`: the registry a command names

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -212,10 +213,38 @@ async def connect(websocket: WebSocket) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class _Target:
+    """What a socket's URL asks for: the actor, whether to create it, the frames' encoding."""
+
+    name: str
+    key: str
+    create: bool
+    media_type: str
+
+
 async def _serve(websocket: WebSocket, rt: Runtime) -> None:
+    """Refuse, relay or hold one socket: its URL read, its client authenticated, its `connect`
+    frame received, then its connection opened here (or relayed to the actor's owner) and held
+    until it closes."""
     if rt.registry.draining or not rt.registry.running:
         raise _Refused(CloseCode.GOING_AWAY, "the server is shutting down; connect again")
-    name = websocket.path_params["name"]
+    target = _target(websocket)
+    limits = rt.registry.hub.limits
+    hello = await _authenticated_hello(websocket, rt, target.media_type, limits)
+    sender = _Sender(websocket, target.media_type, limits)
+    try:
+        conn = await _open(websocket, rt, target, hello, sender)
+    except OwnedElsewhere as e:
+        relayed = encode({k: v for k, v in hello.items() if k != "token"}, target.media_type)
+        await _relay(websocket, rt, e.owner, relayed, target.media_type)
+        return
+    await _hold(websocket, rt, conn, sender, target.media_type, limits)
+
+
+def _target(websocket: WebSocket) -> _Target:
+    """The socket's actor and settings from its path and query; `_Refused` for a query this
+    route does not take."""
     try:
         params = query_params(websocket, _ROUTING)  # type: ignore[arg-type]
     except HttpError as e:
@@ -226,58 +255,109 @@ async def _serve(websocket: WebSocket, rt: Runtime) -> None:
         raise _Refused(
             CloseCode.REFUSED, f"mode must be one of {list(MODES)}, encoding json or cbor"
         )
-    media_type = CBOR if encoding == "cbor" else JSON
-    limits = rt.registry.hub.limits
+    return _Target(
+        websocket.path_params["name"],
+        websocket.query_params["key"],
+        create=mode == "get_or_create",
+        media_type=CBOR if encoding == "cbor" else JSON,
+    )
+
+
+async def _authenticated_hello(
+    websocket: WebSocket, rt: Runtime, media_type: str, limits: ConnectionLimits
+) -> Frame:
+    """The `connect` frame, from a client with the server's token: a token offered with the
+    upgrade is checked before the frame is waited for; without one, the frame must carry it."""
+    expected = _expected_token(websocket, rt)
     offered = _token_offered(websocket)
-    expected = rt.config.token.encode() if rt.config.token is not None else None
-    if PEER_SCOPE_KEY in websocket.scope:  # relayed by a server that proved itself
-        expected = None
     if expected is not None and offered is not None and not token_matches(offered, expected):
         raise _Refused(CloseCode.UNAUTHORIZED, "wrong token")
+    hello = await _hello(websocket, rt, media_type, limits)
+    if expected is not None and offered is None and not token_matches(_token_in(hello), expected):
+        raise _Refused(
+            CloseCode.UNAUTHORIZED,
+            "missing or wrong token: send it as Authorization: Bearer, as a "
+            f"{TOKEN_PREFIX}<token> subprotocol, or in the connect frame",
+        )
+    return hello
+
+
+def _expected_token(websocket: WebSocket, rt: Runtime) -> bytes | None:
+    """The token a client must give; None on a server without one, and for a socket relayed
+    by a server that proved the cluster secret."""
+    if rt.config.token is None or PEER_SCOPE_KEY in websocket.scope:
+        return None
+    return rt.config.token.encode()
+
+
+async def _hello(
+    websocket: WebSocket, rt: Runtime, media_type: str, limits: ConnectionLimits
+) -> Frame:
+    """The first frame, which must be a `connect` frame and come within the header timeout."""
     with anyio.move_on_after(rt.config.header_timeout_s) as waited:
-        hello = await _receive(websocket, limits, media_type)
+        hello: Frame = await _receive(websocket, limits, media_type)
     if waited.cancelled_caught:
         raise _Refused(CloseCode.REFUSED, "no connect frame in time")
     if hello["t"] != "connect" or not set(hello) <= {"t", "params", "token", "input"}:
         raise _Refused(
             CloseCode.MALFORMED, 'the first frame must be {"t": "connect", "params": ...}'
         )
-    in_frame = hello.get("token")
-    in_frame = in_frame.encode() if isinstance(in_frame, str) else b""
-    if expected is not None and offered is None and not token_matches(in_frame, expected):
-        raise _Refused(
-            CloseCode.UNAUTHORIZED,
-            "missing or wrong token: send it as Authorization: Bearer, as a "
-            f"{TOKEN_PREFIX}<token> subprotocol, or in the connect frame",
-        )
-    sender = _Sender(websocket, media_type, limits)
+    return hello
+
+
+def _token_in(hello: Frame) -> bytes:
+    """The token a `connect` frame carries; empty if it carries none."""
+    token = hello.get("token")
+    return token.encode() if isinstance(token, str) else b""
+
+
+async def _open(
+    websocket: WebSocket, rt: Runtime, target: _Target, hello: Frame, sender: _Sender
+) -> Connection:
+    """The actor's connection for this socket, from the hub; `OwnedElsewhere` for an actor
+    another server owns, `_Refused` for any other failure."""
     try:
         via = forwarded(websocket)  # type: ignore[arg-type]
     except HttpError as e:
         raise _Refused(CloseCode.REFUSED, e.message) from None
     try:
-        conn = await rt.registry.hub.connect(
-            name,
-            websocket.query_params["key"],
+        return await rt.registry.hub.connect(
+            target.name,
+            target.key,
             hello.get("params"),
             sender,
-            create=mode == "get_or_create",
+            create=target.create,
             input=hello.get("input"),
             via=via,
         )
-    except (UnknownActor, ActorNotFound) as e:
-        raise _Refused(CloseCode.NOT_FOUND, str(e)) from None
-    except OwnedElsewhere as e:
-        hello = {k: v for k, v in hello.items() if k != "token"}
-        await _relay(websocket, rt, e.owner, encode(hello, media_type), media_type)
-        return
-    except NotOwner:  # relayed here, for an actor that left: the relaying server routes again
-        raise _Refused(CloseCode.MOVED, "the actor is not served here; reconnect") from None
+    except OwnedElsewhere:
+        raise  # `_serve` relays the socket to the owner
     except Exception as e:
-        failure = classify(e, in_action=True)
-        runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
-        code = CloseCode.INTERNAL if runtime_failure else CloseCode.REFUSED
-        raise _Refused(code, failure.message) from None
+        raise _refusal(e) from None
+
+
+def _refusal(error: Exception) -> _Refused:
+    """How a socket is closed when the hub could not connect it to its actor."""
+    match error:
+        case UnknownActor() | ActorNotFound():
+            return _Refused(CloseCode.NOT_FOUND, str(error))
+        case NotOwner():  # relayed here, for an actor that left: the relaying server routes again
+            return _Refused(CloseCode.MOVED, "the actor is not served here; reconnect")
+    failure = classify(error, in_action=True)
+    runtime_failure = failure.status >= 500 and failure.code != ErrorCode.ACTION_ERROR
+    return _Refused(CloseCode.INTERNAL if runtime_failure else CloseCode.REFUSED, failure.message)
+
+
+async def _hold(
+    websocket: WebSocket,
+    rt: Runtime,
+    conn: Connection,
+    sender: _Sender,
+    media_type: str,
+    limits: ConnectionLimits,
+) -> None:
+    """Serve an open connection: its `init` frame first, then frames both ways until either
+    side closes; the hub is told once it is over, whatever ended it."""
     sender.conn = conn
     sender.first({"t": "init", "conn": conn.id})
     try:

@@ -153,6 +153,9 @@ class WorkflowContext:
 
     At most one primitive may be pending per context at a time (`EntryInProgress`); run work
     concurrently through `join` and `race`, whose branches get contexts of their own.
+
+    Over ~20 methods: the primitives are what user code sees as one `wf` object, and each
+    primitive's named steps share this scope's bookkeeping (`_op`, `_recorded`, `_fresh`).
     """
 
     def __init__(self, runner: ScopeHost, scope: str) -> None:
@@ -493,73 +496,100 @@ class WorkflowContext:
         A loser's history is deleted, and what it had received given back (`return_messages`),
         unless it completed a step with a rollback handler: then its history is kept, so that a
         failure of the workflow rolls that step back too."""
-        runner = self._runner
-        named = (
-            dict(branches) if isinstance(branches, Mapping) else {f.__name__: f for f in branches}
-        )
+        named = _named_branches(branches)
         with self._op(name) as location:
             entry = self._recorded(location, name, Kind.RACE)
-            if entry is not None and runner.rollback_mode:
-                recorded = entry.payload(Race)
-                settled = entry.status is Status.COMPLETED
-                await self._replay_branches(
-                    location,
-                    {
-                        b: f
-                        for b, f in named.items()
-                        if not settled or b == recorded.winner or recorded.branches[b].kept
-                    },
-                )
-                if not settled:
-                    raise RollbackStop
-            if entry is not None and entry.status is Status.COMPLETED:
-                return _won(entry.payload(Race))
             if entry is None:
-                pending = dict.fromkeys(named, PENDING_BRANCH)
-                entry = self._fresh(location, name, Kind.RACE, Race(None, pending))
-                runner.history.put(entry)
-                await runner.flush()
+                entry = await self._start_race(location, name, named)
+            else:
+                if self._runner.rollback_mode:
+                    await self._replay_race(location, entry, named)
+                if entry.status is Status.COMPLETED:
+                    return _won(entry.payload(Race))
             race = entry.payload(Race)
-            statuses = race.branches
-            control: list[BaseException] = []
-            won: list[str] = []
+            winner = await self._first_to_complete(location, named, race.branches)
+            if winner is None:
+                self._runner.history.put(entry)
+                await self._runner.flush()
+                raise RaceError(name, {b: s.error or "cancelled" for b, s in race.branches.items()})
+            await self._settle_race(location, entry, named, winner)
+            return _won(race)
 
-            async def run(branch: str, fn: BranchFn, scope: anyio.CancelScope) -> None:
-                outcome = await self._branch(location, branch, fn, control)
-                if outcome is None:
-                    return
-                statuses[branch] = outcome
-                if outcome.status is BranchStatus.COMPLETED and not won:
-                    won.append(branch)
-                    scope.cancel()
+    async def _start_race(self, location: str, name: str, named: Mapping[str, BranchFn]) -> Entry:
+        """The race's entry, every branch pending, committed before any branch runs."""
+        pending = dict.fromkeys(named, PENDING_BRANCH)
+        entry = self._fresh(location, name, Kind.RACE, Race(None, pending))
+        self._runner.history.put(entry)
+        await self._runner.flush()
+        return entry
 
-            try:
-                async with anyio.create_task_group() as tg:
-                    for branch, fn in named.items():
-                        tg.start_soon(run, branch, fn, tg.cancel_scope)
-            except BaseExceptionGroup as group:
-                raise unwrap(group) from None
-            _raise_control(control)
-            if not won:
-                runner.history.put(entry)
-                await runner.flush()
-                raise RaceError(name, {b: s.error or "cancelled" for b, s in statuses.items()})
-            winner = won[0]
-            gone, kept = [], []
-            for branch in named:
-                if branch != winner:
-                    low, high = subtree_range(child(location, runner.history.name_index(branch)))
-                    if runner.history.undoable_in(low, high):
-                        kept += runner.history.within(low, high)
-                        statuses[branch] = Branch(BranchStatus.CANCELLED, kept=True)
-                    else:
-                        gone += runner.history.delete_range(low, high)
-                        statuses[branch] = Branch(BranchStatus.CANCELLED)
-            race.winner = winner
-            entry.status, entry.completed = Status.COMPLETED, time.time()
-            runner.history.put(entry)
-            await runner.return_messages(gone, kept)
-            return RaceResult(winner, statuses[winner].output)
+    async def _replay_race(
+        self, location: str, entry: Entry, named: Mapping[str, BranchFn]
+    ) -> None:
+        """Rollback mode: replay the branches that may hold steps to roll back (every branch of
+        a race that did not settle; of a settled one, the winner and the losers whose history
+        was kept). A race that did not settle is where the replay stops (`RollbackStop`)."""
+        recorded = entry.payload(Race)
+        settled = entry.status is Status.COMPLETED
+        await self._replay_branches(
+            location,
+            {
+                b: f
+                for b, f in named.items()
+                if not settled or b == recorded.winner or recorded.branches[b].kept
+            },
+        )
+        if not settled:
+            raise RollbackStop
+
+    async def _first_to_complete(
+        self, location: str, named: Mapping[str, BranchFn], statuses: dict[str, Branch]
+    ) -> str | None:
+        """Run the branches concurrently, each one's outcome recorded in `statuses`; the first to
+        complete cancels the others. The winner, or None if no branch completed."""
+        control: list[BaseException] = []
+        won: list[str] = []
+
+        async def run(branch: str, fn: BranchFn, scope: anyio.CancelScope) -> None:
+            outcome = await self._branch(location, branch, fn, control)
+            if outcome is None:
+                return
+            statuses[branch] = outcome
+            if outcome.status is BranchStatus.COMPLETED and not won:
+                won.append(branch)
+                scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for branch, fn in named.items():
+                    tg.start_soon(run, branch, fn, tg.cancel_scope)
+        except BaseExceptionGroup as group:
+            raise unwrap(group) from None
+        _raise_control(control)
+        return won[0] if won else None
+
+    async def _settle_race(
+        self, location: str, entry: Entry, named: Mapping[str, BranchFn], winner: str
+    ) -> None:
+        """Record the race as `winner` won it: each loser cancelled, its history deleted or kept
+        (see `race`), and what the deleted history had received given back."""
+        history = self._runner.history
+        race = entry.payload(Race)
+        gone: list[Entry] = []
+        kept: list[Entry] = []
+        for branch in named:
+            if branch != winner:
+                low, high = subtree_range(child(location, history.name_index(branch)))
+                if history.undoable_in(low, high):
+                    kept += history.within(low, high)
+                    race.branches[branch] = Branch(BranchStatus.CANCELLED, kept=True)
+                else:
+                    gone += history.delete_range(low, high)
+                    race.branches[branch] = Branch(BranchStatus.CANCELLED)
+        race.winner = winner
+        entry.status, entry.completed = Status.COMPLETED, time.time()
+        history.put(entry)
+        await self._runner.return_messages(gone, kept)
 
     async def _replay_branches(self, location: str, branches: Mapping[str, BranchFn]) -> None:
         """Rollback mode: replay `branches` (settled ones too) so that their completed steps
@@ -853,6 +883,11 @@ def _joined(
     if errors:
         raise JoinError(name, errors)
     return {b: statuses[b].output for b in branches}
+
+
+def _named_branches(branches: Mapping[str, BranchFn] | Sequence[BranchFn]) -> dict[str, BranchFn]:
+    """A race's branches by name: as given, or each function by its own name."""
+    return dict(branches) if isinstance(branches, Mapping) else {f.__name__: f for f in branches}
 
 
 def _won(race: Race) -> RaceResult:
