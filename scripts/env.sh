@@ -32,8 +32,12 @@ if [ ! -f "$stamp" ]; then
         "$venv/bin/pip" install --quiet --upgrade pip
         PAGEKV_PURE_PYTHON="$pure" PAGEKV_SETUP_NOTICE_SHOWN=1 \
             "$venv/bin/pip" install --quiet -e "$root[dev]"
-        # built from these sources, even where mypyc found the C unchanged and kept an older file
+        # built from these sources, even where mypyc found the C unchanged and kept an older file;
+        # one whose source moved or went would still be imported by its old name, so it goes
         find "$root/pagekv" -name '*.so' -exec touch {} +
+        for so in $(find "$root/pagekv" -name '*.so'); do
+            [ -f "${so%%.cpython*}.py" ] || rm -f "$so"
+        done
         rm -f "$venv"/.installed-*
         touch "$stamp"
     fi

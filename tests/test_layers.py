@@ -11,6 +11,7 @@ source cannot show is not seen: imports by name through `importlib`, which only 
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -179,3 +180,26 @@ def test_no_module_imports_its_own_package() -> None:
         if target != "pagekv" and _within(module, target)
     ]
     assert not wrong, "modules importing their own package:\n" + "\n".join(wrong)
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A name says what a module is, so two modules with one name are two things a reader must
+    tell apart by their folder. Each package's errors are its `errors.py`, the one exception."""
+    by_name: dict[str, list[str]] = {}
+    for path in (ROOT / "pagekv").rglob("*.py"):
+        if path.stem not in ("__init__", "__main__", "errors"):
+            by_name.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+    shared = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, f"modules sharing a name: {shared}"
+
+
+def test_architecture_names_only_files_that_exist() -> None:
+    """docs/ARCHITECTURE.md maps concepts to files; a file it names that has moved or gone
+    would send a newcomer nowhere."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    packages = ("kv", "vfs", "actor", "server", "client", "transfer", "cli", "bench", "fuzz")
+    pattern = r"`((?:" + "|".join(packages) + r")/[\w/]+\.py)`"
+    named = set(re.findall(pattern, text))
+    assert len(named) > 30, named
+    missing = sorted(p for p in named if not (ROOT / "pagekv" / p).exists())
+    assert not missing, f"docs/ARCHITECTURE.md names files that do not exist: {missing}"

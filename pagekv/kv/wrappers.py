@@ -198,14 +198,15 @@ class CountingKv(KvWrapper):
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         with self._lock:
             self.stats.calls[_OP_INDEX[op]] += 1
-        result: Any = fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        read: Any = result
         entries = size = 0
         if op == "list":
-            for key, value in result:
+            for key, value in read:
                 entries += 1
                 size += len(key) + len(value)
         elif op == "get":
-            for value in result:
+            for value in read:
                 if value is not None:
                     entries += 1
                     size += len(value)

@@ -105,7 +105,8 @@ def parse_txid_key(key: bytes) -> tuple[int, int]:
 
 
 def parse_base_key(key: bytes) -> int:
-    return _PGNO.unpack_from(key, len(_BASE))[0]
+    pgno: int = _PGNO.unpack_from(key, len(_BASE))[0]
+    return pgno
 
 
 _ZERO_PREFIX: Final = bytes(_TXID_U32.size)

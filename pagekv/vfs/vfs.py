@@ -50,11 +50,11 @@ class _TempFile(apsw.VFSFile):
     def __init__(
         self, name: str | apsw.URIFilename | None, flags: list[int], budget: _TempBudget
     ) -> None:
-        super().__init__("", name, flags)  # type: ignore[arg-type]  # None: an anonymous temp file
+        super().__init__("", name, flags)  # None: an anonymous temp file
         self.budget = budget
         self.size = 0
 
-    def xWrite(self, data: bytes, offset: int) -> None:  # type: ignore[override]
+    def xWrite(self, data: bytes, offset: int) -> None:
         end = offset + len(data)
         if end > self.size:
             self.budget.resize(self.size, end)

@@ -27,10 +27,9 @@ from pagekv.kv import KvIndeterminate, KvUnavailable
 from pagekv.kv.file import FileStore
 from pagekv.kv.file import log as kv_log
 from pagekv.kv.file.base import BASE_PAGE_SIZE, SCHEMA_VERSION
+from pagekv.kv.file.file_namespace import MAX_GAPS
 from pagekv.kv.file.log import LogFile
-from pagekv.kv.file.namespace import MAX_GAPS
-from pagekv.kv.file.pending import Pending, Ranges
-from pagekv.kv.file.records import (
+from pagekv.kv.file.log_records import (
     Create,
     Range,
     Takeover,
@@ -41,6 +40,7 @@ from pagekv.kv.file.records import (
     encode_takeover,
     encode_write,
 )
+from pagekv.kv.file.pending import Pending, Ranges
 from pagekv.kv.sorted_keys import _INSERT_MAX
 
 SMALL_LOG = 12 * 1024  # room for one 5 KB record or 16 small ones: folds all the time

@@ -28,7 +28,7 @@ from pagekv.kv import FileStore, KvIndeterminate, KvLimits, KvUnavailable, open_
 from pagekv.kv.file import FileNamespace
 from pagekv.kv.file import log as kv_log
 from pagekv.kv.file.log import LogFile, LogHeader
-from pagekv.kv.file.records import encode_write
+from pagekv.kv.file.log_records import encode_write
 
 WAIT = 10.0
 

@@ -10,7 +10,7 @@ work is done in bulk instead: when the log is full, its changes are **folded** i
 (rollback journal, `synchronous=FULL`) in one transaction, so reads stay indexed, memory stays
 bounded by the log's size, and opening a store replays at most one log.
 
-Files: `kv.log` (records of the current epoch; bodies in `records.py`) and `kv.sqlite3` with
+Files: `kv.log` (records of the current epoch; bodies in `log_records.py`) and `kv.sqlite3` with
 `namespaces(id, name, generation, used)`, `entries(ns, key, value)` and `log_state(epoch)`, the
 last epoch folded into the base. `docs/FORMAT.md` describes both.
 
@@ -50,7 +50,7 @@ Invariants:
 The package, one part a module:
 
 - `store.py`: `FileStore`, the public face: opens the parts, hands out namespaces, closes.
-- `namespace.py`: `FileNamespace`, one namespace's reads and writes.
+- `file_namespace.py`: `FileNamespace`, one namespace's reads and writes.
 - `section.py`: `Sections`, the locks every operation runs under, the catch-up on entry and the
   wait for durability on exit; the package-internal face the namespaces work through.
 - `catch_up.py`: `LogFollower`, applying what other processes appended; following a new epoch.
@@ -62,10 +62,10 @@ The package, one part a module:
 - `log.py`: `LogFile`, `kv.log`: its lock, headers, records and flushes.
 - `shm.py`: `ShmFile`, `kv.shm`: the change counter, the durable marks, the flusher lock.
 - `holders.py`: who holds a lock on or has open the store's files, from `/proc`.
-- `records.py`: the bodies of the log's records.
+- `log_records.py`: the bodies of the log's records.
 """
 
-from pagekv.kv.file.namespace import FileNamespace
+from pagekv.kv.file.file_namespace import FileNamespace
 from pagekv.kv.file.store import DEFAULT_LOCK_TIMEOUT, DEFAULT_LOG_BYTES, FileStore
 
 __all__ = ["DEFAULT_LOCK_TIMEOUT", "DEFAULT_LOG_BYTES", "FileNamespace", "FileStore"]

@@ -12,7 +12,7 @@ from pagekv.kv.file.base import Base
 from pagekv.kv.file.epoch import EPOCH_END, Epoch, position
 from pagekv.kv.file.group_commit import GroupCommit
 from pagekv.kv.file.log import DATA_START, LogFile, LogHeader, SlotState
-from pagekv.kv.file.records import Create, decode
+from pagekv.kv.file.log_records import Create, decode
 from pagekv.kv.file.shm import ShmFile
 
 

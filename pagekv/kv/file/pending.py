@@ -1,9 +1,8 @@
 """One namespace's changes in the log's live epoch, kept in memory over the base.
 
 A process computes them by replaying the epoch's records (`catch_up.py`) and by applying its own
-writes (`append.py`); reads merge them over the base (`namespace.py`), and a fold writes them into
-it (`Base.fold`). Nothing here does I/O or locking: the store's section guards all of it.
-"""
+writes (`append.py`); reads merge them over the base (`file_namespace.py`), and a fold writes them
+into it (`Base.fold`). Nothing here does I/O or locking: the store's section guards all of it."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import assert_never
 
-from pagekv.kv.file.records import Create, Range, Record, Takeover, Write
+from pagekv.kv.file.log_records import Create, Range, Record, Takeover, Write
 from pagekv.kv.limits import WriteBatch
 from pagekv.kv.sorted_keys import SortedKeys
 

@@ -12,11 +12,11 @@ from pagekv.kv.file.append import Appender
 from pagekv.kv.file.base import Base
 from pagekv.kv.file.catch_up import LogFollower
 from pagekv.kv.file.epoch import Epoch
+from pagekv.kv.file.file_namespace import FileNamespace
 from pagekv.kv.file.group_commit import GroupCommit
 from pagekv.kv.file.log import DATA_START, LogFile
-from pagekv.kv.file.namespace import FileNamespace
+from pagekv.kv.file.log_records import MAX_KEY_BYTES, MAX_NAME_BYTES, encode_create
 from pagekv.kv.file.pending import Pending
-from pagekv.kv.file.records import MAX_KEY_BYTES, MAX_NAME_BYTES, encode_create
 from pagekv.kv.file.section import Sections
 from pagekv.kv.file.shm import ShmFile
 from pagekv.kv.limits import KvLimits, check_name
