@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from pagekv.kv import FileStore
-from pagekv.kv.file.holders import flock_holders
+from pagekv.kv.file.lock_holders import flock_holders
 
 _CHILD = """
 import sys, threading, time

@@ -16,7 +16,7 @@ import argparse
 import threading
 import time
 
-from pagekv.actor.views import ActorRecord, read_snapshot
+from pagekv.actor.inspect_reads import ActorRecord, read_snapshot
 from pagekv.kv import open_kv
 from pagekv.vfs import Database, SnapshotExpired, open_database
 

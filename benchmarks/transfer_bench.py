@@ -37,7 +37,7 @@ import apsw
 from pagekv.kv import KvStore, open_kv
 from pagekv.kv.pg_cluster import TempCluster
 from pagekv.transfer import copy_store, export_actor, import_actor
-from pagekv.transfer.batches import batches, scan
+from pagekv.transfer.chunked_io import batches, scan
 
 BIG_ROWS = 25_600
 """4,000-byte blobs: a 100 MiB database."""

@@ -41,7 +41,7 @@ def _setup(store_dir: Path, mib: int) -> None:
     from pagekv.actor.directory.records import actor_id
     from pagekv.actor.user_kv import USER_PREFIX
     from pagekv.kv import open_kv
-    from pagekv.transfer.batches import batches
+    from pagekv.transfer.chunked_io import batches
 
     memo = actor(_NAME, state={"n": 0})
 

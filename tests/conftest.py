@@ -50,7 +50,7 @@ def _utf8(text: str) -> str:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to test stale compiled code: Python imports `pages.cpython-*.so` before
-    `pages.py`, so an edit to a compiled module does nothing until it is rebuilt (`./test` does
+    `page_store.py`, so an edit to a compiled module does nothing until it is rebuilt (`./test` does
     that itself; a bare `pytest` does not)."""
     with open(_ROOT / "pyproject.toml", "rb") as f:
         compiled = tomllib.load(f)["tool"]["pagekv"]["compiled"]

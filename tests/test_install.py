@@ -126,12 +126,12 @@ def test_the_setup_line_says_what_the_build_will_do() -> None:
 def test_built_files_are_the_ones_this_python_would_import(tmp_path: Path) -> None:
     suffix = EXTENSION_SUFFIXES[0]
     (tmp_path / "pagekv/vfs").mkdir(parents=True)
-    pages = tmp_path / f"pagekv/vfs/pages{suffix}"
+    pages = tmp_path / f"pagekv/vfs/page_store{suffix}"
     shared = tmp_path / f"0123abcd__mypyc{suffix}"
-    other = tmp_path / "pagekv/vfs/pages.cpython-39-x86_64-linux-gnu.so"  # another Python's
-    for path in (pages, shared, other, tmp_path / "pagekv/vfs/pages.py"):
+    other = tmp_path / "pagekv/vfs/page_store.cpython-39-x86_64-linux-gnu.so"  # another Python's
+    for path in (pages, shared, other, tmp_path / "pagekv/vfs/page_store.py"):
         path.write_bytes(b"")
-    assert sorted(setup_py.built_files(["pagekv/vfs/pages.py"], tmp_path)) == sorted(
+    assert sorted(setup_py.built_files(["pagekv/vfs/page_store.py"], tmp_path)) == sorted(
         [pages, shared]
     )
 

@@ -1,11 +1,10 @@
 """`ctx.db`: async SQL on the actor's own database, serialised per actor.
 
-All SQLite work of one actor runs one call at a time (`_serial`), on the registry's pool of
-worker threads (`workers.py`: a slow KV blocks only the actors whose work waits on it) or inline
-on a store that never waits. A transaction holds the actor's database lock from BEGIN to
-COMMIT, so statements of other concurrently running actions wait instead of landing inside it;
-the actor's state is written in the same commit.
-"""
+All SQLite work of one actor runs one call at a time (`_serial`), on the registry's pool of worker
+threads (`worker_threads.py`: a slow KV blocks only the actors whose work waits on it) or inline on
+a store that never waits. A transaction holds the actor's database lock from BEGIN to COMMIT, so
+statements of other concurrently running actions wait instead of landing inside it; the actor's
+state is written in the same commit."""
 
 from __future__ import annotations
 
@@ -21,12 +20,12 @@ import anyio
 import apsw
 
 from pagekv.actor import call_chain
-from pagekv.actor.blocking import Workers
 from pagekv.actor.errors import ActorStopped, ActorTakenOver, ReservedName
 from pagekv.actor.gate import Gate
 from pagekv.actor.request_writes import note_writes
 from pagekv.actor.state import StateCell
 from pagekv.actor.tables.schema import Reserved
+from pagekv.actor.worker_threads import Workers
 from pagekv.kv import FenceMismatch
 from pagekv.vfs import Database
 

@@ -12,14 +12,14 @@ from typing import Any, Protocol
 
 import anyio
 
-from pagekv.actor.blocking import Workers, release_free_memory
 from pagekv.actor.directory.leases import Ownership, Sleeper
 from pagekv.actor.directory.records import actor_id
 from pagekv.actor.errors import ActorNotFound, OwnedElsewhere
 from pagekv.actor.lifecycle.instance import ActorInstance
 from pagekv.actor.placement import Placement
-from pagekv.actor.realtime.holds import Holds
 from pagekv.actor.realtime.hub import Hub
+from pagekv.actor.realtime.socket_leases import Holds
+from pagekv.actor.worker_threads import Workers, release_free_memory
 
 _IDLE_CHECK_S = 0.05
 _WAKE_POLL_S = 0.5

@@ -41,7 +41,7 @@ from pagekv.actor.errors import (
 )
 from pagekv.actor.lifecycle.instance import ActorInstance
 from pagekv.actor.lifecycle.instance_ports import InstanceHost
-from pagekv.actor.realtime.holds import Holds
+from pagekv.actor.realtime.socket_leases import Holds
 from pagekv.kv import ActorKv, KvStore
 
 CALL_ATTEMPTS = 3

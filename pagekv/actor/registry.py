@@ -26,7 +26,6 @@ import anyio
 from anyio.abc import TaskGroup
 
 from pagekv.actor import call_chain
-from pagekv.actor.blocking import THREADS, Workers, never_waits
 from pagekv.actor.definition import ActorDefinition
 from pagekv.actor.directory.leases import LEASE_S, Forwarded, Member, Ownership
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE, actor_id, records_of
@@ -38,8 +37,9 @@ from pagekv.actor.local_client import Client, RemoteCalls
 from pagekv.actor.placement import CALL_ATTEMPTS, Placement
 from pagekv.actor.queue import prepare_message
 from pagekv.actor.realtime.connection import ConnectionLimits
-from pagekv.actor.realtime.holds import Holds
 from pagekv.actor.realtime.hub import Hub
+from pagekv.actor.realtime.socket_leases import Holds
+from pagekv.actor.worker_threads import THREADS, Workers, never_waits
 from pagekv.kv import DEFAULT_URL, ActorKv, KvStore, open_kv
 
 log = logging.getLogger("pagekv.actor")
@@ -50,7 +50,7 @@ class Registry:
     owner died stays unavailable (and how late its schedules run) before another registry of
     the store takes it over; see `LEASE_S`. `address` is where other registries reach this one
     to forward calls for the actors it owns (a server's URL); see `placement.py`. `threads`
-    bounds the worker threads all its actors' blocking work shares (`blocking.py`).
+    bounds the worker threads all its actors' blocking work shares (`worker_threads.py`).
 
     Invariants: it serves (`running`) only inside `run()`; the store, its registry namespace,
     the workers, the directory and the kept leases are those of the current run (set as it
@@ -90,7 +90,7 @@ class Registry:
         self.index: ActorKv
         """The store's registry namespace: actor records and leases (`directory/`)."""
         self.holds: Holds
-        """Leases kept for sleeping actors whose sockets this process holds (`holds.py`)."""
+        """Leases kept for sleeping actors whose sockets this process holds (`socket_leases.py`)."""
         self._tg: TaskGroup | None = None
         self.draining = False
         """Stopping: forwarded calls are refused (`NotOwner`) so their senders take over."""
@@ -170,7 +170,7 @@ class Registry:
         return [m for m in members if m.id != self.id]
 
     def holds_sockets(self, aid: str) -> bool:
-        """Whether an instance of `aid` going to sleep keeps its lease (`holds.py`): it has
+        """Whether an instance of `aid` going to sleep keeps its lease (`socket_leases.py`): it has
         connections open here, and other registries could otherwise wake it (this one has an
         address to be forwarded to) while this one still serves."""
         return (

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from pagekv.actor.blocking import Workers
 from pagekv.actor.errors import ActorTakenOver
 from pagekv.actor.request_writes import note_writes
+from pagekv.actor.worker_threads import Workers
 from pagekv.kv import ActorKv, FenceMismatch, InvalidKey, KvIndeterminate, prefix_end
 
 USER_PREFIX = b"\x02"

@@ -1,9 +1,8 @@
 """`pagekv inspect --kv URL [NAME/KEY]`: actors straight from the store, read-only.
 
-Reads the registry's index and read-only snapshots (`pagekv.actor.views`): no takeover and no
-write to any actor or to the registry's index, so it is safe beside running servers, which keep
-serving undisturbed.
-"""
+Reads the registry's index and read-only snapshots (`pagekv.actor.inspect_reads`): no takeover and
+no write to any actor or to the registry's index, so it is safe beside running servers, which keep
+serving undisturbed."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import time
 from typing import Any
 
 from pagekv.actor import ActorNotFound
-from pagekv.actor import views as view
+from pagekv.actor import inspect_reads as view
 from pagekv.cli.args import add_store_argument, positive_int
 from pagekv.kv import open_kv
 from pagekv.protocol import JSON, encode

@@ -23,7 +23,9 @@ from pagekv.server.config import (
     ConfigError,
 )
 from pagekv.server.guard import configured_name, is_loopback
-from pagekv.server.process.launch import (
+from pagekv.server.process.loader import AppNotFound
+from pagekv.server.process.logs import LOG_FORMATS, announce
+from pagekv.server.process.serve_process import (
     StartupError,
     configure_logging,
     listen,
@@ -32,8 +34,6 @@ from pagekv.server.process.launch import (
     settings,
     with_stored_secret,
 )
-from pagekv.server.process.loader import AppNotFound
-from pagekv.server.process.logs import LOG_FORMATS, announce
 from pagekv.server.process.workers import supervise
 
 _FIX = f"pass --advertise-url (or set ${ADVERTISE_ENV}) with an address they can reach"

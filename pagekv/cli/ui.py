@@ -27,9 +27,9 @@ from pagekv.kv import redact_url
 from pagekv.protocol import DEFAULT_PORT, TOKEN_ENV
 from pagekv.server.cluster.advertise import http_url
 from pagekv.server.config import ConfigError, ServerConfig
-from pagekv.server.process.launch import StartupError, configure_logging, listen, open_store
 from pagekv.server.process.logs import announce
-from pagekv.server.process.run import store_server
+from pagekv.server.process.serve_process import StartupError, configure_logging, listen, open_store
+from pagekv.server.process.uvicorn_run import store_server
 
 DEFAULT_UI_PORT = DEFAULT_PORT + 1
 """Next to `pagekv serve`'s, so both run on one machine with their defaults."""

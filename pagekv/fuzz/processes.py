@@ -63,7 +63,7 @@ from pagekv.fuzz.execution import Coverage, FuzzFailure
 from pagekv.fuzz.oracle import Oracle, digest, run_txn
 from pagekv.fuzz.steps import FILE_ONLY_EVENTS, PROCESS_EVENTS, StepGenerator, Txn
 from pagekv.kv import FileStore, FormatTooNew, KvError, KvStore, open_kv
-from pagekv.kv.file.holders import flock_holders
+from pagekv.kv.file.lock_holders import flock_holders
 from pagekv.vfs import Database, open_database
 
 

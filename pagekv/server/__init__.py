@@ -25,9 +25,9 @@ _EXPORTS = {
     "ServerConfig": "pagekv.server.config",
     "create_app": "pagekv.server.app",
     "create_store_app": "pagekv.server.app",
-    "serve": "pagekv.server.process.run",
-    "store_server": "pagekv.server.process.run",
-    "uvicorn_server": "pagekv.server.process.run",
+    "serve": "pagekv.server.process.uvicorn_run",
+    "store_server": "pagekv.server.process.uvicorn_run",
+    "uvicorn_server": "pagekv.server.process.uvicorn_run",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -26,18 +26,18 @@ from pagekv.actor import ActorDefinition, Registry
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.kv import FlushCounts, KvStore, open_kv, redact_url
 from pagekv.protocol import ErrorCode
+from pagekv.server.app_state import Runtime, StoreView, runtime
 from pagekv.server.auth import BearerAuth, ScopedCors
 from pagekv.server.cluster.forward import FORWARDED_HEADER, Forwarder
 from pagekv.server.cluster.owner_calls import OwnerCalls
 from pagekv.server.cluster.peer_auth import MEMBER_PATH, ClusterKey, PeerAuth
-from pagekv.server.codec import answer, error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.guard import HostAndOriginGuard
 from pagekv.server.http_errors import HttpError, classify
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.process.logs import RequestIds
+from pagekv.server.request_io import answer, error_answer
 from pagekv.server.routes import gateway, inspector, inspector_page, raw_http, sockets
-from pagekv.server.runtime import Runtime, StoreView, runtime
 
 log = logging.getLogger("pagekv.server")
 _DRAIN_MARGIN_S = 0.25

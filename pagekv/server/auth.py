@@ -23,8 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagekv.protocol import ErrorCode
 from pagekv.server.cluster.peer_auth import PEER_SCOPE_KEY
-from pagekv.server.codec import error_answer
 from pagekv.server.http_errors import HttpError
+from pagekv.server.request_io import error_answer
 
 OPEN_PATHS = frozenset({"/health", "/"})
 OPEN_PREFIXES = ("/ui/",)

@@ -39,9 +39,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pagekv.protocol import ErrorCode
 from pagekv.server.cluster.advertise import WILDCARD_HOSTS
 from pagekv.server.cluster.forward import FORWARDED_HEADER
-from pagekv.server.codec import error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.http_errors import HttpError
+from pagekv.server.request_io import error_answer
 from pagekv.server.routes import raw_http
 
 _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^\s:/@\[\]]+)(:[0-9]{1,5})?")

@@ -28,16 +28,16 @@ from pagekv.actor import (
     UserError,
 )
 from pagekv.actor.errors import STORAGE_ERRORS
-from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
-from pagekv.actor.request_writes import Writes
-from pagekv.actor.schedule import TooManySchedules
-from pagekv.actor.views import (
+from pagekv.actor.inspect_reads import (
     AnswerTooLarge,
     InspectError,
     QueryRefused,
     QueryTooLarge,
     TableNotFound,
 )
+from pagekv.actor.queue import InvalidQueueName, MessageTooLarge, QueueFull
+from pagekv.actor.request_writes import Writes
+from pagekv.actor.schedule import TooManySchedules
 from pagekv.actor.workflow import WorkflowChangeRefused
 from pagekv.kv import LimitError
 from pagekv.protocol import ErrorCode

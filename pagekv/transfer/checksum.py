@@ -19,9 +19,9 @@ from typing import Any, Final, cast
 import apsw
 import cbor2
 
-from pagekv.actor.views import read_namespace
+from pagekv.actor.inspect_reads import read_namespace
 from pagekv.kv import ActorKv, prefix_end
-from pagekv.transfer.batches import scan
+from pagekv.transfer.chunked_io import scan
 from pagekv.vfs import Database
 from pagekv.vfs.format import PREFIX as DATABASE_PREFIX
 

@@ -7,13 +7,13 @@ journal) that any SQLite tool opens, holding every table, the runtime's own `_pa
 entries, which live beside the database in its namespace, are added as the table
 `_pagekv_kv(key, value)` (only when it has some), which `import_actor` moves back.
 
-An export never takes the actor over and never writes, so it is safe beside a live instance in
-this process or another. An actor of up to 256 MiB is read in one `list` (`snapshot.py`): its
+An export never takes the actor over and never writes, so it is safe beside a live instance in this
+process or another. An actor of up to 256 MiB is read in one `list` (`frozen_namespace.py`): its
 database and `ctx.kv` entries as they were at one instant, whatever a writer does meanwhile. A
-bigger one is read through a snapshot as the backup asks, and a writer that rewrites a page in
-place before the snapshot read it overtakes it: the export then starts again on a fresh snapshot
-(`SNAPSHOT_ATTEMPTS` in all, then `SnapshotExpired`), and its `ctx.kv` entries are read after
-it. Either way the database in the file is one committed state, never a mix.
+bigger one is read through a snapshot as the backup asks, and a writer that rewrites a page in place
+before the snapshot read it overtakes it: the export then starts again on a fresh snapshot
+(`SNAPSHOT_ATTEMPTS` in all, then `SnapshotExpired`), and its `ctx.kv` entries are read after it.
+Either way the database in the file is one committed state, never a mix.
 
 The file appears whole or not at all: it is written under a temporary name in its directory,
 synced, and renamed over `path`.
@@ -37,11 +37,11 @@ import apsw
 
 from pagekv.actor.directory.records import ActorRecord, find_actor, list_actors
 from pagekv.actor.errors import ActorError, ActorNotFound
+from pagekv.actor.inspect_reads import open_index, read_namespace
 from pagekv.actor.user_kv import USER_PREFIX
-from pagekv.actor.views import open_index, read_namespace
 from pagekv.kv import ActorKv, KvStore, prefix_end
-from pagekv.transfer.batches import scan
-from pagekv.transfer.snapshot import frozen_if_small
+from pagekv.transfer.chunked_io import scan
+from pagekv.transfer.frozen_namespace import frozen_if_small
 from pagekv.vfs import Database
 
 USER_KV_TABLE: Final = "_pagekv_kv"

@@ -62,6 +62,7 @@ from pagekv.actor.directory.enroll import TOOL_REGISTRY, enroll, forget
 from pagekv.actor.directory.leases import Ownership
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE, ActorRecord, actor_id, records_of
 from pagekv.actor.errors import ActorError, ActorExists
+from pagekv.actor.inspect_reads import ListableStore, open_index
 from pagekv.actor.tables.schema import (
     MIGRATIONS,
     PREFIX,
@@ -80,7 +81,6 @@ from pagekv.actor.tables.sql import (
     read_meta,
 )
 from pagekv.actor.user_kv import USER_PREFIX
-from pagekv.actor.views import ListableStore, open_index
 from pagekv.actor.workflow.history import FINAL_STATES, describe
 from pagekv.kv import (
     ActorKv,
@@ -94,7 +94,7 @@ from pagekv.kv import (
     check_name,
     prefix_end,
 )
-from pagekv.transfer.batches import batches
+from pagekv.transfer.chunked_io import batches
 from pagekv.transfer.exporter import MANIFEST, USER_KV_TABLE, copy_pages
 from pagekv.vfs import PAGE_SIZE, Database, open_database
 from pagekv.vfs.format import FRAME_BYTES

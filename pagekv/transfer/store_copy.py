@@ -12,21 +12,20 @@ its creation time) and a lease entry with no owner that keeps the source's wake 
 (`enroll.enroll`), under the generation its data was written with; the member entries of
 the source's registries are not copied.
 
-**Consistency.** A namespace of up to 64 MiB is read in one `list`, which every backend
-answers from one state (`snapshot.py`): its database and `ctx.kv` entries as they were at one
-instant. A bigger one is read in several, so it is copied whole only if it did not change
-meanwhile: its fingerprint is read before and after (its generation, which a wake changes; its
-head record, which every commit and compaction rewrites; and a digest of its entries outside
-the database, its `ctx.kv` entries, which an awake actor writes without either), and it is
-copied again when they differ,
-three times at most (`RAW_ATTEMPTS`). One that keeps changing is then read in one `list` after
-all if it stores up to `FROZEN_MAX_BYTES` (one such namespace in memory at a time, beside the
-`THREADS` smaller ones), and beyond that copied from a read-only snapshot through SQLite (one
-committed state of its database; its `ctx.kv` entries read after it). A writer rewriting pages
-in place can overtake such a snapshot too (`SnapshotExpired`, after `SNAPSHOT_ATTEMPTS`): the
-copy then fails, naming the namespace, and the next run copies it again. A source that is
-served is refused (a registry's live member entry, `directory/leases.py`) unless `allow_live`: then
-the actors that changed after their copy are reported (`CopyResult.changed`).
+**Consistency.** A namespace of up to 64 MiB is read in one `list`, which every backend answers from
+one state (`frozen_namespace.py`): its database and `ctx.kv` entries as they were at one instant. A
+bigger one is read in several, so it is copied whole only if it did not change meanwhile: its
+fingerprint is read before and after (its generation, which a wake changes; its head record, which
+every commit and compaction rewrites; and a digest of its entries outside the database, its `ctx.kv`
+entries, which an awake actor writes without either), and it is copied again when they differ, three
+times at most (`RAW_ATTEMPTS`). One that keeps changing is then read in one `list` after all if it
+stores up to `FROZEN_MAX_BYTES` (one such namespace in memory at a time, beside the `THREADS`
+smaller ones), and beyond that copied from a read-only snapshot through SQLite (one committed state
+of its database; its `ctx.kv` entries read after it). A writer rewriting pages in place can overtake
+such a snapshot too (`SnapshotExpired`, after `SNAPSHOT_ATTEMPTS`): the copy then fails, naming the
+namespace, and the next run copies it again. A source that is served is refused (a registry's live
+member entry, `directory/leases.py`) unless `allow_live`: then the actors that changed after their
+copy are reported (`CopyResult.changed`).
 
 **Resuming.** The destination's registry namespace holds a marker of the copy and, per copied
 namespace, a progress entry written in the same batch as the actor's record: the source's
@@ -65,9 +64,8 @@ from pagekv.actor.directory.enroll import TOOL_REGISTRY, enroll, forget
 from pagekv.actor.directory.leases import Ownership
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE, ActorRecord, list_actors, records_of
 from pagekv.actor.errors import ActorError
-from pagekv.actor.views import ListableStore, read_namespace
+from pagekv.actor.inspect_reads import ListableStore, read_namespace
 from pagekv.kv import ActorKv, KvStore, prefix_end
-from pagekv.transfer.batches import batches, scan
 from pagekv.transfer.checksum import (
     EntriesDigest,
     combine,
@@ -75,8 +73,9 @@ from pagekv.transfer.checksum import (
     namespace_checksum,
     other_entries,
 )
+from pagekv.transfer.chunked_io import batches, scan
 from pagekv.transfer.exporter import copy_pages
-from pagekv.transfer.snapshot import FROZEN_MAX_BYTES, FrozenNamespace, frozen_if_small
+from pagekv.transfer.frozen_namespace import FROZEN_MAX_BYTES, FrozenNamespace, frozen_if_small
 from pagekv.vfs import Database, SnapshotExpired, open_database
 from pagekv.vfs.format import HEAD_KEY, restamp
 
@@ -87,7 +86,7 @@ COPY_PREFIX: Final = b"copy/"
 RAW_ATTEMPTS: Final = 3
 """Copies of a changing namespace entry by entry before it is copied from a snapshot."""
 FROZEN_COPY_BYTES: Final = 64 * 2**20
-"""Namespaces up to this many stored bytes are read in one `list` (`snapshot.py`): one
+"""Namespaces up to this many stored bytes are read in one `list` (`frozen_namespace.py`): one
 consistent state, whatever writes them meanwhile (`THREADS` of them in memory at most)."""
 THREADS: Final = 4
 """Namespaces copied at once: a remote store's round trips overlap."""

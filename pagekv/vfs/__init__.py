@@ -4,7 +4,7 @@ from pagekv.vfs.database import Database, open_database
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import FORMAT_VERSION, PAGE_SIZE
 from pagekv.vfs.options import Options
-from pagekv.vfs.pages import PageStore
+from pagekv.vfs.page_store import PageStore
 
 __all__ = [
     "FORMAT_VERSION",

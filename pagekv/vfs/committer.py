@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pagekv.kv import CountingKv, KvUnavailable, LimitError, check_quota
-from pagekv.vfs.commit import Batch, BatchPlanner, Page, encode_batch
+from pagekv.vfs.batch_planner import Batch, BatchPlanner, Page, encode_batch
 from pagekv.vfs.format import HEAD_KEY, LOCK_BYTE_PAGE, ZERO_PAGE, Head, base_key, encode_base
 from pagekv.vfs.health import Health
 from pagekv.vfs.options import Counters

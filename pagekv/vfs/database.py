@@ -10,8 +10,8 @@ import apsw
 from pagekv.kv import ACTOR_KV_METHODS, ActorKv, KvIndeterminate
 from pagekv.vfs.options import Options, check_options
 from pagekv.vfs.page_file import MAIN_FILE, PINNED_PRAGMAS
-from pagekv.vfs.pages import PageStore
-from pagekv.vfs.vfs import PageVfs, TempFilesFull
+from pagekv.vfs.page_store import PageStore
+from pagekv.vfs.page_vfs import PageVfs, TempFilesFull
 
 SPILL_CACHE_KIB: Final = 16384
 """The page cache of a snapshot that sorts on disk, which is also the size of each sorted run

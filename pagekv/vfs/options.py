@@ -1,6 +1,6 @@
 """The tuning knobs of one open database (`Options`) and what its page store counts (`Counters`).
 
-Records shared by the page store's pieces: the coordinator (`pages.py`) makes both, the reader,
+Records shared by the page store's pieces: the coordinator (`page_store.py`) makes both, the reader,
 the committer and the compaction read the options, and each bumps its own counters.
 """
 

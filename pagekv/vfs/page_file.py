@@ -19,7 +19,7 @@ from mypy_extensions import mypyc_attr
 from pagekv.kv import KvError, StorageQuotaExceeded
 from pagekv.vfs.errors import DatabaseDead, SnapshotExpired, StorageCorrupt
 from pagekv.vfs.format import PAGE_SIZE
-from pagekv.vfs.pages import PageStore
+from pagekv.vfs.page_store import PageStore
 
 MAIN_FILE: Final = "pagekv.db"
 PINNED_PRAGMAS: Final = {

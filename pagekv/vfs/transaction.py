@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from pagekv.vfs.commit import Page
+from pagekv.vfs.batch_planner import Page
 from pagekv.vfs.format import LOCK_BYTE_PAGE, PAGE_SIZE, ZERO_PAGE, Shrink
 from pagekv.vfs.reads import PageReader
 

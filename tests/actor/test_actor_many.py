@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from pagekv.actor import ActorContext, OwnedElsewhere, Registry, actor
-from pagekv.actor.blocking import UPKEEP_THREADS
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE
+from pagekv.actor.worker_threads import UPKEEP_THREADS
 from pagekv.actor.workflow import StepContext, WorkflowContext, WorkflowState
 from pagekv.kv import ActorKv, CountingKv, FaultyStore, MemoryStore
 from pagekv.kv.wrappers import KvWrapper

@@ -20,7 +20,7 @@ import pytest
 from actor_defs import phoenix
 
 from pagekv.actor import ActorNotFound, Registry
-from pagekv.actor import views as inspect
+from pagekv.actor import inspect_reads as inspect
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.actor.registry import actor_id
 from pagekv.kv import open_kv

@@ -46,7 +46,7 @@ from pagekv.transfer import (
     import_actor,
     import_all,
 )
-from pagekv.transfer import snapshot as frozen
+from pagekv.transfer import frozen_namespace as frozen
 from pagekv.transfer.checksum import namespace_checksum
 from pagekv.transfer.exporter import USER_KV_TABLE, export_record
 from pagekv.transfer.importer import DuplicateKvKey

@@ -7,7 +7,7 @@ from __future__ import annotations
 import apsw
 import pytest
 
-from pagekv.actor.views import SNAPSHOT_ATTEMPTS, ActorRecord, read_snapshot
+from pagekv.actor.inspect_reads import SNAPSHOT_ATTEMPTS, ActorRecord, read_snapshot
 from pagekv.kv import MemoryStore
 from pagekv.vfs import Database, SnapshotExpired, open_database
 

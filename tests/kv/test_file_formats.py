@@ -28,7 +28,7 @@ import pytest
 from crc32c import crc32c
 
 from pagekv.kv import FileStore, FormatTooNew, KvUnavailable, StoreDamaged
-from pagekv.kv.file.holders import flock_holders
+from pagekv.kv.file.lock_holders import flock_holders
 
 FIXTURES = Path(__file__).with_name("fixtures")
 WAIT = 60.0

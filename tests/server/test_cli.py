@@ -22,7 +22,7 @@ import pytest
 from server_helpers import TOKEN
 
 from pagekv.client import HttpClient
-from pagekv.server.process.launch import listen
+from pagekv.server.process.serve_process import listen
 
 pytestmark = pytest.mark.anyio
 

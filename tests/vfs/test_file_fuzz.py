@@ -40,7 +40,7 @@ from pagekv.vfs.format import (
 )
 from pagekv.vfs.options import Options
 from pagekv.vfs.page_cache import PageCache
-from pagekv.vfs.pages import PageStore
+from pagekv.vfs.page_store import PageStore
 
 MAX_OFFSET = 64 * 1024
 SMALL_LIMITS = KvLimits(max_value_bytes=16 * 1024, max_batch_bytes=64 * 1024)

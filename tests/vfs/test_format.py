@@ -31,7 +31,7 @@ from pagekv.vfs.format import (
     encode_hints,
     page_crc,
 )
-from pagekv.vfs.pages import PageStore
+from pagekv.vfs.page_store import PageStore
 
 BASE_PREFIX = PREFIX + b"B"
 

@@ -31,7 +31,7 @@ from pagekv.kv import (
     entry_size,
 )
 from pagekv.vfs import Database, DatabaseDead, open_database
-from pagekv.vfs.commit import BatchPlanner, encode_batch
+from pagekv.vfs.batch_planner import BatchPlanner, encode_batch
 from pagekv.vfs.format import (
     BASE_END,
     COMPACT_SHRINKS,

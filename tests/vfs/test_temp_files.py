@@ -9,7 +9,7 @@ import pytest
 
 from pagekv.kv import ActorKv, MemoryStore
 from pagekv.vfs import open_database
-from pagekv.vfs.vfs import TempFilesFull
+from pagekv.vfs.page_vfs import TempFilesFull
 
 ROWS = 40
 SORT = "SELECT id FROM t ORDER BY b"

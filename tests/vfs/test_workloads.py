@@ -21,7 +21,7 @@ from typing import Any
 import apsw
 import pytest
 
-import pagekv.vfs.vfs
+import pagekv.vfs.page_vfs
 from pagekv.kv import ActorKv, CountingKv, open_kv
 from pagekv.vfs import Database, Options, SnapshotExpired, open_database
 from pagekv.vfs.page_file import PageFile
@@ -504,7 +504,7 @@ def test_the_in_memory_journal_header_is_not_padded_to_a_4k_sector(
             return 0
 
     def journal_bytes(file_class: type[PageFile]) -> int:
-        monkeypatch.setattr(pagekv.vfs.vfs, "PageFile", file_class)
+        monkeypatch.setattr(pagekv.vfs.page_vfs, "PageFile", file_class)
         with open_database(open_kv("memory://").namespace("a")) as db:
             db.execute("CREATE TABLE t(x)")
             db.execute("INSERT INTO t VALUES (1)")
@@ -623,7 +623,7 @@ def test_100MiB_transaction_keeps_memory_bounded(
             super().xWrite(data, offset)
             peak_dirty = max(peak_dirty, len(self.store.transaction.dirty))
 
-    monkeypatch.setattr(pagekv.vfs.vfs, "PageFile", ObservedFile)
+    monkeypatch.setattr(pagekv.vfs.page_vfs, "PageFile", ObservedFile)
     rng = random.Random(100)
     excess = 0
     tracemalloc.start()

@@ -274,7 +274,7 @@ class Ownership:
 
     def newest_generation(self, aid: str) -> int | None:
         """The generation of the newest lease entry of `aid` (None: no entry): whether another
-        instance took the actor over since a given one (`holds.py`)."""
+        instance took the actor over since a given one (`socket_leases.py`)."""
         entries = self._index.list(prefix=_lease_prefix(aid))
         return int(entries[-1][0][len(_lease_prefix(aid)) :]) if entries else None
 

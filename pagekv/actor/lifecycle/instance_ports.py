@@ -15,12 +15,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from pagekv.actor.blocking import Workers
 from pagekv.actor.context import ActorContext
 from pagekv.actor.definition import ActorDefinition, Hook
 from pagekv.actor.directory.leases import Ownership
 from pagekv.actor.lifecycle.phase import Phase, Stop
 from pagekv.actor.realtime.hub import Hub
+from pagekv.actor.worker_threads import Workers
 from pagekv.actor.workflow.runner import Runner
 
 

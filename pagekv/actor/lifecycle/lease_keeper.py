@@ -11,9 +11,9 @@ from typing import TypeVar, cast
 import anyio
 
 from pagekv.actor.async_db import ActorDb
-from pagekv.actor.blocking import Workers
 from pagekv.actor.directory.leases import Lease, Ownership
 from pagekv.actor.tables.sql import earliest_due
+from pagekv.actor.worker_threads import Workers
 from pagekv.kv import KvError
 
 T = TypeVar("T")
@@ -93,7 +93,7 @@ class LeaseKeeper:
         Without a lease (going to sleep), `due` is exactly `next_run` and there is no owner;
         gone to sleep with its sockets held here (`holding`), it keeps the lease, and `due` is
         exactly `next_run` all the same, since only this registry's poll may wake it then
-        (`holds.py`).
+        (`socket_leases.py`).
         """
         lease = self._lease
         if not lease:
@@ -189,7 +189,7 @@ class LeaseKeeper:
         and publish exactly the time the actor must run next (`next_run`, with the run handler
         as it was before the stop), so the actor is woken on time rather than a lease late.
         With connections open here (`holding`), keep the lease instead, which the registry then
-        renews (`holds.py`): the actor must wake where its sockets are."""
+        renews (`socket_leases.py`): the actor must wake where its sockets are."""
         self.holding = holding
         if not self.holding:
             self._lease = 0.0

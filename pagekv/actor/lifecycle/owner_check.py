@@ -10,14 +10,14 @@ from collections.abc import Callable
 import anyio
 
 from pagekv.actor.async_db import ActorDb
-from pagekv.actor.blocking import Workers
 from pagekv.actor.lifecycle.phase import NotServing
+from pagekv.actor.worker_threads import Workers
 from pagekv.kv import ActorKv
 
 FRESHNESS_S = 0.05
 """A call first checks that no other instance took the actor over (one KV read) unless this
 instance checked less than this long ago, so a stale instance rarely runs user code at all. The
-answer is what must be current: see `ActorInstance._answer_current`."""
+answer is what must be current: see `Calls._answer_current` (`calls.py`)."""
 
 
 class OwnerCheck:

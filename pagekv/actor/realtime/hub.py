@@ -14,7 +14,7 @@ Invariants:
   deletes it in the same call, so it runs once per connection however the close is noticed;
 - a connection closed because the actor left this process (`MOVED`) or the server stops
   (`GOING_AWAY`) keeps its row: the client reconnects, and the next wake reaps the old one;
-- an actor asleep with connections open here keeps its lease here (`holds.py`), so it wakes
+- an actor asleep with connections open here keeps its lease here (`socket_leases.py`), so it wakes
   here, where they are, and no other process takes their rows for connections gone.
 """
 

@@ -51,7 +51,7 @@ The package, one part a module:
 
 - `store.py`: `FileStore`, the public face: opens the parts, hands out namespaces, closes.
 - `file_namespace.py`: `FileNamespace`, one namespace's reads and writes.
-- `section.py`: `Sections`, the locks every operation runs under, the catch-up on entry and the
+- `sections.py`: `Sections`, the locks every operation runs under, the catch-up on entry and the
   wait for durability on exit; the package-internal face the namespaces work through.
 - `catch_up.py`: `LogFollower`, applying what other processes appended; following a new epoch.
 - `append.py`: `Appender`, writing records and headers, and folding the log into the base.
@@ -61,7 +61,7 @@ The package, one part a module:
 - `base.py`: `Base`, `kv.sqlite3`: schema, reads, and the fold's transaction.
 - `log.py`: `LogFile`, `kv.log`: its lock, headers, records and flushes.
 - `shm.py`: `ShmFile`, `kv.shm`: the change counter, the durable marks, the flusher lock.
-- `holders.py`: who holds a lock on or has open the store's files, from `/proc`.
+- `lock_holders.py`: who holds a lock on or has open the store's files, from `/proc`.
 - `log_records.py`: the bodies of the log's records.
 """
 

@@ -18,7 +18,7 @@ from typing import Any, Final
 import apsw
 
 from pagekv.kv.errors import FormatTooNew, KvIndeterminate, KvUnavailable
-from pagekv.kv.file.holders import lock_holders, processes_holding
+from pagekv.kv.file.lock_holders import lock_holders, processes_holding
 from pagekv.kv.file.pending import Pending
 
 SCHEMA_VERSION: Final = 4

@@ -12,7 +12,7 @@ from pagekv.kv.fence import check_fence
 from pagekv.kv.file.base import SIZE, Base
 from pagekv.kv.file.log_records import encode_range, encode_takeover, encode_write
 from pagekv.kv.file.pending import Pending
-from pagekv.kv.file.section import Sections
+from pagekv.kv.file.sections import Sections
 from pagekv.kv.limits import KvLimits, WriteBatch, check_quota
 from pagekv.kv.namespace import KvNamespace
 

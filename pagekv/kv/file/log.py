@@ -54,7 +54,7 @@ from typing import Final
 from crc32c import crc32c
 
 from pagekv.kv.errors import FormatTooNew
-from pagekv.kv.file.holders import lock_holders
+from pagekv.kv.file.lock_holders import lock_holders
 
 DATA_START: Final = 4096
 ALIGN: Final = 512

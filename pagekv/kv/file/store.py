@@ -17,7 +17,7 @@ from pagekv.kv.file.group_commit import GroupCommit
 from pagekv.kv.file.log import DATA_START, LogFile
 from pagekv.kv.file.log_records import MAX_KEY_BYTES, MAX_NAME_BYTES, encode_create
 from pagekv.kv.file.pending import Pending
-from pagekv.kv.file.section import Sections
+from pagekv.kv.file.sections import Sections
 from pagekv.kv.file.shm import ShmFile
 from pagekv.kv.limits import KvLimits, check_name
 

@@ -55,9 +55,9 @@ from pagekv.server.cluster.peer_auth import (
     ProofError,
     call_target,
 )
-from pagekv.server.codec import error_answer
 from pagekv.server.config import ServerConfig
 from pagekv.server.http_errors import HttpError
+from pagekv.server.request_io import error_answer
 
 REFUSED_HEADER = "x-pagekv-refused"
 """On a server's refusal of a forwarded call (`not_owner`), and nowhere else."""

@@ -49,9 +49,9 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagekv.protocol import ErrorCode
-from pagekv.server.codec import error_answer
 from pagekv.server.config import ConfigError
 from pagekv.server.http_errors import HttpError
+from pagekv.server.request_io import error_answer
 
 CLUSTER_SECRET_ENV = "PAGEKV_CLUSTER_SECRET"
 SECRET_FILE = "cluster-secret"

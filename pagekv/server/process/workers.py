@@ -38,7 +38,8 @@ import anyio
 
 from pagekv.server.cluster.advertise import ADVERTISE_ENV, default_url, worker_url
 from pagekv.server.config import GRACEFUL_S, ConfigError
-from pagekv.server.process.launch import (
+from pagekv.server.process.loader import AppNotFound
+from pagekv.server.process.serve_process import (
     StartupError,
     configure_logging,
     listen,
@@ -46,7 +47,6 @@ from pagekv.server.process.launch import (
     serve_process,
     settings,
 )
-from pagekv.server.process.loader import AppNotFound
 
 FATAL = 78
 """A worker's exit status that says restarting it cannot help (sysexits' EX_CONFIG): its

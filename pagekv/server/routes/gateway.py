@@ -43,10 +43,10 @@ from pagekv.actor import OwnedElsewhere, call_chain
 from pagekv.actor.directory.leases import Forwarded
 from pagekv.actor.request_writes import Writes, tracking_writes
 from pagekv.protocol import ErrorCode
-from pagekv.server.codec import answer, decode_body, query_params, read_fields, read_raw_body
+from pagekv.server.app_state import Runtime, runtime
 from pagekv.server.http_errors import HttpError, classify
 from pagekv.server.process.logs import REQUEST_ID
-from pagekv.server.runtime import Runtime, runtime
+from pagekv.server.request_io import answer, decode_body, query_params, read_fields, read_raw_body
 
 MODES = ("get_or_create", "get")
 _ROUTING = {"key": True, "mode": False}

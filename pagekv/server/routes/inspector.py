@@ -16,7 +16,7 @@
     POST /inspect/actors/{name}/workflow/cancel?key=K      {} (serve only, at the owner)
     POST /inspect/actors/{name}/workflow/replay?key=K      {"from": LOCATION or null}
 
-Data is read from a read-only snapshot of the actor's database (see `pagekv.actor.views`):
+Data is read from a read-only snapshot of the actor's database (see `pagekv.actor.inspect_reads`):
 committed data only, never a takeover, never a write, whether the actor is awake here, awake in
 another process or asleep. A snapshot is opened per request on a worker thread, so a slow read
 never blocks the event loop or the actor. Runtime facts (awake, in-flight calls, wake timings)
@@ -38,12 +38,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pagekv.actor import ActorNotFound, views
+from pagekv.actor import ActorNotFound, inspect_reads
 from pagekv.actor.directory.leases import Forwarded, lease_owner
 from pagekv.kv import ActorKv
 from pagekv.protocol import ErrorCode
+from pagekv.server.app_state import StoreView, runtime, store_view
 from pagekv.server.cluster.forward import forwarded
-from pagekv.server.codec import (
+from pagekv.server.http_errors import HttpError, classify
+from pagekv.server.request_io import (
     answer,
     decode_body,
     int_param,
@@ -52,9 +54,7 @@ from pagekv.server.codec import (
     read_fields,
     read_raw_body,
 )
-from pagekv.server.http_errors import HttpError, classify
 from pagekv.server.routes.gateway import failures
-from pagekv.server.runtime import StoreView, runtime, store_view
 from pagekv.vfs import Database
 
 T = TypeVar("T")
@@ -79,8 +79,8 @@ def _index(rt: StoreView) -> ActorKv:
 
 def _owner(index: ActorKv, actor_id: str, asked: str | None) -> dict[str, Any] | None:
     """Who holds the actor's lease now (None: asleep, unless a server holding its sockets keeps
-    it, `pagekv.actor.realtime.holds`; or its owner's lease ran out); `here` says whether it is the
-    registry the client asked (`asked`, see `_asked`)."""
+    it, `pagekv.actor.realtime.socket_leases`; or its owner's lease ran out); `here` says whether
+    it is the registry the client asked (`asked`, see `_asked`)."""
     owner = lease_owner(index, actor_id, time.time())
     if owner is None:
         return None
@@ -137,14 +137,16 @@ async def _in_inspector(rt: StoreView, fn: Callable[[], T]) -> T:
 
 async def _snapshot_read(
     rt: StoreView, name: str, key: str, fn: Callable[[Database], T]
-) -> tuple[views.ActorRecord, T]:
+) -> tuple[inspect_reads.ActorRecord, T]:
     """Find the actor in the registry's index and run `fn` on a snapshot of its database."""
     limit, temp = rt.config.inspect_max_bytes, rt.config.inspect_temp_bytes
     try:
-        record = await _in_inspector(rt, lambda: views.find_actor(_index(rt), name, key))
+        record = await _in_inspector(rt, lambda: inspect_reads.find_actor(_index(rt), name, key))
         value = await _in_inspector(
             rt,
-            lambda: views.read_snapshot(rt.store, record, fn, max_bytes=limit, temp_bytes=temp),
+            lambda: inspect_reads.read_snapshot(
+                rt.store, record, fn, max_bytes=limit, temp_bytes=temp
+            ),
         )
     except HttpError:
         raise
@@ -174,11 +176,11 @@ async def list_actors(request: Request) -> Response:
     usage = int_param(params, "usage", default=0, low=0, high=1) == 1
     owners = int_param(params, "owners", default=0, low=0, high=1) == 1
 
-    def read() -> tuple[list[views.ActorRecord], list[dict[str, Any]]]:
+    def read() -> tuple[list[inspect_reads.ActorRecord], list[dict[str, Any]]]:
         index = rt.index()
         if index is None:
             return [], []
-        records = views.list_actors(
+        records = inspect_reads.list_actors(
             index,
             limit=limit + 1,
             name=params.get("name"),
@@ -238,13 +240,17 @@ async def actor_summary(request: Request) -> Response:
 
 async def actor_state(request: Request) -> Response:
     rt, name, key, _ = _address(request)
-    _, state = await _snapshot_read(rt, name, key, lambda db: views.read_state(db.connection))
+    _, state = await _snapshot_read(
+        rt, name, key, lambda db: inspect_reads.read_state(db.connection)
+    )
     return answer(request, {"state": state})
 
 
 async def actor_tables(request: Request) -> Response:
     rt, name, key, _ = _address(request)
-    _, tables = await _snapshot_read(rt, name, key, lambda db: views.list_tables(db.connection))
+    _, tables = await _snapshot_read(
+        rt, name, key, lambda db: inspect_reads.list_tables(db.connection)
+    )
     return answer(request, {"tables": [asdict(t) for t in tables]})
 
 
@@ -257,7 +263,7 @@ async def table_rows(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: views.read_rows(
+        lambda db: inspect_reads.read_rows(
             db.connection, table, limit=limit, offset=offset, max_bytes=rt.config.inspect_max_bytes
         ),
     )
@@ -280,7 +286,7 @@ async def run_query(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: views.query(
+        lambda db: inspect_reads.query(
             db.connection,
             sql,
             bindings,
@@ -299,7 +305,7 @@ async def actor_queue(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: views.read_queue(
+        lambda db: inspect_reads.read_queue(
             db.connection, limit=limit, max_bytes=rt.config.inspect_max_bytes
         ),
     )
@@ -310,7 +316,7 @@ async def actor_schedules(request: Request) -> Response:
     rt, name, key, _ = _address(request)
     limit = rt.config.inspect_max_bytes
     _, rows = await _snapshot_read(
-        rt, name, key, lambda db: views.read_schedules(db.connection, max_bytes=limit)
+        rt, name, key, lambda db: inspect_reads.read_schedules(db.connection, max_bytes=limit)
     )
     return answer(request, asdict(rows))
 
@@ -321,7 +327,9 @@ async def actor_workflow(request: Request) -> Response:
         rt,
         name,
         key,
-        lambda db: views.read_workflow(db.connection, max_bytes=rt.config.inspect_max_bytes),
+        lambda db: inspect_reads.read_workflow(
+            db.connection, max_bytes=rt.config.inspect_max_bytes
+        ),
     )
     if workflow is None:
         raise HttpError(404, ErrorCode.NO_WORKFLOW, f"actor {record.actor_id} has no workflow")

@@ -27,11 +27,11 @@ from starlette.types import Message
 
 from pagekv.actor.directory.leases import Forwarded
 from pagekv.protocol import ErrorCode
+from pagekv.server.app_state import runtime
 from pagekv.server.cluster.forward import end_to_end, without_own_headers
-from pagekv.server.codec import query_items, read_raw_body
 from pagekv.server.http_errors import HttpError
+from pagekv.server.request_io import query_items, read_raw_body
 from pagekv.server.routes.gateway import MODES, failures
-from pagekv.server.runtime import runtime
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _ROUTING = ("key", "mode")

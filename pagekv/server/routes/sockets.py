@@ -8,14 +8,14 @@ set headers on a WebSocket), in the offered subprotocols as `pagekv.token.<token
 the upgrade (a refused upgrade could carry no reason).
 
 A socket holds an actor's connection for as long as it is open; the hub keeps it while the actor
-sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.realtime.holds`). A server
-that drains takes no new socket: it closes it with `GOING_AWAY`, and the client connects again,
-through its address, to a server that stays. A socket whose actor is found served elsewhere (this
-server's hold on it ran out) gets a `not_owner` error frame for the frame that found it, which did
-not run, and is closed with `MOVED`: its client reconnects to where the actor runs. No refusal names
-another server. Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it the
-socket is not read until one ends, so a flood of frames is held up in TCP, not in memory. Frames to
-the client wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`)."""
+sleeps (and the actor's lease with it, so it wakes here: `pagekv.actor.realtime.socket_leases`). A
+server that drains takes no new socket: it closes it with `GOING_AWAY`, and the client connects
+again, through its address, to a server that stays. A socket whose actor is found served elsewhere
+(this server's hold on it ran out) gets a `not_owner` error frame for the frame that found it, which
+did not run, and is closed with `MOVED`: its client reconnects to where the actor runs. No refusal
+names another server. Frames from one socket run concurrently, at most `_IN_FLIGHT` at once: past it
+the socket is not read until one ends, so a flood of frames is held up in TCP, not in memory. Frames
+to the client wait in a buffer bounded by `ConnectionLimits.max_buffered_bytes` (`_Sender`)."""
 
 from __future__ import annotations
 
@@ -44,13 +44,13 @@ from pagekv.actor.realtime.connection import (
     encoded_size,
 )
 from pagekv.protocol import CBOR, JSON, BodyError, ErrorCode, decode, encode
+from pagekv.server.app_state import Runtime
 from pagekv.server.auth import header_token, token_matches
 from pagekv.server.cluster.forward import FORWARDED_HEADER, forwarded
 from pagekv.server.cluster.peer_auth import PEER_SCOPE_KEY, PROOF_HEADER, ProofError, call_target
-from pagekv.server.codec import query_params
 from pagekv.server.http_errors import HttpError, classify
+from pagekv.server.request_io import query_params
 from pagekv.server.routes.gateway import MODES, log_failure
-from pagekv.server.runtime import Runtime
 
 SUBPROTOCOL = "pagekv"
 TOKEN_PREFIX = "pagekv.token."

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pagekv.actor import Registry
-from pagekv.actor import views as view
+from pagekv.actor import inspect_reads as view
 from pagekv.actor.directory.leases import Forwarded
 from pagekv.actor.lifecycle.instance import ActorInstance
 from pagekv.kv import ActorKv, KvStore

@@ -29,8 +29,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from pagekv.actor.blocking import Workers
 from pagekv.actor.directory.leases import Lease, Ownership
+from pagekv.actor.worker_threads import Workers
 from pagekv.kv import KvError
 
 log = logging.getLogger("pagekv.actor")

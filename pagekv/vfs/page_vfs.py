@@ -1,4 +1,4 @@
-"""The APSW VFS: the one file SQLite may open, the main database (`file.py`), and, for a
+"""The APSW VFS: the one file SQLite may open, the main database (`page_file.py`), and, for a
 read-only snapshot given a budget, SQLite's own temp files.
 
 One VFS object is registered per open database under a unique name, and it serves exactly one
@@ -17,7 +17,7 @@ import uuid
 import apsw
 
 from pagekv.vfs.page_file import MAIN_FILE, PageFile
-from pagekv.vfs.pages import PageStore
+from pagekv.vfs.page_store import PageStore
 
 
 class TempFilesFull(apsw.FullError):

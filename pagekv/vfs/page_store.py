@@ -1,6 +1,6 @@
 """The page store: one database file's bytes over the actor KV.
 
-This is everything the VFS file does, without APSW; `file.py` only adapts it to SQLite's
+This is everything the VFS file does, without APSW; `page_file.py` only adapts it to SQLite's
 callbacks. `PageStore` takes the lock and hands each call to the piece that owns its state:
 - `reads.py` (`PageReader`): the committed database (head, page index, page cache) and its reads;
 - `transaction.py` (`Transaction`): the open transaction laid over it, as SQLite sees the file;
@@ -26,7 +26,7 @@ from typing import Final
 from librt.threading import Lock
 
 from pagekv.kv import ActorKv, CountingKv, KvError, KvUnavailable, LimitError
-from pagekv.vfs.commit import BatchPlanner
+from pagekv.vfs.batch_planner import BatchPlanner
 from pagekv.vfs.committer import Committer
 from pagekv.vfs.compaction import compact, delete_folded
 from pagekv.vfs.errors import DatabaseDead, StorageCorrupt
@@ -53,7 +53,7 @@ class PageStore:
     reentrant, which is why `finish_commit` calls `_sync` and `_compact`, never `sync` and
     `compact`.
 
-    `reader`, `transaction`, `committer` and `health` are package-internal (`file.py`,
+    `reader`, `transaction`, `committer` and `health` are package-internal (`page_file.py`,
     `database.py` and the tests reach them); `kv`, `generation`, `read_only`, `options` and
     `counters` never change after the open (the counters' values do).
     """

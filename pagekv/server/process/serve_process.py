@@ -28,7 +28,7 @@ from pagekv.server.cluster.peer_auth import CLUSTER_SECRET_ENV, stored_secret
 from pagekv.server.config import ConfigError, ServerConfig
 from pagekv.server.process.loader import load_registry
 from pagekv.server.process.logs import configure_logging as configure_logging
-from pagekv.server.process.run import uvicorn_server
+from pagekv.server.process.uvicorn_run import uvicorn_server
 
 log = logging.getLogger("pagekv.server")
 
