@@ -156,7 +156,16 @@ class _Instance:
 
 
 class Runner:
-    """Runs one sequence of steps on a fresh namespace from `kv_factory`."""
+    """Runs one sequence of steps on a fresh namespace from `kv_factory`.
+
+    One class over ~20 methods: every step's check compares the same three things, the
+    current instance, the oracle and the store under it, and every disruption (reopen, crash,
+    takeover, recreation) replaces the instance and verifies it against the oracle, counting in
+    the same `coverage` and failing at the same step index; split, each part would take all of
+    them. Invariant: after every disruption the current instance holds exactly the oracle's
+    state, before or after its one unacknowledged transaction (`_verify`). Single-threaded:
+    every field is touched only by the thread running the steps.
+    """
 
     def __init__(self, kv_factory: Callable[[], ActorKv], **db_options: Any) -> None:
         self.kv = CountingKv(kv_factory())

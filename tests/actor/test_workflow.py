@@ -660,7 +660,7 @@ async def test_workflow_deadlines_and_ordinary_schedules_do_not_overwrite_each_o
     def completed() -> bool:
         live = registry.live()
         runner = live[0].workflow if live else None
-        done = runner is not None and runner.history.state is WorkflowState.COMPLETED
+        done = runner is not None and runner.journal.history.state is WorkflowState.COMPLETED
         return done and live[0].ctx.state["n"] == 1
 
     registry = Registry([a], kv=MemoryStore())

@@ -1,8 +1,8 @@
-"""What the workflow's machinery needs from what runs it, as protocols: the runner from the
-instance it is the run handler of (`RunHost`), a `wf` scope from the runner executing it
-(`ScopeHost`). The runner depends on these and not on `ActorInstance`, which creates it, and
-`wf` not on `Runner`, which creates it, so imports run one way (instance -> runner -> `wf` ->
-this)."""
+"""What the workflow's machinery needs from what runs it, as protocols: the runner (and its
+journal and mailbox) from the instance it is the run handler of (`RunHost`), a `wf` scope from
+the execution it is part of (`ScopeHost`, the runner's `Execution`). The runner depends on
+these and not on `ActorInstance`, which creates it, and `wf` not on the runner, which creates
+it, so imports run one way (instance -> runner -> `wf` -> this)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ class RunHost(RunActor, Protocol):
 
 
 class ScopeHost(Protocol):
-    """What a `wf` scope needs from the runner: the history it replays and records into, the
-    mode of this execution, and the operations that write, wait or receive for it."""
+    """What a `wf` scope needs from the execution it is part of: the history it replays and
+    records into, the mode of this execution, and the operations that write, wait or receive
+    for it."""
 
     checkpointed: bool
     """A rollback checkpoint was passed: a failure from here on rolls back."""

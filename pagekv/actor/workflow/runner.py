@@ -4,38 +4,21 @@ One runner per live instance, and the instance runs at most one run handler at a
 workflow never executes twice concurrently; a wake that races a due deadline only finds the
 handler running (or starts it once). Waits (sleeps, retry backoff, message waits) happen in place
 and do not keep the actor awake: the earliest deadline is a row of the actor's ordinary schedule
-table (`WORKFLOW_WAKE`), written in the same transaction as the entry that waits, so a sleeping
-or restarted actor is woken on time by the same mechanism as any schedule, and neither can
-overwrite the other's deadline. After a wake the workflow replays from the top.
+table (`WORKFLOW_WAKE`), written in the same transaction as the entry that waits (`Journal`), so a
+sleeping or restarted actor is woken on time by the same mechanism as any schedule, and neither
+can overwrite the other's deadline. After a wake the workflow replays from the top.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
-from functools import partial
-from typing import Any, assert_never, cast
-
-import anyio
-import apsw
-import cbor2
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, assert_never
 
 from pagekv.actor.async_db import ActorDb
 from pagekv.actor.queue import Message
-from pagekv.actor.schedule import WORKFLOW_WAKE
-from pagekv.actor.tables.sql import (
-    QueueMessage,
-    ScheduledCall,
-    queue_delete,
-    queue_messages,
-    schedule_cancel,
-    schedule_due,
-    schedule_put,
-)
 from pagekv.actor.workflow.errors import (
     EntryInProgress,
     HistoryDiverged,
@@ -43,44 +26,26 @@ from pagekv.actor.workflow.errors import (
     WorkflowChangeRefused,
     WorkflowFormatError,
 )
-from pagekv.actor.workflow.history import (
-    Entry,
-    History,
-    PendingWrite,
-    Status,
-    WorkflowState,
-    child,
-    readable,
-    subtree_range,
-)
-from pagekv.actor.workflow.hosts import RunHost
-from pagekv.actor.workflow.payloads import (
-    PENDING_BRANCH,
-    Join,
-    Kind,
-    Messages,
-    Race,
-    ReceivedMessage,
-    StepDone,
-)
+from pagekv.actor.workflow.history import Entry, History, WorkflowState
+from pagekv.actor.workflow.hosts import RunActor, RunHost
+from pagekv.actor.workflow.journal import Journal
+from pagekv.actor.workflow.mailbox import Mailbox
 from pagekv.actor.workflow.primitives import (
     INFRASTRUCTURE,
     RollbackStop,
     WorkflowContext,
     check_encodable,
-    describe_error,
     unwrap,
 )
-from pagekv.actor.workflow.step import RollbackFn, StepContext
+from pagekv.actor.workflow.rewind import rewind
+from pagekv.actor.workflow.rollback import Rollbacks
+from pagekv.actor.workflow.step import RollbackFn
 
 WorkflowFn = Callable[[WorkflowContext], Awaitable[Any]]
 log = logging.getLogger("pagekv.actor.workflow")
 _CODE_ERRORS = (HistoryDiverged, EntryInProgress, RollbackCheckpointError)
 """The code does not fit its history: the workflow fails, and is tried again on the next wake
 (a deploy with `wf.removed(...)` may have fixed it); detected before any side effect."""
-_KEEP = object()
-_NO_ARGS = cbor2.dumps([])
-"""The arguments of the wake row (it calls no action)."""
 
 
 @dataclass(frozen=True)
@@ -91,36 +56,31 @@ class WorkflowStatus:
 
 
 class Runner:
+    """The run handler of one workflow actor: runs the workflow function until it settles,
+    rolls it back after a failure past a checkpoint, and serves the handle's status, cancel and
+    replay.
+
+    Invariants: at most one execution at a time (the instance runs one run handler, and
+    `cancel`/`replay` hold it off); every execution replays the history from the top with a
+    fresh `Execution`, so nothing one execution registered or set leaks into the next; the
+    outcome and the wake row's deletion commit together (`Journal.settle`). Its fields are set
+    once: the history, the writes and the held messages live in `journal` and `mailbox`.
+    """
+
     def __init__(self, instance: RunHost, fn: WorkflowFn) -> None:
         self.instance = instance
         self.fn = fn
-        self.history = History()
-        self.loaded = False
-        self.rollback_mode = False
-        self.checkpointed = False
-        self._rollbacks: list[tuple[Entry, RollbackFn]] = []
-        self._deadlines: list[float] = []
-        self._wake_due: float | None = None
-        self._held: set[int] = set()
-        """Queue ids received as completable and not completed yet: never delivered twice."""
+        self.journal = Journal(instance)
+        self.mailbox = Mailbox(instance, self.journal)
 
     @property
     def db(self) -> ActorDb:
-        return self.instance.ctx.db
+        return self.journal.db
 
     async def load(self) -> None:
-        """Read the history; only while the run handler is not running (it owns `history`)."""
-        self.history, self._wake_due = await self.db.locked(_load, internal=True)
-        self._held = {
-            m.id
-            for e in self.history.entries.values()
-            if isinstance(e.data, Messages) and e.data.completable
-            for m in e.data.messages
-            if not m.completed and not m.returned
-        }
-        self.loaded = True
-
-    # -- the run handler --------------------------------------------------------------------
+        """Read the history; only while the run handler is not running (it owns the history)."""
+        await self.journal.load()
+        self.mailbox.hold_received()
 
     async def run(self) -> None:
         """Execute or resume the workflow until it settles or the instance stops."""
@@ -129,12 +89,13 @@ class Runner:
         except WorkflowFormatError as e:
             log.error("actor %s: workflow not run: %s", self.instance.actor_id, e)
             return
-        state = self.history.state
+        history = self.journal.history
+        state = history.state
         match state:
             case WorkflowState.COMPLETED | WorkflowState.CANCELLED:
                 return
             case WorkflowState.FAILED:
-                if not (self.history.error or {}).get("code_error"):
+                if not (history.error or {}).get("code_error"):
                     return
             case WorkflowState.ROLLING_BACK:
                 await self._roll_back()
@@ -146,12 +107,11 @@ class Runner:
         await self._execute()
 
     async def _execute(self) -> None:
-        history = self.history
+        history = self.journal.history
         history.restart()
-        self.rollback_mode, self.checkpointed = False, False
-        self._rollbacks.clear()
+        execution = Execution(self.instance, self.journal, self.mailbox, rollback_mode=False)
         history.set_state(WorkflowState.RUNNING)
-        wf = WorkflowContext(self, "")
+        wf = WorkflowContext(execution, "")
         try:
             try:
                 output = await self.fn(wf)
@@ -166,26 +126,15 @@ class Runner:
             raise
         except Exception as e:
             log.warning("actor %s: workflow failed: %s", self.instance.actor_id, e)
-            if self.checkpointed:
+            if execution.checkpointed:
                 history.set_outcome(WorkflowState.ROLLING_BACK, error=_error(e))
-                await self.flush()
+                await self.journal.flush()
                 await self._roll_back()
                 return
             history.set_outcome(WorkflowState.FAILED, error=_error(e))
         else:
             history.set_outcome(WorkflowState.COMPLETED, output=output)
-        await self._settle()
-
-    async def _settle(self) -> None:
-        """Write the outcome and drop the workflow's wake row, in one transaction."""
-        self._deadlines.clear()
-        async with self.transaction(wake=None):
-            pass
-
-    # -- rollback ---------------------------------------------------------------------------
-
-    def register_rollback(self, entry: Entry, handler: RollbackFn) -> None:
-        self._rollbacks.append((entry, handler))
+        await self.journal.settle()
 
     async def _roll_back(self) -> None:
         """Replay the workflow in rollback mode (recorded outcomes only, every join and race
@@ -193,236 +142,18 @@ class Runner:
         replay, never the handlers the failed execution registered: that execution may have
         replayed only part of the history (after a restart it skips settled branches and old
         iterations), and a restart mid-rollback has to find the same handlers anyway."""
-        self.history.restart()
-        self.rollback_mode, self.checkpointed = True, False
-        self._rollbacks.clear()
+        self.journal.history.restart()
+        execution = Execution(self.instance, self.journal, self.mailbox, rollback_mode=True)
         try:
-            await self.fn(WorkflowContext(self, ""))
+            await self.fn(WorkflowContext(execution, ""))
         except RollbackStop:
             pass
         except INFRASTRUCTURE:
             raise
         except Exception as e:
             log.debug("actor %s: rollback replay ended with %s", self.instance.actor_id, e)
-        await self._run_rollbacks()
-
-    async def _run_rollbacks(self) -> None:
-        """Run the handlers newest completion first; each success is recorded as it happens."""
-        history = self.history
-        unique = {entry.location: (entry, handler) for entry, handler in self._rollbacks}
-        order = sorted(unique.values(), key=lambda r: (r[0].completed or 0, r[0].seq))
-        for registered, handler in reversed(order):
-            entry = history.entries[registered.location]
-            if entry.rollback_completed is not None:
-                continue
-            step_ctx = StepContext(self.instance.ctx, entry.name, 1)
-            try:
-                async with self.transaction() as staged:
-                    await handler(step_ctx, entry.payload(StepDone).output)
-                    staged.append(replace(entry, rollback_completed=time.time()))
-            except INFRASTRUCTURE:
-                raise
-            except Exception as e:
-                entry.rollback_error = describe_error(e)
-                history.put(entry)
-                error = {**(history.error or {}), "rollback_error": entry.rollback_error}
-                history.set_outcome(WorkflowState.FAILED, error=error)
-                await self._settle()
-                return
-            finally:
-                step_ctx.close()
-        history.set_outcome(WorkflowState.FAILED, error=history.error)
-        await self._settle()
-
-    # -- writing ----------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def transaction(self, *, wake: object = _KEEP) -> AsyncIterator[list[Entry]]:
-        """A database transaction that also writes the pending history, the `staged` entries
-        (applied to memory only once committed) and the wake row (`wake=None` deletes it)."""
-        if wake is _KEEP and self._deadlines:
-            wake = min(self._deadlines)
-        if wake == self._wake_due:
-            wake = _KEEP
-        staged: list[Entry] = []
-        if isinstance(wake, int | float):
-            await self.instance.announce_wake(wake)
-        taken: list[PendingWrite] = []  # the history this commit writes, once the block is done
-        try:
-            async with self.db.transaction(before_commit=lambda c: self._write(c, taken[0], wake)):
-                yield staged
-                taken.append(self.history.take_pending(staged))
-        except BaseException:
-            if taken:
-                self.history.not_committed(taken[0])
-            raise
-        self.history.committed(taken[0])
-        if wake is not _KEEP:
-            self._wake_due = wake  # type: ignore[assignment]
-            await self.instance.refresh_wake()
-
-    def _write(self, connection: apsw.Connection, batch: PendingWrite, wake: object) -> None:
-        """In the commit's worker hop: only `batch`, taken from memory on the event loop, is
-        read here, so branches changing the history meanwhile share nothing with this thread."""
-        batch.write(connection)
-        if wake is None:
-            schedule_cancel(connection, WORKFLOW_WAKE)
-        elif wake is not _KEEP:
-            due = cast(float, wake)
-            call = ScheduledCall(WORKFLOW_WAKE, due, WORKFLOW_WAKE, _NO_ARGS, None, time.time())
-            schedule_put(connection, call)
-
-    async def flush(self) -> None:
-        """Make the pending history durable now (no-op if nothing changed)."""
-        wake = min(self._deadlines) if self._deadlines else None
-        if self.history.dirty() or (wake is not None and wake != self._wake_due):
-            async with self.transaction():
-                pass
-
-    # -- waiting ----------------------------------------------------------------------------
-
-    async def wait(self, deadline: float | None, arrival: anyio.Event | None = None) -> None:
-        """Wait until `deadline` (or `arrival` is set), letting the actor sleep meanwhile."""
-        if deadline is not None:
-            self._deadlines.append(deadline)
-        try:
-            self.history.set_state(WorkflowState.SLEEPING)
-            await self.flush()
-            remaining = None if deadline is None else max(0.0, deadline - time.time())
-            with self.instance.waiting(), anyio.move_on_after(remaining):
-                if arrival is None:
-                    await anyio.sleep_forever()
-                else:
-                    await arrival.wait()
-        finally:
-            if deadline is not None:
-                self._deadlines.remove(deadline)
-        self.history.set_state(WorkflowState.RUNNING)
-
-    # -- messages ---------------------------------------------------------------------------
-
-    async def receive(
-        self, entry: Entry, names: Sequence[str] | None, count: int, completable: bool
-    ) -> list[Message]:
-        queue = self.instance.ctx.queue
-        while True:
-            arrival = queue.arrival()
-            batch = await self._take(entry, names, count, completable)
-            if batch is not None:
-                return batch
-            deadline = entry.payload(Messages).deadline
-            if deadline is not None and time.time() >= deadline:
-                entry.status, entry.completed = Status.COMPLETED, time.time()
-                self.history.put(entry)
-                return []
-            await self.wait(deadline, arrival)
-
-    async def _take(
-        self, entry: Entry, names: Sequence[str] | None, count: int, completable: bool
-    ) -> list[Message] | None:
-        """Receive and record in one transaction: a message leaves the queue exactly when its
-        history entry is written (unless completable: then at `complete()`). A plain read looks
-        first, so waiting on an empty queue never takes the actor's exclusive transaction.
-
-        What other branches hold is read again once the transaction is under way, and what
-        this receive holds is held before it ends: two branches never take one message."""
-        peek = await self.db.locked(self._select(names, count), internal=True)
-        if not peek:
-            return None
-        taken: set[int] = set()
-        try:
-            async with self.transaction() as staged:
-                select = self._select(names, count)
-                rows = await self.db.run(
-                    lambda c: _take_rows(c, select(c), completable), internal=True
-                )
-                if not rows:
-                    return None  # another branch took them meanwhile
-                records = tuple(
-                    ReceivedMessage(r.id, r.name, cbor2.loads(r.body), r.created, not completable)
-                    for r in rows
-                )
-                received = replace(
-                    entry.payload(Messages), messages=records, completable=completable
-                )
-                staged.append(entry.settled(data=received))
-                if completable:
-                    taken = {r.id for r in records}
-                    self._held |= taken
-        except BaseException:
-            self._held -= taken
-            raise
-        return self.messages(staged[0])
-
-    def _select(
-        self, names: Sequence[str] | None, count: int
-    ) -> Callable[[apsw.Connection], list[QueueMessage]]:
-        """The query for up to `count` messages (of `names`) not held, as the held set is now."""
-        skip = sorted(self._held)
-        return lambda c: list(queue_messages(c, limit=count, names=names, skip=skip))
-
-    async def return_messages(self, gone: Sequence[Entry], kept: Sequence[Entry] = ()) -> None:
-        """Commit the pending history (a race's losers deleted, or `kept` for their rollback
-        handlers), with what their entries had received given back: a message received as not
-        completable goes back into the queue under its own id (so in its order), since no
-        replay could receive it again; a completable one not yet completed never left the queue
-        and only stops being held, as after a restart; one the branch completed stays consumed.
-        A kept entry keeps its messages for the rollback replay, marked `returned`; one given
-        back once (by a race nested in a loser) is not given back again. The rows go back with
-        the pending history (`History.give_back`), so that whichever commit writes the losers'
-        deletion writes them too."""
-        rows = []
-        for entry in [*gone, *kept]:
-            if not isinstance(entry.data, Messages) or not entry.data.messages:
-                continue
-            received, marked = entry.data, []
-            for record in received.messages:
-                if record.returned:
-                    marked.append(record)
-                    continue
-                if not received.completable:
-                    body = cbor2.dumps(record.body)
-                    rows.append(QueueMessage(record.id, record.name, body, record.created))
-                elif not record.completed:
-                    self._held.discard(record.id)
-                marked.append(replace(record, returned=True))
-            if entry in kept:
-                self.history.put(replace(entry, data=replace(received, messages=tuple(marked))))
-        self.history.give_back(rows)
-        await self.flush()
-        if rows or any(e.kind is Kind.MESSAGE for e in [*gone, *kept]):
-            self.instance.ctx.queue.notify()
-
-    def messages(self, entry: Entry) -> list[Message]:
-        received = entry.payload(Messages)
-        return [
-            Message(
-                record.id,
-                record.name,
-                record.body,
-                record.created,
-                _complete=(
-                    _done
-                    if record.completed or record.returned or self.rollback_mode
-                    else partial(self._complete, entry.location, index)
-                )
-                if received.completable
-                else None,
-            )
-            for index, record in enumerate(received.messages)
-        ]
-
-    async def _complete(self, location: str, index: int) -> None:
-        """Delete a completable message and mark it completed in its entry, in one commit."""
-        entry = self.history.entries[location]
-        received = entry.payload(Messages)
-        messages = list(received.messages)
-        message_id = messages[index].id
-        async with self.transaction() as staged:
-            await self.db.run(lambda c: queue_delete(c, [message_id]), internal=True)
-            messages[index] = replace(messages[index], completed=True)
-            staged.append(replace(entry, data=replace(received, messages=tuple(messages))))
-        self._held.discard(message_id)
+        await execution.rollbacks.run(self.journal, self.instance.ctx)
+        await self.journal.settle()
 
     # -- handle operations ------------------------------------------------------------------
 
@@ -430,8 +161,8 @@ class Runner:
         """From memory once the run handler loaded the history (it is ahead of the database,
         but an outcome counts only once committed: `History.visible_outcome`), else from the
         database; never replaces the history the run handler works on."""
-        history = self.history
-        if not self.loaded:
+        history = self.journal.history
+        if not self.journal.loaded:
             history = await self.db.locked(History.load_outcome, internal=True)
         return WorkflowStatus(*history.visible_outcome())
 
@@ -439,8 +170,8 @@ class Runner:
         """Stop the workflow for good: once this returns no step runs, and later wakes do not
         run it (a wake while it cancels finds the run handler held)."""
         async with self._changing("cancel"):
-            self.history.set_outcome(WorkflowState.CANCELLED)
-            await self._settle()
+            self.journal.history.set_outcome(WorkflowState.CANCELLED)
+            await self.journal.settle()
 
     async def replay(self, location: str | None = None) -> None:
         """Forget the entry at `location` (as `describe` spells it, e.g. `retry/~2/charge`; if
@@ -448,14 +179,9 @@ class Runner:
         iteration, so forgetting only an inner loop resumed the outer one past the entry) and
         every entry created after it, then run again. None replays the whole workflow."""
         async with self._changing("replay"):
-            history = self.history
-            if location is None:
-                history.delete_from(0)
-            else:
-                target = self._target(location)
-                self._reopen_branches(history.delete_from(target.seq))
-            history.set_outcome(WorkflowState.PENDING)
-            await self._settle()
+            rewind(self.journal.history, location)
+            self.journal.history.set_outcome(WorkflowState.PENDING)
+            await self.journal.settle()
         self.instance.start_run()
 
     @asynccontextmanager
@@ -466,7 +192,7 @@ class Runner:
         would forget which handlers ran."""
         async with self.instance.run_held():
             await self.load()
-            if self.history.state is not WorkflowState.ROLLING_BACK:
+            if self.journal.history.state is not WorkflowState.ROLLING_BACK:
                 yield
                 return
         self.instance.start_run()
@@ -475,66 +201,62 @@ class Runner:
             "(handle.workflow.status() says when)"
         )
 
-    def _reopen_branches(self, forgotten: list[str]) -> None:
-        """Mark every join and race branch that lost entries (`forgotten`) as not run: a join or
-        race that recorded its branch as settled would skip it on the replay (only the code
-        after the join re-ran, and the branch's entries were gone for good), and a replay in
-        one branch forgets what the other branches did after it too. A race forgets its
-        winner: it is run again from that point, its losers from their start."""
-        names = {idx: name for name, idx in self.history.names.items()}
-        for entry in list(self.history.entries.values()):
-            if not isinstance(entry.data, Join | Race):
-                continue
-            prefix = entry.location + "/"
-            segments = {
-                loc[len(prefix) :].split("/")[0] for loc in forgotten if loc.startswith(prefix)
-            }
-            branches = {names.get(int(s)) for s in segments if s.isdigit()}
-            if not branches:
-                continue
-            data = copy.deepcopy(entry.data)
-            for branch in set(data.branches) & branches:
-                data.branches[branch] = PENDING_BRANCH
-            if isinstance(data, Race):
-                data.winner = None
-                for loser, status in data.branches.items():
-                    if status.kept:
-                        data.branches[loser] = replace(status, kept=False)
-                        index = self.history.names[loser]
-                        self.history.delete_range(*subtree_range(child(entry.location, index)))
-            self.history.put(replace(entry, data=data, status=Status.PENDING, completed=None))
 
-    def _target(self, path: str) -> Entry:
-        """The entry a replay from `path` (a readable location) forgets from: that entry, or
-        if it is inside a loop, the outermost loop holding it. Matched whole and then walked on
-        the stored location, whose segments are name indexes and `~` iterations: a name may
-        itself hold `/` or start with `~`, so the readable path cannot be split."""
-        names = {idx: name for name, idx in self.history.names.items()}
-        found = [e for loc, e in self.history.entries.items() if readable(loc, names) == path]
-        if not found:
-            raise WorkflowChangeRefused(f"the workflow history has no entry {path!r}")
-        if len(found) > 1:
-            raise WorkflowChangeRefused(
-                f"{path!r} names {len(found)} entries of the history (names holding '/' or "
-                "starting with '~' spell alike); nothing was replayed"
-            )
-        segments = found[0].location.split("/")
-        loops = [i for i, s in enumerate(segments) if s.startswith("~")]
-        if loops:
-            return self.history.entries["/".join(segments[: loops[0]])]
-        return found[0]
+class Execution:
+    """One execution of the workflow function from the top, as its `wf` scopes see it
+    (`ScopeHost`): the runner's journal and mailbox, the mode it runs in, and what it collects.
 
+    Why its own object: what an execution collects (the rollback handlers, whether a
+    checkpoint was passed) must start empty each time, and a fresh object makes that so.
+    Invariant: in rollback mode no step runs and no message becomes completable. Its fields are
+    event loop only; `checkpointed` and `rollbacks` are written by its `wf` scopes and read by
+    the runner once the function returned.
+    """
 
-def _take_rows(
-    connection: apsw.Connection, rows: list[QueueMessage], completable: bool
-) -> list[QueueMessage]:
-    if not completable:
-        queue_delete(connection, [r.id for r in rows])
-    return rows
+    def __init__(
+        self, instance: RunActor, journal: Journal, mailbox: Mailbox, *, rollback_mode: bool
+    ) -> None:
+        self._instance = instance
+        self._journal = journal
+        self._mailbox = mailbox
+        self._rollback_mode = rollback_mode
+        self.checkpointed = False
+        self.rollbacks = Rollbacks()
 
+    @property
+    def instance(self) -> RunActor:
+        return self._instance
 
-def _load(connection: apsw.Connection) -> tuple[History, float | None]:
-    return History.load(connection), schedule_due(connection, WORKFLOW_WAKE)
+    @property
+    def history(self) -> History:
+        return self._journal.history
+
+    @property
+    def rollback_mode(self) -> bool:
+        return self._rollback_mode
+
+    def transaction(self) -> AbstractAsyncContextManager[list[Entry]]:
+        return self._journal.transaction()
+
+    async def flush(self) -> None:
+        await self._journal.flush()
+
+    async def wait(self, deadline: float | None) -> None:
+        await self._journal.wait(deadline)
+
+    def register_rollback(self, entry: Entry, handler: RollbackFn) -> None:
+        self.rollbacks.register(entry, handler)
+
+    async def receive(
+        self, entry: Entry, names: Sequence[str] | None, count: int, completable: bool
+    ) -> list[Message]:
+        return await self._mailbox.receive(entry, names, count, completable)
+
+    def messages(self, entry: Entry) -> list[Message]:
+        return self._mailbox.messages(entry, replaying=self._rollback_mode)
+
+    async def return_messages(self, gone: Sequence[Entry], kept: Sequence[Entry]) -> None:
+        await self._mailbox.return_messages(gone, kept)
 
 
 def _error(error: BaseException, *, code_error: bool = False) -> dict[str, Any]:
@@ -542,7 +264,3 @@ def _error(error: BaseException, *, code_error: bool = False) -> dict[str, Any]:
     if code_error:
         record["code_error"] = True
     return record
-
-
-async def _done() -> None:
-    """`complete()` of a message whose completion is already recorded."""
