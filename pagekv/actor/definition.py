@@ -13,12 +13,30 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union
 
-from pagekv.actor.errors import ActionNotFound, InvalidArguments
+from pagekv.actor.errors import ActionNotFound, InvalidArguments, InvalidDefinition
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[..., Awaitable[Any]]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+_HOOK_PARAMETERS = {
+    "on_migrate": "ctx",
+    "create_state": "ctx, input",
+    "on_create": "ctx, input",
+    "create_vars": "ctx",
+    "on_wake": "ctx",
+    "on_sleep": "ctx",
+    "on_destroy": "ctx",
+    "on_before_connect": "ctx, params",
+    "on_connect": "ctx, conn",
+    "on_disconnect": "ctx, conn",
+    "on_request": "ctx, request",
+    "run": "ctx",
+    "workflow": "wf",
+}
+"""What the runtime passes each hook, positionally: a hook is refused as it is declared unless
+it takes these."""
 
 
 @dataclass
@@ -99,6 +117,7 @@ class ActorDefinition:
         action is defined) are not checked."""
         if fn.__name__ in self.actions:
             raise ValueError(f"actor {self.name!r} already has an action {fn.__name__!r}")
+        _check_declared(fn, f"action {fn.__name__!r} of actor {self.name!r}", None)
         _argument_checks(fn)  # the annotations are read once, now
         self.actions[fn.__name__] = fn
         return fn
@@ -107,14 +126,19 @@ class ActorDefinition:
         """Register `async def name(wf)` as the actor's run handler, run as a durable workflow."""
         if "run" in self.hooks or self.workflow_fn is not None:
             raise ValueError(f"actor {self.name!r} already has a run handler")
+        _check_declared(fn, self._hook_shown("workflow", fn), _HOOK_PARAMETERS["workflow"])
         self.workflow_fn = fn
         return fn
 
     def _hook(self, name: str, fn: F) -> F:
         if name == "run" and self.workflow_fn is not None:
             raise ValueError(f"actor {self.name!r} already has a workflow as run handler")
+        _check_declared(fn, self._hook_shown(name, fn), _HOOK_PARAMETERS[name])
         self.hooks[name] = fn
         return fn
+
+    def _hook_shown(self, hook: str, fn: Callable[..., Any]) -> str:
+        return f"{hook} {getattr(fn, '__qualname__', repr(fn))!r} of actor {self.name!r}"
 
     def on_migrate(self, fn: F) -> F:
         """`async def (ctx)`: bring the schema up to date, in a transaction, at every wake."""
@@ -166,6 +190,57 @@ class ActorDefinition:
     def run(self, fn: F) -> F:
         """`async def (ctx)`: a long-running handler, never twice at once (see `workflow`)."""
         return self._hook("run", fn)
+
+
+def _check_declared(fn: Callable[..., Any], shown: str, parameters: str | None) -> None:
+    """Refuse, with `InvalidDefinition`, a function the runtime could not call: one that is not
+    a coroutine function, or does not take `parameters` (a hook's, as `_HOOK_PARAMETERS` names
+    them) or, for an action (`parameters` None), `ctx` as its first positional parameter."""
+    where = f"{shown} ({_location(fn)})"
+    if inspect.isasyncgenfunction(inspect.unwrap(fn)):
+        raise InvalidDefinition(f"{where} is an async generator ('yield'): it must return")
+    if not any(
+        inspect.iscoroutinefunction(f)
+        for f in (fn, inspect.unwrap(fn), inspect.getattr_static(type(fn), "__call__", None))
+    ):
+        raise InvalidDefinition(f"{where} must be an 'async def', not a plain 'def'")
+    try:
+        signature = _signature(fn)
+    except (TypeError, ValueError) as e:
+        raise InvalidDefinition(f"{where}: its signature cannot be read ({e})") from e
+    takes = signature.replace(
+        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+        return_annotation=signature.empty,
+    )
+    if parameters is None:
+        params = list(signature.parameters.values())
+        positional = (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.VAR_POSITIONAL,
+        )
+        if not params or params[0].kind not in positional:
+            raise InvalidDefinition(
+                f"{where} must take ctx as its first parameter: it takes {takes}"
+            )
+        return
+    try:
+        signature.bind(*(None for _ in parameters.split(", ")))
+    except TypeError:
+        raise InvalidDefinition(
+            f"{where} is called with ({parameters}), but takes {takes}"
+        ) from None
+
+
+def _location(fn: Callable[..., Any]) -> str:
+    """`file:line` of where `fn` is defined (its first decorator's line), as a traceback says."""
+    target = inspect.unwrap(fn)
+    code = getattr(target, "__code__", None) or getattr(
+        inspect.getattr_static(type(target), "__call__", None), "__code__", None
+    )
+    if code is None:
+        return "defined where Python does not say"
+    return f"{code.co_filename}:{code.co_firstlineno}"
 
 
 @functools.cache

@@ -35,6 +35,13 @@ class InvalidArguments(ActorError, TypeError):
     missing, an unknown keyword)."""
 
 
+class InvalidDefinition(ActorError, TypeError):
+    """A function given to an actor's decorator (`@a.action`, `@a.on_wake`, ...) that could
+    not be called as the runtime calls it: not an `async def`, or not taking `ctx` (and the
+    hook's other arguments) first. Raised as it is declared, so the mistake shows when the app
+    loads rather than at the first call."""
+
+
 _CODE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
 

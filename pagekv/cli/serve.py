@@ -23,7 +23,7 @@ from pagekv.server.config import (
     ConfigError,
 )
 from pagekv.server.guard import configured_name, is_loopback
-from pagekv.server.process.loader import AppNotFound
+from pagekv.server.process.loader import AppFailedToLoad, AppNotFound
 from pagekv.server.process.logs import LOG_FORMATS, announce
 from pagekv.server.process.serve_process import (
     StartupError,
@@ -50,22 +50,26 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, AppNotFound) as e:
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 2
+    except AppFailedToLoad as e:
+        print(e.report("pagekv serve"), file=sys.stderr)
+        return 1
     configure_logging(args.log_level, args.log_format)
+    try:
+        public = listen(args.host, args.port)  # first: a busy port leaves no store behind
+    except StartupError as e:
+        print(f"pagekv serve: {e}", file=sys.stderr)
+        return 1
     try:
         store = open_store(args.kv)  # by the supervisor too, only to fail fast
     except StartupError as e:
+        public.close()
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 1
     try:
         config = with_stored_secret(config, args.kv)
     except StartupError as e:
         store.close()
-        print(f"pagekv serve: {e}", file=sys.stderr)
-        return 1
-    try:
-        public = listen(args.host, args.port)
-    except StartupError as e:
-        store.close()
+        public.close()
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 1
     bound = public.getsockname()[1]

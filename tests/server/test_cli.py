@@ -273,6 +273,31 @@ def test_serve_refuses_bad_placement_settings_in_one_line(tmp_path: Path) -> Non
             )
 
 
+def test_a_busy_port_is_refused_before_any_file_is_made(tmp_path: Path) -> None:
+    """On the default store (`./.pagekv`): the port is bound before the store is opened, so a
+    taken one leaves the directory it ran in as it was (it left an empty store behind)."""
+    serve = [sys.executable, "-m", "pagekv", "serve", APP, "--unauthenticated"]
+    env = {k: v for k, v in os.environ.items() if k != "PAGEKV_KV"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for workers in ("1", "2"):
+            result = subprocess.run(
+                [*serve, "--port", port, "--workers", workers],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+                env=env,
+            )
+            assert result.returncode == 1, result.stderr
+            assert result.stderr == (
+                f"pagekv serve: cannot listen on http://127.0.0.1:{port}: Address already in use\n"
+            )
+            assert list(tmp_path.iterdir()) == []
+
+
 async def test_serve_takes_its_defaults_from_the_environment_and_logs_with_times(
     tmp_path: Path,
 ) -> None:
@@ -405,3 +430,70 @@ def test_ui_fails_closed_like_serve(tmp_path: Path) -> None:
     bad = pagekv("ui", "--kv", "postgresql://u:hunter2@127.0.0.1:1/db", "--unauthenticated")
     assert bad.returncode == 1 and "cannot open the store" in bad.stderr
     assert "hunter2" not in bad.stderr
+
+
+USERS_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+)', re.MULTILINE)
+
+
+def test_an_app_that_fails_to_load_shows_only_its_own_traceback(tmp_path: Path) -> None:
+    """It was a traceback through pagekv's command line and loader, the user's frames at its
+    end: now the user's frames only (their files, not pagekv's), then one line, exit 1."""
+    (tmp_path / "helpers.py").write_text("def price():\n    return {}['missing']\n")
+    apps = {
+        "raises.py": (
+            "from pagekv.actor import Registry\n"
+            "\n"
+            "def build():\n"
+            "    return 1 / 0\n"
+            "\n"
+            "registry = build()\n",
+            "ZeroDivisionError",
+            [6, 4],
+        ),
+        "neighbour.py": (
+            "import helpers\n\nPRICE = helpers.price()\n",
+            "KeyError",
+            [3],
+        ),
+        "plain_def.py": (
+            "from pagekv.actor import Registry, actor\n"
+            "\n"
+            "shop = actor('shop')\n"
+            "\n"
+            "@shop.action\n"
+            "def total(ctx):\n"
+            "    return 0\n",
+            "InvalidDefinition",
+            [5],
+        ),
+        "syntax.py": ("x = 1\ndef f(:\n    pass\n", "SyntaxError", [2]),
+    }
+    for name, (source, error, lines) in apps.items():
+        app = tmp_path / name
+        app.write_text(source)
+        result = subprocess.run(
+            [sys.executable, "-m", "pagekv", "serve", str(app), "--unauthenticated"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 1, (name, result.stderr)
+        frames = [(m["file"], int(m["line"])) for m in USERS_FRAME.finditer(result.stderr)]
+        assert not [f for f, _ in frames if "/pagekv/" in f or "importlib" in f], result.stderr
+        assert [line for f, line in frames if f == str(app)] == lines, result.stderr
+        if name == "neighbour.py":
+            assert frames[-1] == (str(tmp_path / "helpers.py"), 2), result.stderr
+        last = result.stderr.splitlines()[-1]
+        assert last == f"pagekv serve: {app} failed to load with the {error} above", name
+        assert f"{error}: " in result.stderr.splitlines()[-2], result.stderr
+    plain = tmp_path / "plain_def.py"
+    refused = f"action 'total' of actor 'shop' ({plain}:5) must be an 'async def'"
+    result = subprocess.run(
+        [sys.executable, "-m", "pagekv", "serve", str(plain), "--unauthenticated"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert refused in result.stderr, result.stderr

@@ -38,7 +38,7 @@ import anyio
 
 from pagekv.server.cluster.advertise import ADVERTISE_ENV, default_url, worker_url
 from pagekv.server.config import GRACEFUL_S, ConfigError
-from pagekv.server.process.loader import AppNotFound
+from pagekv.server.process.loader import AppFailedToLoad, AppNotFound
 from pagekv.server.process.serve_process import (
     StartupError,
     configure_logging,
@@ -174,6 +174,9 @@ def _worker(fd: int, index: int) -> int:
         config, registry = settings(args)
     except (ConfigError, AppNotFound) as e:  # the app changed since the supervisor read it
         print(f"pagekv serve: worker {index}: {e}", file=sys.stderr, flush=True)
+        return FATAL
+    except AppFailedToLoad as e:  # likewise
+        print(e.report(f"pagekv serve: worker {index}"), file=sys.stderr, flush=True)
         return FATAL
     configure_logging(args.log_level, args.log_format)
     try:
