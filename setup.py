@@ -7,10 +7,10 @@ modules run interpreted when they are not compiled.
 
 What is built (`plan`) follows `PAGEKV_PURE_PYTHON` at install time:
 - `1`: interpreted.
-- unset or empty: compiled if this machine has a C compiler and the Python headers
-  (`compiler_problem`), else interpreted, with one line (a warning, which pip shows) saying so
+- unset or empty: compiled if this machine's C compiler builds a small extension with the Python
+  headers (`compiler_problem`), else interpreted, with one line (a warning, which pip shows) saying so
   and how to get the compiled build.
-- `0`: compiled, or a one-line error naming what is missing.
+- `0`: compiled, or a one-line error naming what is missing or failed.
 
 The outcome goes into the installed metadata (`pagekv-build.json`): `pagekv --version` reads it
 (`pagekv.build_info`), and ./run and ./test keep to its choice (scripts/env.sh). An interpreted
@@ -27,8 +27,10 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import sysconfig
+import tempfile
 import tomllib
 import warnings
 from collections.abc import Callable, Mapping
@@ -57,14 +59,54 @@ def module_name(source: str) -> str:
     return source.removesuffix(".py").replace("/", ".")
 
 
+PROBE = """#include <Python.h>
+static struct PyModuleDef probe = {PyModuleDef_HEAD_INIT, "probe", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_probe(void) { return PyModule_Create(&probe); }
+"""
+"""A C extension in five lines: what the compiler must build for mypyc's modules to build."""
+PROBE_TIMEOUT = 60.0
+
+
+def probe_problem(compiler: list[str], include: str) -> str | None:
+    """Why `compiler` fails to compile `PROBE` against the headers in `include`, or None.
+
+    Why: a compiler that is found can still fail (no Python headers where it looks, a broken
+    toolchain), and would then fail the install a minute later inside setuptools, with pip's
+    many-line error and no fallback; this costs a fraction of a second."""
+    shown = shlex.join(compiler)
+    with tempfile.TemporaryDirectory(prefix="pagekv-cc-") as tmp:
+        source = os.path.join(tmp, "probe.c")
+        with open(source, "w") as f:
+            f.write(PROBE)
+        command = [*compiler, "-fPIC", f"-I{include}", "-c", "probe.c", "-o", "probe.o"]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=PROBE_TIMEOUT, cwd=tmp
+            )
+        except OSError as e:
+            return f"a failing C compiler ({shown} could not be run: {e.strerror or e})"
+        except subprocess.TimeoutExpired:
+            return f"a failing C compiler ({shown} took over {PROBE_TIMEOUT:.0f} s on a test file)"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    said = next((line for line in lines if "error" in line), lines[0] if lines else "")
+    detail = f": {said[:200]}" if said else ""
+    return (
+        f"a failing C compiler ({shown} exited with {done.returncode} on a test file "
+        f"that includes Python.h{detail})"
+    )
+
+
 def compiler_problem(
     env: Mapping[str, str] = os.environ,
     which: Callable[[str], str | None] = shutil.which,
     exists: Callable[[str], bool] = os.path.exists,
+    probe: Callable[[list[str], str], str | None] = probe_problem,
 ) -> str | None:
     """Why this machine cannot build mypyc's C extensions, or None if it can: the compiler that
-    setuptools runs (`$CC`, else the one Python was built with) must be found, and `Python.h`
-    in this Python's include directory."""
+    setuptools runs (`$CC`, else the one Python was built with) must be found, `Python.h` be in
+    this Python's include directory, and the one compile a small extension with it (`probe`)."""
     if sys.platform == "win32":
         return None  # setuptools finds MSVC by itself, not through CC
     cc = env.get("CC") or sysconfig.get_config_var("CC") or "cc"
@@ -72,10 +114,11 @@ def compiler_problem(
     program = words[0] if words else "cc"
     if which(program) is None:
         return f"no C compiler ({program} not found)"
-    header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    include = sysconfig.get_paths()["include"]
+    header = os.path.join(include, "Python.h")
     if not exists(header):
         return f"no Python headers ({header} not found)"
-    return None
+    return probe(words or [program], include)
 
 
 @dataclass(frozen=True)

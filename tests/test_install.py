@@ -65,9 +65,15 @@ def test_without_cc_the_compiler_python_was_built_with_is_looked_for() -> None:
         seen.append(program)
         return f"/usr/bin/{program}"
 
-    assert setup_py.compiler_problem({}, which, lambda _: True) is None
-    built_with = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    assert seen == [built_with]
+    def probe(compiler: list[str], include: str) -> None:
+        probed.append((compiler, include))
+
+    probed: list[tuple[list[str], str]] = []
+    assert setup_py.compiler_problem({}, which, lambda _: True, probe) is None
+    built_with = sysconfig.get_config_var("CC") or "cc"
+    assert seen == [built_with.split()[0]]
+    # the one found is made to compile, with its flags, against this Python's headers
+    assert probed == [(built_with.split(), sysconfig.get_paths()["include"])]
 
 
 def test_missing_python_headers_are_named() -> None:
@@ -81,6 +87,35 @@ def test_missing_python_headers_are_named() -> None:
     header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
     assert looked == [header]
     assert problem == f"no Python headers ({header} not found)"
+
+
+def _failing_gcc(tmp_path: Path) -> Path:
+    """A `gcc` that is found and exits 1, as one without the Python headers or with a broken
+    toolchain does."""
+    bin_dir = tmp_path / "failing-cc"
+    bin_dir.mkdir()
+    gcc = bin_dir / "gcc"
+    gcc.write_text("#!/bin/sh\necho 'gcc: fatal error: cannot execute cc1' >&2\nexit 1\n")
+    gcc.chmod(0o755)
+    return gcc
+
+
+def test_a_compiler_that_is_found_but_fails_is_named(tmp_path: Path) -> None:
+    gcc = _failing_gcc(tmp_path)
+    problem = setup_py.compiler_problem({"CC": f"{gcc} -pthread"})
+    assert problem == (
+        f"a failing C compiler ({gcc} -pthread exited with 1 on a test file that includes "
+        "Python.h: gcc: fatal error: cannot execute cc1)"
+    )
+    # the real compiler, shown a directory without Python.h, fails on the include
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    if shutil.which(cc[0]) is None:
+        pytest.skip(f"no {cc[0]} on this machine")
+    problem = setup_py.probe_problem(cc, str(tmp_path))
+    assert problem is not None and "Python.h" in problem.partition("includes Python.h")[2]
+    assert setup_py.probe_problem(["/nonexistent/cc"], str(tmp_path)) == (
+        "a failing C compiler (/nonexistent/cc could not be run: No such file or directory)"
+    )
 
 
 def test_the_plan_follows_pagekv_pure_python_and_the_compiler() -> None:
@@ -156,6 +191,54 @@ def test_the_build_record_lands_in_the_metadata(tmp_path: Path) -> None:
     assert record["choice"] == "1" and record["compiled"] is False
     assert record["modules"] == MODULES
     assert record["interpreted"].startswith("PAGEKV_PURE_PYTHON=1 at install")
+
+
+def test_pip_install_with_a_failing_compiler_installs_interpreted(tmp_path: Path) -> None:
+    """A real `pip install` (build dependencies from the configured package index) with a `gcc`
+    on PATH that exits 1: it installs interpreted and says why in one line, where it failed
+    after a minute inside setuptools before; `PAGEKV_PURE_PYTHON=0` fails naming it."""
+    if (sysconfig.get_config_var("CC") or "cc").split()[0] != "gcc":
+        pytest.skip("this Python was not built with gcc")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tree / name)
+    ignore = shutil.ignore_patterns("*.so", "__pycache__")
+    shutil.copytree(ROOT / "pagekv", tree / "pagekv", ignore=ignore)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PAGEKV_")}
+    env = {**base, "PATH": f"{_failing_gcc(tmp_path).parent}:{os.environ['PATH']}"}
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir"]
+    target = tmp_path / "target"
+    done = subprocess.run(
+        [*pip, "--target", str(target), str(tree)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    why = (
+        "a failing C compiler (gcc exited with 1 on a test file that includes Python.h: "
+        "gcc: fatal error: cannot execute cc1) at install"
+    )
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "interpreted" in line]
+    assert len(said) == 1 and f"pagekv runs interpreted: {why}; " in said[0], said
+    (dist,) = target.glob("pagekv-*.dist-info")
+    record = json.loads((dist / "pagekv-build.json").read_text())
+    assert (record["compiled"], record["interpreted"]) == (
+        False,
+        f"{why}; {setup_py.HOW_TO_COMPILE}",
+    )
+    assert not [p.name for p in target.rglob("*.so")]
+
+    env["PAGEKV_PURE_PYTHON"] = "0"
+    failed = subprocess.run(
+        [*pip, "--target", str(tmp_path / "compiled"), str(tree)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert failed.returncode != 0
+    assert "PAGEKV_PURE_PYTHON=0 asks for the compiled build, but a failing C compiler (gcc " in (
+        failed.stdout + failed.stderr
+    )
+    assert not (tmp_path / "compiled").exists()
 
 
 # -- pagekv: what runs compiled ------------------------------------------------------------------
@@ -284,6 +367,39 @@ def test_run_and_test_keep_to_the_choice_made(tmp_path: Path) -> None:
     assert "interpreted: PAGEKV_PURE_PYTHON=1" in err
     assert again[len(calls) :][-1].startswith("PAGEKV_PURE_PYTHON=1 install --quiet -e "), again
     assert _source_env(tree) == ("", again)
+
+
+def test_a_failing_compiler_sets_up_interpreted_or_fails_in_one_line(tmp_path: Path) -> None:
+    """The `gcc` this Python was built with is found on PATH but exits 1: unset goes on
+    interpreted with the same one line as a missing compiler, naming what failed; `0` stops with
+    one line before anything is installed."""
+    if (sysconfig.get_config_var("CC") or "cc").split()[0] != "gcc":
+        pytest.skip("this Python was not built with gcc")
+    tree = _fake_tree(tmp_path)
+    path = f"{_failing_gcc(tmp_path).parent}:{os.environ['PATH']}"
+    err, calls = _source_env(tree, PATH=path)
+    assert err == (
+        "setting up .venv, interpreted: a failing C compiler (gcc exited with 1 on a test file "
+        "that includes Python.h: gcc: fatal error: cannot execute cc1) at install; "
+        f"{setup_py.HOW_TO_COMPILE}\n"
+    )
+    assert calls[-1].startswith("PAGEKV_PURE_PYTHON= install --quiet -e "), calls
+
+    base = {k: v for k, v in os.environ.items() if k != "PAGEKV_PURE_PYTHON"}
+    tree = _fake_tree(tmp_path / "again")
+    done = subprocess.run(
+        ["bash", "-c", f"source {tree}/scripts/env.sh"],
+        env={**base, "PATH": path, "PAGEKV_PURE_PYTHON": "0"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        "pagekv: PAGEKV_PURE_PYTHON=0 asks for the compiled build, but a failing C compiler "
+        "(gcc exited with 1 on a test file that includes Python.h: gcc: fatal error: cannot "
+        "execute cc1): apt-get install -y gcc python3-dev (Debian), or set PAGEKV_PURE_PYTHON=1\n"
+    )
+    assert not (tree / "pip.log").exists()
 
 
 # -- pagekv.testing without hypothesis -----------------------------------------------------------
