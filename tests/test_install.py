@@ -194,7 +194,7 @@ def test_the_build_record_lands_in_the_metadata(tmp_path: Path) -> None:
 
 
 def test_pip_install_with_a_failing_compiler_installs_interpreted(tmp_path: Path) -> None:
-    """A real `pip install` (build dependencies from the configured package index) with a `gcc`
+    """A real `pip install` (offline: with this environment's setuptools and mypy) with a `gcc`
     on PATH that exits 1: it installs interpreted and says why in one line, where it failed
     after a minute inside setuptools before; `PAGEKV_PURE_PYTHON=0` fails naming it."""
     if (sysconfig.get_config_var("CC") or "cc").split()[0] != "gcc":
@@ -207,7 +207,8 @@ def test_pip_install_with_a_failing_compiler_installs_interpreted(tmp_path: Path
     shutil.copytree(ROOT / "pagekv", tree / "pagekv", ignore=ignore)
     base = {k: v for k, v in os.environ.items() if not k.startswith("PAGEKV_")}
     env = {**base, "PATH": f"{_failing_gcc(tmp_path).parent}:{os.environ['PATH']}"}
-    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir"]
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--no-index"]
+    pip.append("--no-build-isolation")
     target = tmp_path / "target"
     done = subprocess.run(
         [*pip, "--target", str(target), str(tree)], env=env, capture_output=True, text=True

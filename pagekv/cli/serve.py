@@ -55,20 +55,21 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     configure_logging(args.log_level, args.log_format)
     try:
+        public = listen(args.host, args.port)  # first: a busy port leaves no store behind
+    except StartupError as e:
+        print(f"pagekv serve: {e}", file=sys.stderr)
+        return 1
+    try:
         store = open_store(args.kv)  # by the supervisor too, only to fail fast
     except StartupError as e:
+        public.close()
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 1
     try:
         config = with_stored_secret(config, args.kv)
     except StartupError as e:
         store.close()
-        print(f"pagekv serve: {e}", file=sys.stderr)
-        return 1
-    try:
-        public = listen(args.host, args.port)
-    except StartupError as e:
-        store.close()
+        public.close()
         print(f"pagekv serve: {e}", file=sys.stderr)
         return 1
     bound = public.getsockname()[1]

@@ -37,7 +37,14 @@ from pagekv.server.http_errors import HttpError, classify
 from pagekv.server.metrics import CONTENT_TYPE, Exposition, KvMeter, MeteredStore, Reading
 from pagekv.server.process.logs import RequestIds
 from pagekv.server.request_io import answer, error_answer
-from pagekv.server.routes import gateway, inspector, inspector_page, raw_http, sockets
+from pagekv.server.routes import (
+    actor_types,
+    gateway,
+    inspector,
+    inspector_page,
+    raw_http,
+    sockets,
+)
 
 log = logging.getLogger("pagekv.server")
 _DRAIN_MARGIN_S = 0.25
@@ -185,6 +192,7 @@ def create_app(
             # an Exposition per app: apps in one process share no metric
             Route("/metrics", partial(metrics, Exposition()), methods=["GET"]),
             *gateway.ROUTES,
+            *actor_types.ROUTES,
             *sockets.ROUTES,
             *raw_http.ROUTES,
             *inspector.ROUTES,

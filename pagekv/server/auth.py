@@ -1,16 +1,16 @@
 """Bearer-token authentication and explicitly scoped CORS, as ASGI middleware.
 
 Every route needs `Authorization: Bearer <token>` except `/health` (which reveals nothing but
-liveness) and the web inspector's page and static assets (`/` and `/ui/...`: they hold no data; the
-page asks for the token and sends it with every data request, `routes/inspector_page.py`). The
-token is compared in constant time and only ever read from that header: a token in the query string
-or a cookie authenticates nothing. Once checked, the header is taken off the request: the token is
-this server's credential, so no handler sees it and no call forwarded to another server carries it;
-a forwarded call's proof of the cluster secret stands for the client's authentication
-(`cluster/peer_auth.py`). CORS answers exist only for origins configured by name, only on the
-browser-facing prefixes (the gateway and the inspector), and without
-`Access-Control-Allow-Credentials` (a bearer token is not an ambient credential), so no arbitrary
-Origin is ever reflected.
+liveness), `/favicon.ico`, and the web inspector's page and static assets (`/` and `/ui/...`: they
+hold no data; `/ui/auth.json` says whether a token is needed; the page asks for it and sends it
+with every data request, `routes/inspector_page.py`). The token is compared in constant time and
+only ever read from that header: a token in the query string or a cookie authenticates nothing.
+Once checked, the header is taken off the request: the token is this server's credential, so no
+handler sees it and no call forwarded to another server carries it; a forwarded call's proof of the
+cluster secret stands for the client's authentication (`cluster/peer_auth.py`). CORS answers exist
+only for origins configured by name, only on the browser-facing prefixes (the gateway and the
+inspector), and without `Access-Control-Allow-Credentials` (a bearer token is not an ambient
+credential), so no arbitrary Origin is ever reflected.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pagekv.server.cluster.peer_auth import PEER_SCOPE_KEY
 from pagekv.server.http_errors import HttpError
 from pagekv.server.request_io import error_answer
 
-OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PATHS = frozenset({"/health", "/", "/favicon.ico"})
 OPEN_PREFIXES = ("/ui/",)
 CORS_PREFIXES = ("/actors/", "/inspect/")
 

@@ -273,6 +273,31 @@ def test_serve_refuses_bad_placement_settings_in_one_line(tmp_path: Path) -> Non
             )
 
 
+def test_a_busy_port_is_refused_before_any_file_is_made(tmp_path: Path) -> None:
+    """On the default store (`./.pagekv`): the port is bound before the store is opened, so a
+    taken one leaves the directory it ran in as it was (it left an empty store behind)."""
+    serve = [sys.executable, "-m", "pagekv", "serve", APP, "--unauthenticated"]
+    env = {k: v for k, v in os.environ.items() if k != "PAGEKV_KV"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for workers in ("1", "2"):
+            result = subprocess.run(
+                [*serve, "--port", port, "--workers", workers],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+                env=env,
+            )
+            assert result.returncode == 1, result.stderr
+            assert result.stderr == (
+                f"pagekv serve: cannot listen on http://127.0.0.1:{port}: Address already in use\n"
+            )
+            assert list(tmp_path.iterdir()) == []
+
+
 async def test_serve_takes_its_defaults_from_the_environment_and_logs_with_times(
     tmp_path: Path,
 ) -> None:

@@ -147,3 +147,30 @@ async def test_search_by_key_prefix_reads_only_the_matches(served: Served) -> No
     assert keys(slash) == ["room/1", "room/2"] and keys(percent) == ["room%"]
     assert keys(paged) + keys(rest) == keys(room) and rest.json()["next_after"] is None
     assert (no_type.status_code, no_type.json()["error"]["code"]) == (400, "invalid_parameter")
+
+
+async def test_the_favicon_answers_without_a_token(served: Served) -> None:
+    """A browser asks for `/favicon.ico` on every page load: no 401 in its console, and no
+    body (an icon is nothing to show)."""
+    async with served.http(token=None) as http:
+        icon = await http.get("/favicon.ico")
+        data = await http.get("/inspect/actors")
+    assert (icon.status_code, icon.content) == (204, b"")
+    assert data.status_code == 401
+
+
+async def test_the_page_learns_whether_the_server_needs_a_token() -> None:
+    """`/ui/auth.json` needs no token itself and says whether the data does: true with a
+    token (and the data is still refused without it), false on an unauthenticated server
+    (whose data then answers without any Authorization header)."""
+    async with serving() as guarded, guarded.http(token=None) as http:
+        needs = await http.get("/ui/auth.json")
+        refused = await http.get("/inspect/actors")
+    async with serving(token=None) as open_server, open_server.http(token=None) as http:
+        free = await http.get("/ui/auth.json")
+        data = await http.get("/inspect/actors")
+    assert needs.status_code == 200 and needs.json() == {"token_required": True}
+    assert needs.headers["content-security-policy"] == ui.CONTENT_SECURITY_POLICY
+    assert refused.status_code == 401
+    assert free.status_code == 200 and free.json() == {"token_required": False}
+    assert data.status_code == 200

@@ -547,3 +547,21 @@ def test_replay_from_inside_a_loop_says_it_forgets_the_whole_loop(
                 break
             threading.Event().wait(0.05)
     assert done["result"] == [0, 1, 0, 1]  # both iterations ran again, as the question said
+
+
+def test_an_unauthenticated_server_opens_without_a_token(browser: WebDriver) -> None:
+    """The page asks the server whether it needs a token: on an `--unauthenticated` one it
+    shows the actors straight away, with no sign-in form, no "Forget token" and no token kept."""
+    with on_a_thread(lambda: serving([probe], token=None)) as open_server:
+        with httpx.Client(base_url=open_server.url, timeout=30) as http:
+            touched = http.post("/actors/probe/actions/touch", params={"key": "solo"}, json={})
+            assert touched.is_success, touched.text
+        browser.get(f"{open_server.url}/")
+        browser.execute_script("sessionStorage.clear()")
+        browser.get(f"{open_server.url}/#/actors")
+        _wait(browser, lambda d: _rows(d), "the list")
+        assert _rows(browser)[0].startswith("probe solo")
+        assert browser.find_element(By.ID, "login").is_displayed() is False
+        assert browser.find_element(By.ID, "logout").is_displayed() is False
+        assert browser.execute_script("return sessionStorage.getItem('pagekv.token')") is None
+        _nothing_ran(browser)

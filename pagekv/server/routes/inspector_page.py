@@ -3,8 +3,12 @@
 The page and its assets hold no data, so they load without a token (`auth.OPEN_PATHS` and
 `auth.OPEN_PREFIXES`); everything they show comes from the inspector API and `/metrics`, which
 the page fetches with the bearer token the user types once (kept in `sessionStorage`, sent only
-as an `Authorization` header, never in a URL). The assets are hand-written files packaged with
-pagekv (`ui_assets/`, no build step, nothing fetched from a network), read once at import.
+as an `Authorization` header, never in a URL). The page first asks `/ui/auth.json` whether this
+server needs a token at all, so an `--unauthenticated` one opens without a sign-in form (a
+prompt there would accept any text, which says nothing true). `/favicon.ico`, which browsers
+ask for on every load, answers 204: no 401 in their console, no icon to maintain. The assets
+are hand-written files packaged with pagekv (`ui_assets/`, no build step, nothing fetched from a
+network), read once at import.
 
 Every answer carries a strict Content-Security-Policy: scripts only from this origin (no inline
 script, no `eval`), no plugins, no framing, and Trusted Types required for the DOM's HTML sinks,
@@ -18,10 +22,11 @@ from pathlib import Path
 from typing import Final
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from pagekv.protocol import ErrorCode
+from pagekv.server.app_state import store_view
 from pagekv.server.http_errors import HttpError
 
 CONTENT_SECURITY_POLICY: Final = "; ".join(
@@ -46,6 +51,7 @@ HEADERS: Final = {
     "Cache-Control": "no-cache",
 }
 ASSET_PREFIX: Final = "/ui/"
+AUTH_PATH: Final = ASSET_PREFIX + "auth.json"
 _MEDIA_TYPES: Final = {
     ".html": "text/html; charset=utf-8",
     ".css": "text/css; charset=utf-8",
@@ -87,7 +93,20 @@ async def asset(request: Request) -> Response:
     return _serve(found)
 
 
+async def auth_needed(request: Request) -> Response:
+    """Whether the inspector API needs a token here: what the page reads before it asks for
+    one. It reveals nothing a 401 from any other route would not."""
+    required = store_view(request).config.token is not None
+    return JSONResponse({"token_required": required}, headers=HEADERS)
+
+
+async def favicon(request: Request) -> Response:
+    return Response(status_code=204, headers=HEADERS)
+
+
 ROUTES = [
     Route("/", page, methods=["GET"]),
+    Route("/favicon.ico", favicon, methods=["GET"]),
+    Route(AUTH_PATH, auth_needed, methods=["GET"]),
     Route(ASSET_PREFIX + "{file}", asset, methods=["GET"]),
 ]

@@ -5,7 +5,8 @@
 //   every value from an actor (state, rows, errors, names, keys) is set as text, so markup in
 //   the data stays text;
 // - the bearer token lives in sessionStorage (this tab only) and leaves the page only as an
-//   Authorization header on fetches to this origin, never in a URL;
+//   Authorization header on fetches to this origin, never in a URL; a server that needs none
+//   (/ui/auth.json says so) is never asked for one;
 // - links are built here from "#/" and URI-encoded parts, so no data can make one a
 //   javascript: URL.
 "use strict";
@@ -26,6 +27,8 @@
   const navMetrics = document.getElementById("nav-metrics");
   const banner = document.getElementById("banner");
   let leaveView = () => {};
+  /** Whether this server needs a token (GET /ui/auth.json, read once before the first view). */
+  let tokenRequired = true;
   /** What answers (a promise of GET /inspect): a server, or `pagekv ui`'s read-only view. */
   let about = null;
 
@@ -170,7 +173,7 @@
   /** A request to this server with the token as a header; JSON answers parsed (or text). */
   async function api(path, { params, body, text } = {}) {
     const token = sessionStorage.getItem(TOKEN_KEY);
-    if (!token) {
+    if (tokenRequired && !token) {
       askToken("");
       throw new ApiError(401, "unauthorized", "sign in with the server's token first");
     }
@@ -178,7 +181,8 @@
     for (const [name, value] of Object.entries(params || {})) {
       if (value !== undefined && value !== null) url.searchParams.set(name, value); // "" is a key
     }
-    const headers = { Authorization: `Bearer ${token}`, Accept: "application/json" };
+    const headers = { Accept: "application/json" };
+    if (tokenRequired) headers.Authorization = `Bearer ${token}`;
     if (body !== undefined) headers["Content-Type"] = "application/json";
     const response = await fetch(url, {
       method: body === undefined ? "GET" : "POST",
@@ -703,12 +707,12 @@
   function route() {
     leaveView();
     leaveView = () => {};
-    if (!sessionStorage.getItem(TOKEN_KEY)) {
+    if (tokenRequired && !sessionStorage.getItem(TOKEN_KEY)) {
       askToken("");
       return;
     }
     login.hidden = true;
-    logout.hidden = false;
+    logout.hidden = !tokenRequired;
     learnAbout().catch((error) => {
       banner.hidden = false;
       banner.textContent = `cannot tell what serves this page: ${errorText(error)}`;
@@ -727,6 +731,16 @@
     main.replaceChildren(view);
   }
 
-  window.addEventListener("hashchange", route);
-  route();
+  /** Whether to ask for a token at all; if the answer cannot be read, the page asks for one
+   * (a wrong guess there costs a prompt, the other way a page of 401s). */
+  async function start() {
+    try {
+      const response = await fetch("/ui/auth.json", { cache: "no-store", credentials: "omit" });
+      if (response.ok) tokenRequired = (await response.json()).token_required !== false;
+    } catch (_) { /* unreachable or not JSON: keep asking for a token */ }
+    window.addEventListener("hashchange", route);
+    route();
+  }
+
+  start();
 })();
