@@ -8,8 +8,8 @@ modules run interpreted when they are not compiled.
 What is built (`plan`) follows `PAGEKV_PURE_PYTHON` at install time:
 - `1`: interpreted.
 - unset or empty: compiled if this machine's C compiler builds a small extension with the Python
-  headers (`compiler_problem`), else interpreted, with one line (a warning, which pip shows) saying so
-  and how to get the compiled build.
+  headers (`compiler_problem`), else interpreted, with one line (a warning, which pip shows)
+  saying so and how to get the compiled build.
 - `0`: compiled, or a one-line error naming what is missing or failed.
 
 The outcome goes into the installed metadata (`pagekv-build.json`): `pagekv --version` reads it
@@ -45,6 +45,9 @@ HOW_TO_COMPILE = (
     "for the compiled build, apt-get install -y gcc python3-dev (Debian) and reinstall: "
     "PAGEKV_PURE_PYTHON=0 ./run, or pip install -e ."
 )
+
+MYPYC_STEP = "pagekv: mypyc: type-checking the compiled modules and generating their C"
+"""The line each run of this file prints before mypyc starts (once per setuptools step)."""
 
 
 def compiled_sources(root: Path = ROOT) -> list[str]:
@@ -161,7 +164,7 @@ def setup_notice(
     problem: Callable[[], str | None] = compiler_problem,
 ) -> str:
     """The line ./run and ./test print before they install into .venv (scripts/env.sh): the
-    compiling build prints nothing for about two minutes."""
+    compiling build takes about two minutes."""
     build = plan(env, problem)
     if build.compile:
         n = len(compiled_sources())
@@ -210,6 +213,8 @@ def main() -> None:
     if build.compile:
         from mypyc.build import mypycify
 
+        # pip shows it with -v, where scripts/setup_progress.py turns it into a step of the set-up
+        print(MYPYC_STEP, flush=True)
         # The build's own mypy cache: one shared with mypy runs in another environment (where
         # apsw, say, resolves) can hide an error that a clean build then hits.
         ext_modules = mypycify(["--cache-dir", "build/mypy-cache", *sources], opt_level="3")

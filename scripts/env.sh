@@ -3,8 +3,8 @@
 #
 # Compiled or interpreted (setup.py): PAGEKV_PURE_PYTHON=1 installs interpreted, 0 compiled, and
 # unset or empty keeps the choice the installed pagekv was built with (from its build record, so a
-# `PAGEKV_PURE_PYTHON=1 pip install -e .` counts too); with none, compiled where a C compiler and
-# the Python headers are found, else interpreted.
+# `PAGEKV_PURE_PYTHON=1 pip install -e .` counts too); with none, compiled where the C compiler
+# builds an extension with the Python headers, else interpreted.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -25,13 +25,16 @@ if [ ! -f "$stamp" ]; then
     exec 9>"$venv/.setup.lock"
     flock 9
     if [ ! -f "$stamp" ]; then
-        # One line before the build, which prints nothing for minutes (or why it will not compile).
+        # One line before the build (or why it will not compile).
         (cd "$root" && PAGEKV_PURE_PYTHON="$pure" python3 -c \
             'import runpy; print(runpy.run_path("setup.py")["setup_notice"]())') >&2
         [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet --upgrade pip
-        PAGEKV_PURE_PYTHON="$pure" PAGEKV_SETUP_NOTICE_SHOWN=1 \
-            "$venv/bin/pip" install --quiet -e "$root[dev]"
+        # pip's verbose output, shown as a line per step of the build (scripts/setup_progress.py)
+        # shellcheck disable=SC2086
+        PAGEKV_PURE_PYTHON="$pure" PAGEKV_SETUP_NOTICE_SHOWN=1 python3 \
+            "$root/scripts/setup_progress.py" "$(echo $compiled | wc -w)" \
+            "$venv/bin/pip" install -v -e "$root[dev]"
         # built from these sources, even where mypyc found the C unchanged and kept an older file;
         # one whose source moved or went would still be imported by its old name, so it goes
         find "$root/pagekv" -name '*.so' -exec touch {} +

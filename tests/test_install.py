@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import json
 import os
 import re
@@ -194,7 +195,7 @@ def test_the_build_record_lands_in_the_metadata(tmp_path: Path) -> None:
 
 
 def test_pip_install_with_a_failing_compiler_installs_interpreted(tmp_path: Path) -> None:
-    """A real `pip install` (build dependencies from the configured package index) with a `gcc`
+    """A real `pip install` (offline: with this environment's setuptools and mypy) with a `gcc`
     on PATH that exits 1: it installs interpreted and says why in one line, where it failed
     after a minute inside setuptools before; `PAGEKV_PURE_PYTHON=0` fails naming it."""
     if (sysconfig.get_config_var("CC") or "cc").split()[0] != "gcc":
@@ -207,7 +208,8 @@ def test_pip_install_with_a_failing_compiler_installs_interpreted(tmp_path: Path
     shutil.copytree(ROOT / "pagekv", tree / "pagekv", ignore=ignore)
     base = {k: v for k, v in os.environ.items() if not k.startswith("PAGEKV_")}
     env = {**base, "PATH": f"{_failing_gcc(tmp_path).parent}:{os.environ['PATH']}"}
-    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir"]
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--no-index"]
+    pip.append("--no-build-isolation")
     target = tmp_path / "target"
     done = subprocess.run(
         [*pip, "--target", str(target), str(tree)], env=env, capture_output=True, text=True
@@ -316,7 +318,10 @@ def _fake_tree(tmp_path: Path) -> Path:
     """The files env.sh reads, and a .venv whose pip only logs its calls (and leaves a build
     record with the choice it was given, as setup.py does)."""
     tree = tmp_path / "tree"
-    for name in ("setup.py", "pyproject.toml", "scripts/env.sh", *SOURCES):
+    for name in ("setup.py", "pyproject.toml", "scripts/env.sh", "scripts/setup_progress.py"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tree / name)
+    for name in SOURCES:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tree / name)
     bin_dir = tree / ".venv/bin"
@@ -329,7 +334,8 @@ def _fake_tree(tmp_path: Path) -> Path:
         case "$*" in *" -e "*)
             mkdir -p "{record_dir}"
             echo '{{"choice": "'"$PAGEKV_PURE_PYTHON"'", "modules": []}}' \\
-                > "{record_dir}/pagekv-build.json";;
+                > "{record_dir}/pagekv-build.json"
+            if [ -f "{tree}/pip.out" ]; then cat "{tree}/pip.out"; exit "$(cat {tree}/pip.rc)"; fi;;
         esac
         """
     )
@@ -357,7 +363,7 @@ def test_run_and_test_keep_to_the_choice_made(tmp_path: Path) -> None:
     err, calls = _source_env(tree, PAGEKV_PURE_PYTHON="1")
     assert err.startswith("setting up .venv, interpreted: PAGEKV_PURE_PYTHON=1 at install"), err
     assert len(err.splitlines()) == 1, err
-    assert calls[-1].startswith("PAGEKV_PURE_PYTHON=1 install --quiet -e "), calls
+    assert calls[-1].startswith("PAGEKV_PURE_PYTHON=1 install -v -e "), calls
 
     # unset: nothing to redo, and after an edit to a compiled module it reinstalls interpreted
     assert _source_env(tree) == ("", calls)
@@ -365,7 +371,7 @@ def test_run_and_test_keep_to_the_choice_made(tmp_path: Path) -> None:
         f.write("# edited\n")
     err, again = _source_env(tree)
     assert "interpreted: PAGEKV_PURE_PYTHON=1" in err
-    assert again[len(calls) :][-1].startswith("PAGEKV_PURE_PYTHON=1 install --quiet -e "), again
+    assert again[len(calls) :][-1].startswith("PAGEKV_PURE_PYTHON=1 install -v -e "), again
     assert _source_env(tree) == ("", again)
 
 
@@ -383,7 +389,7 @@ def test_a_failing_compiler_sets_up_interpreted_or_fails_in_one_line(tmp_path: P
         "that includes Python.h: gcc: fatal error: cannot execute cc1) at install; "
         f"{setup_py.HOW_TO_COMPILE}\n"
     )
-    assert calls[-1].startswith("PAGEKV_PURE_PYTHON= install --quiet -e "), calls
+    assert calls[-1].startswith("PAGEKV_PURE_PYTHON= install -v -e "), calls
 
     base = {k: v for k, v in os.environ.items() if k != "PAGEKV_PURE_PYTHON"}
     tree = _fake_tree(tmp_path / "again")
@@ -400,6 +406,115 @@ def test_a_failing_compiler_sets_up_interpreted_or_fails_in_one_line(tmp_path: P
         "execute cc1): apt-get install -y gcc python3-dev (Debian), or set PAGEKV_PURE_PYTHON=1\n"
     )
     assert not (tree / "pip.log").exists()
+
+
+_COMPILED_BUILD = """\
+Using pip 26.3 from /x/.venv/lib/python3.11/site-packages/pip (python 3.11)
+Obtaining file:///x
+  Installing build dependencies: started
+  Running command installing build dependencies
+  Collecting setuptools>=68
+  Installing collected packages: setuptools, mypy
+  Successfully installed mypy-2.4.1 setuptools-84.2.1
+  Installing build dependencies: finished with status 'done'
+  Checking if build backend supports build_editable: started
+  Getting requirements to build editable: started
+  Running command Getting requirements to build editable
+  pagekv: mypyc: type-checking the compiled modules and generating their C
+  pagekv/kv/wrappers.py:302: warning: Treating generator comprehension as list
+  running egg_info
+  Getting requirements to build editable: finished with status 'done'
+  Preparing editable metadata (pyproject.toml): started
+  Running command Preparing editable metadata (pyproject.toml)
+  running dist_info
+Collecting apsw>=3.45 (from pagekv==0.1.0)
+Building wheels for collected packages: pagekv
+  Building editable for pagekv (pyproject.toml): started
+  Running command Building editable for pagekv (pyproject.toml)
+  running editable_wheel
+  running build_ext
+  building '9f831d1ac9959bf24f0e__mypyc' extension
+  gcc -Wsign-compare -DNDEBUG -g -fwrapv -O3 -Wall -fPIC -Ibuild -c build/__native.c
+  gcc -shared build/temp/build/__native.o -o build/9f831d1ac9959bf24f0e__mypyc.so
+  building 'pagekv.kv.fence' extension
+  gcc -Wsign-compare -DNDEBUG -g -fwrapv -O3 -Wall -fPIC -c build/pagekv/kv/fence.c
+  building 'pagekv.kv.memory' extension
+  gcc -Wsign-compare -DNDEBUG -g -fwrapv -O3 -Wall -fPIC -c build/pagekv/kv/memory.c
+  Building editable for pagekv (pyproject.toml): finished with status 'done'
+Successfully built pagekv
+Installing collected packages: apsw, pagekv
+Successfully installed apsw-3.50.0 pagekv-0.1.0
+"""
+
+
+def _steps(err: str) -> list[str]:
+    return [re.sub(r"^  \[ *\d+ s\] ", "", line) for line in err.splitlines()[1:]]
+
+
+def test_the_first_set_up_shows_a_line_per_step_of_the_build(tmp_path: Path) -> None:
+    """pip's verbose output of a compiled build becomes a line per step, in order, and none of
+    its compiler command lines; an interpreted build's shows nothing beyond the first line."""
+    tree = _fake_tree(tmp_path)
+    (tree / "pip.out").write_text(_COMPILED_BUILD)
+    (tree / "pip.rc").write_text("0")
+    err, calls = _source_env(tree, PAGEKV_PURE_PYTHON="0")
+    assert err.startswith("setting up .venv (compiling "), err
+    n = len(SOURCES)
+    assert _steps(err) == [
+        f"mypy and mypyc: type-checking {n} modules and generating their C",
+        f"gcc: compiling the C of the {n} modules (the longest step)",
+        f"gcc: building the {n} modules' own files",
+        "installing pagekv and its dependencies",
+    ], err
+    assert calls[-1].startswith("PAGEKV_PURE_PYTHON=0 install -v -e "), calls
+
+    interpreted = _COMPILED_BUILD.split("  running build_ext")[0] + "Successfully built pagekv\n"
+    (tree / "pip.out").write_text(interpreted.replace(setup_py.MYPYC_STEP, "running egg_info"))
+    err, _ = _source_env(tree, PAGEKV_PURE_PYTHON="1")
+    assert err.startswith("setting up .venv, interpreted: "), err
+    assert len(err.splitlines()) == 1, err
+
+
+def test_a_failing_set_up_shows_pips_output_of_the_failing_step(tmp_path: Path) -> None:
+    tree = _fake_tree(tmp_path)
+    failing = _COMPILED_BUILD.split("  building 'pagekv.kv.fence'")[0] + (
+        "  build/__native.c:1:10: fatal error: out of memory\n"
+        "  error: command '/usr/bin/gcc' failed with exit code 1\n"
+        "error: subprocess-exited-with-error\n"
+    )
+    (tree / "pip.out").write_text(failing)
+    (tree / "pip.rc").write_text("1")
+    base = {k: v for k, v in os.environ.items() if k != "PAGEKV_PURE_PYTHON"}
+    done = subprocess.run(
+        ["bash", "-c", f"source {tree}/scripts/env.sh"],
+        env={**base, "PAGEKV_PURE_PYTHON": "0"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    shown = done.stderr.split("(the longest step)\n", 1)[1]
+    assert shown == failing.split("  Running command ")[-1].join(["  Running command ", ""])
+    assert not list((tree / ".venv").glob(".installed-*"))  # set up again next time
+
+
+def test_a_long_step_is_seen_going_on(tmp_path: Path) -> None:
+    """A step with no new line for `tick` seconds gets a line saying which step, and how long."""
+    spec = importlib.util.spec_from_file_location(
+        "setup_progress", ROOT / "scripts/setup_progress.py"
+    )
+    assert spec is not None and spec.loader is not None
+    progress = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(progress)
+    script = f"echo '  {setup_py.MYPYC_STEP}'; sleep 1; exit 3"
+    out = io.StringIO()
+    assert progress.run(["sh", "-c", script], out, 5, tick=0.1) == 3
+    first, *ticks, failed = out.getvalue().splitlines()
+    assert first.endswith("] mypy and mypyc: type-checking 5 modules and generating their C")
+    assert ticks and all(
+        re.fullmatch(r"  \.\.\. mypy and mypyc: .* their C, \d+ s \(\d+ s in all\)", t)
+        for t in ticks
+    ), ticks
+    assert failed == f"  {setup_py.MYPYC_STEP}"  # pip's output of the step, as it failed
 
 
 # -- pagekv.testing without hypothesis -----------------------------------------------------------
