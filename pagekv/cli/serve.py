@@ -42,6 +42,8 @@ _FIX = f"pass --advertise-url (or set ${ADVERTISE_ENV}) with an address they can
 def _serve(args: argparse.Namespace) -> int:
     try:
         config, registry = settings(args)
+        if args.reload and args.workers > 1:
+            raise ConfigError("--reload runs one worker; leave out --workers")
         if args.workers > 1 and urlsplit(args.kv).scheme == "memory":
             raise ConfigError(
                 "--workers needs a store the processes share (file: or postgresql:), "
@@ -84,7 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
     warning = exposure_warning("serve", args.host, config.unauthenticated)
     if warning is not None:
         announce(warning, args.log_format)
-    if args.workers > 1:
+    if args.workers > 1 or args.reload:
         store.close()  # each worker opens its own
         args.cluster_secret = config.cluster_secret or secrets.token_hex(32)  # theirs to share
         return supervise(args, public)
@@ -153,6 +155,12 @@ def add_serve_command(commands: Any, summary: str) -> None:
         metavar="N",
         help="worker processes sharing the store and the port, each owning the actors it woke "
         "(default $PAGEKV_WORKERS, else 1)",
+    )
+    serve_cmd.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the server when a .py file under the app's directory changes (for "
+        "development; one worker process, restarted by a supervisor)",
     )
     serve_cmd.add_argument(
         "--lease",

@@ -497,3 +497,70 @@ def test_an_app_that_fails_to_load_shows_only_its_own_traceback(tmp_path: Path) 
         cwd=tmp_path,
     )
     assert refused in result.stderr, result.stderr
+
+
+RELOADED_APP = """
+from pagekv.actor import Registry, actor
+
+counter = actor("counter", state={{"n": 0}})
+
+
+@counter.action
+async def bump(ctx) -> list[int]:
+    ctx.state["n"] += 1
+    return [{version}, ctx.state["n"]]
+
+
+registry = Registry([counter])
+"""
+
+
+def _edit(path: Path, text: str) -> None:
+    """`text` into `path`, its modification time moved on past any clock granularity."""
+    before = path.stat().st_mtime_ns if path.exists() else 0
+    path.write_text(text)
+    os.utime(path, ns=(before + 2_000_000_000, before + 2_000_000_000))
+
+
+async def test_reload_serves_the_changed_app_on_the_same_store(tmp_path: Path) -> None:
+    """`serve --reload`: an edit of the app restarts the server, which serves the new code on
+    the same embedded store (the actor's state carries on); an edit that breaks the app keeps
+    the supervisor waiting for the next one, not gone."""
+    app = tmp_path / "app.py"
+    _edit(app, RELOADED_APP.format(version=1))
+    store = f"file:{tmp_path}/store"
+    server = ServeProcess("--reload", "--unauthenticated", "--kv", store, token=None, app=str(app))
+    try:
+        url = await server.started()
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+
+            async def bump() -> list[int] | None:
+                try:
+                    answer = await http.post("/actors/counter/actions/bump?key=k", json={})
+                except httpx.TransportError:
+                    return None  # between two workers
+                return answer.json()["result"] if answer.status_code == 200 else None
+
+            async def until_version(version: int) -> list[int]:
+                with anyio.fail_after(60):
+                    while (result := await bump()) is None or result[0] != version:
+                        await anyio.sleep(0.1)
+                return result
+
+            assert await bump() == [1, 1]
+            _edit(app, RELOADED_APP.format(version=2))
+            second = await until_version(2)
+            assert second[1] >= 2  # the same store: the count went on
+            _edit(app, "this is not python\n")
+            with anyio.fail_after(60):
+                while not any("waiting for a change" in line for line in server.log):
+                    await anyio.sleep(0.1)
+            assert server.proc.poll() is None
+            _edit(app, RELOADED_APP.format(version=3))
+            third = await until_version(3)
+            assert third[1] > second[1]
+        assert await server.stop() == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()

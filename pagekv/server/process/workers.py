@@ -17,6 +17,9 @@ Invariants:
   dying young; one that exits with `FATAL` is not, and the supervisor stops the others and
   exits 1.
 - A worker whose supervisor is gone stops by itself (`serve_process`).
+- With `--reload` (one worker) a change to a `.py` file under the app's directory stops the
+  worker gracefully and starts a new one, which imports the app afresh; a worker that cannot
+  serve the changed app (`FATAL`) is started again at the next change, not given up on.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import FrameType
 
 import anyio
@@ -59,6 +64,7 @@ STOP_TIMEOUT_S = GRACEFUL_S + 20
 """How long a worker may take to stop (drain, then put its actors to sleep) before it is
 killed."""
 _TICK_S = 0.1
+RELOAD_POLL_S = 0.5
 FIX = (
     f"pass --advertise-url (or set ${ADVERTISE_ENV}) with a host they can reach "
     "(with --workers, each worker is reached there at a port of its own)"
@@ -89,9 +95,16 @@ def supervise(args: argparse.Namespace, public: socket.socket) -> int:
     given = json.dumps({k: v for k, v in vars(args).items() if k != "run"}).encode()
     workers = [_Worker(index) for index in range(1, args.workers + 1)]
     fatal = False
+    sources = _Sources(Path(args.app.partition(":")[0]).resolve().parent) if args.reload else None
     try:
         while not stopping and not fatal:
             now = time.monotonic()
+            changed = sources.changed() if sources is not None else None
+            if changed is not None:
+                log.warning("%s changed: restarting the server", changed)
+                _stop([w.process for w in workers if w.process is not None])
+                for worker in workers:
+                    worker.process, worker.restart_at, worker.failures = None, now, 0
             for worker in workers:
                 if worker.process is None:
                     if now >= worker.restart_at:
@@ -99,6 +112,10 @@ def supervise(args: argparse.Namespace, public: socket.socket) -> int:
                     continue
                 code = worker.process.poll()
                 if code is None:
+                    continue
+                if code == FATAL and sources is not None:
+                    log.error("the app cannot be served: waiting for a change to restart it")
+                    worker.process, worker.restart_at = None, float("inf")
                     continue
                 if code == FATAL:
                     log.error("worker %d cannot serve: stopping the others", worker.index)
@@ -124,6 +141,42 @@ def supervise(args: argparse.Namespace, public: socket.socket) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 1 if fatal else 0
+
+
+class _Sources:
+    """The `.py` files under `root` (hidden and `__pycache__` directories aside), by their
+    modification time: what `--reload` watches, polled every `RELOAD_POLL_S` (no watcher
+    dependency for a development aid)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.seen = self._scan()
+        self.next_scan = time.monotonic() + RELOAD_POLL_S
+
+    def _files(self) -> Iterator[Path]:
+        for path in self.root.rglob("*.py"):
+            inside = path.relative_to(self.root).parts[:-1]
+            if not any(p.startswith(".") or p == "__pycache__" for p in inside):
+                yield path
+
+    def _scan(self) -> dict[Path, int]:
+        found = {}
+        for path in self._files():
+            with contextlib.suppress(OSError):  # removed between the listing and the stat
+                found[path] = path.stat().st_mtime_ns
+        return found
+
+    def changed(self) -> Path | None:
+        """A file added, removed or modified since the last scan, if any."""
+        if time.monotonic() < self.next_scan:
+            return None
+        self.next_scan = time.monotonic() + RELOAD_POLL_S
+        now = self._scan()
+        if now == self.seen:
+            return None
+        different = {p for p in now.keys() | self.seen.keys() if now.get(p) != self.seen.get(p)}
+        self.seen = now
+        return min(different)
 
 
 def _start(worker: _Worker, public: socket.socket, given: bytes) -> None:
