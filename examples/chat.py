@@ -17,8 +17,10 @@ Plain HTTP works too:
 
 from __future__ import annotations
 
+import codecs
 import os
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pagekv.actor import ActorContext, Registry, actor
@@ -124,11 +126,30 @@ async def _member(name: str, url: str, room: str) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(show)
-            lines = anyio.wrap_file(sys.stdin)
-            async for line in lines:
+            async for line in _typed_lines():
                 if line.strip():
                     await conn.say(line.strip())
             tg.cancel_scope.cancel()
+
+
+async def _typed_lines() -> AsyncIterator[str]:
+    """The lines read from stdin, without a thread: a thread blocked reading the terminal
+    cannot be cancelled, so Ctrl-C would wait for the next Enter."""
+    import anyio
+
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    pending = ""
+    while True:
+        await anyio.wait_readable(sys.stdin.fileno())
+        chunk = os.read(sys.stdin.fileno(), 65536)
+        pending += decoder.decode(chunk, final=not chunk)
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            yield line
+        if not chunk:
+            if pending:
+                yield pending
+            return
 
 
 if __name__ == "__main__":
@@ -137,4 +158,7 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: python examples/chat.py NAME [URL] [ROOM]")
     url = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:6420"
-    anyio.run(_member, sys.argv[1], url, sys.argv[3] if len(sys.argv) > 3 else "lobby")
+    try:
+        anyio.run(_member, sys.argv[1], url, sys.argv[3] if len(sys.argv) > 3 else "lobby")
+    except KeyboardInterrupt:  # Ctrl-C: the connection is closed, the room told; no traceback
+        sys.exit(130)

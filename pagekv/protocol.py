@@ -5,6 +5,9 @@ Bodies are JSON by default and CBOR when the request says `Content-Type: applica
 (answers are CBOR when `Accept` asks for it). CBOR carries every value an actor can store; JSON
 answers render `bytes` as `{"$bytes": "<base64>"}` and a float JSON has no number for as
 `{"$float": "NaN"}` (or `"Infinity"`, `"-Infinity"`), and refuse anything else JSON cannot hold.
+Dates and times are ISO 8601 text in JSON; in CBOR a date and a datetime with a time zone are
+tagged (RFC 8943's tag 1004, RFC 8949's tag 0: cbor2 decodes them as `date` and `datetime`), and
+a naive datetime and a `time`, which no CBOR tag holds, are the same text as in JSON.
 An error answer is always `{"error": {"code": ..., "message": ...}}` (plus `limit` when a limit
 was hit), with a stable `code` from `ErrorCode`.
 """
@@ -12,6 +15,7 @@ was hit), with a stable `code` from `ErrorCode`.
 from __future__ import annotations
 
 import base64
+import datetime
 import enum
 import io
 import json
@@ -89,6 +93,12 @@ class BodyError(ValueError):
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, datetime.date | datetime.time):  # a datetime is a date
+        return value.isoformat()
+    try:
+        encode(value, CBOR)
+    except (TypeError, ValueError, RecursionError, cbor2.CBOREncodeError):  # no hint that fails
+        raise TypeError(f"a {type(value).__name__} cannot be sent as JSON or CBOR") from None
     raise TypeError(f"a {type(value).__name__} cannot be sent as JSON; ask for {CBOR}")
 
 
@@ -108,7 +118,10 @@ def _finite_float(text: str) -> float:
 def encode(value: Any, media_type: str) -> bytes:
     """Raises TypeError (or `cbor2.CBOREncodeError`) for a value the media type cannot hold."""
     if media_type == CBOR:
-        return cbor2.dumps(value)
+        try:
+            return cbor2.dumps(value)
+        except cbor2.CBOREncodeError:  # a naive datetime or a time somewhere, perhaps: as text
+            return cbor2.dumps(_untagged_times_as_text(value))
     try:
         return _dumps(value)
     except ValueError:  # a NaN or an infinity somewhere: tag them (a rare, slower pass)
@@ -128,6 +141,23 @@ def _tag_floats(value: Any) -> Any:
         return {k: _tag_floats(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_tag_floats(v) for v in value]
+    return value
+
+
+def _untagged_times_as_text(value: Any) -> Any:
+    """`value` with every naive datetime and `time` as its ISO 8601 text, as JSON has them: no
+    CBOR tag holds them (tag 0 needs a time zone), and assuming one (UTC, the local zone) would
+    send a time that was not meant."""
+    if isinstance(value, datetime.datetime) and value.tzinfo is None:
+        return value.isoformat()
+    if isinstance(value, datetime.time):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _untagged_times_as_text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_untagged_times_as_text(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return type(value)(_untagged_times_as_text(v) for v in value)
     return value
 
 

@@ -25,7 +25,10 @@ def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["fuzz", "--processes", "--seconds", "1"], "--processes needs a durable store"),
+        (
+            ["fuzz", "--processes", "--kv", "memory://", "--seconds", "1"],
+            "--processes needs a durable store",
+        ),
         (["fuzz", "--replay", "missing.json"], "cannot replay missing.json: No such file"),
         (["fuzz", "--replay", "bad.json"], "cannot replay bad.json: "),
         (["fuzz", "--writers", "4", "--seconds", "1"], "--writers goes with --processes"),

@@ -1,8 +1,9 @@
 """The README, run as a newcomer would: its code blocks in order, from a copy of the checkout's
 `examples/` in a fresh directory, up to the benchmarking section (whose commands have tests of
-their own). `./run serve` starts a real server in the background (on a free port: every `6420`
-is replaced), a new one stops the previous one as the README says to, `./test` is this suite,
-shell lines run in bash, Python blocks each in a fresh interpreter. A snippet that rots fails."""
+their own), writing nothing but `.pagekv`. `./run serve` starts a real server in the background (on
+a free port: every `6420` is replaced), a new one stops the previous one as the README says to,
+`./test` is this suite, shell lines run in bash, Python blocks each in a fresh interpreter. A
+snippet that rots fails."""
 
 from __future__ import annotations
 
@@ -112,6 +113,8 @@ def test_the_readme_runs_top_to_bottom_in_a_fresh_directory(tmp_path: Path) -> N
     finally:
         newcomer.stop_server()
     out = newcomer.outputs
+    # the snippets run from the checkout: all they write must go to the git-ignored .pagekv
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".pagekv", "examples"]
     assert ran.count("python") >= 4 and ran.count("sh") >= 3, ran
     assert '{"result":5}' in out[0], "the first curl"
     assert any("completed" in o and "'approved': True" in o for o in out), "the workflow ran"

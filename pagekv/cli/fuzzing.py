@@ -32,7 +32,10 @@ def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None
     )
     store = p.add_mutually_exclusive_group()
     store.add_argument(
-        "--kv", default="memory://", type=kv_url, help="store URL (default memory://)"
+        "--kv",
+        type=kv_url,
+        help="store URL (default memory://; with --processes a file: store in a fresh "
+        "temporary directory, removed after a run that passes)",
     )
     store.add_argument(
         "--kv-factory",
@@ -77,7 +80,10 @@ def add_fuzz_command(commands: argparse._SubParsersAction, summary: str) -> None
         "made with, if any)",
     )
     p.add_argument(
-        "--out", type=Path, help="where to write a failure (default ./pagekv-fuzz-SEED.json)"
+        "--out",
+        type=Path,
+        help="where to write a failure (default pagekv-fuzz-SEED.json in the temporary "
+        "directory, $TMPDIR or /tmp)",
     )
     p.set_defaults(run=_run)
 
@@ -92,10 +98,10 @@ def _run(args: argparse.Namespace) -> int:
     spec: str | None = args.kv_factory
     if args.replay is not None:
         return _replay(args.replay, spec)
-    if args.processes and spec is None and not args.kv.startswith("file:"):
+    if args.processes and args.kv is not None and not args.kv.startswith("file:"):
         _usage(
             "--processes needs a durable store the processes share, a file: one "
-            f"(e.g. --kv file:./.fuzz) or a --kv-factory; got {redact_url(args.kv)}"
+            f"(or none: a temporary one) or a --kv-factory; got {redact_url(args.kv)}"
         )
     if args.writers is not None and not args.processes:
         _usage("--writers goes with --processes")
@@ -106,7 +112,14 @@ def _run(args: argparse.Namespace) -> int:
         _check_reopens(subject)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     seconds = args.seconds if args.seconds is not None or args.runs is not None else 60.0
-    on = f"store {redact_url(args.kv)}" if spec is None else f"factory {spec}"
+    if args.kv is None and not args.processes:
+        args.kv = "memory://"
+    if spec is not None:
+        on = f"factory {spec}"
+    elif args.kv is None:
+        on = "a file: store in a fresh temporary directory"
+    else:
+        on = f"store {redact_url(args.kv)}"
     print(f"pagekv fuzz: seed {seed}, {on}", flush=True)
     if args.processes:
         return _processes(args, spec, seed, seconds or 60.0, events)
@@ -133,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     if found is None:
         _report(coverage)
         return 0
-    out = args.out or Path(f"pagekv-fuzz-{seed}.json")
+    out = args.out or Path(tempfile.gettempdir()) / f"pagekv-fuzz-{seed}.json"
     found.save(out, config)
     print(f"FAILED (seed {seed}, run seed {found.seed}): {found.failure}", file=sys.stderr)
     print(f"minimised to {len(found.steps)} steps:", file=sys.stderr)
@@ -194,10 +207,14 @@ def _check_reopens(subject: Subject) -> None:
 def _processes(
     args: argparse.Namespace, spec: str | None, seed: int, seconds: float, events: frozenset[str]
 ) -> int:
-    """Real crashes on `--kv`, or on the factory's store in a fresh directory (left there for a
-    look if the run fails)."""
-    location = None if spec is None else Path(tempfile.mkdtemp(prefix="pagekv-fuzz-"))
-    backend = Backend(url=args.kv) if spec is None else Backend(factory=spec, location=location)
+    """Real crashes on `--kv`, or on a store in a fresh directory (a `file:` one, or the
+    factory's), left there for a look if the run fails: never in the directory it runs from."""
+    fresh = spec is not None or args.kv is None
+    location = Path(tempfile.mkdtemp(prefix="pagekv-fuzz-")) if fresh else None
+    if spec is not None:
+        backend = Backend(factory=spec, location=location)
+    else:
+        backend = Backend(url=args.kv or f"file://{location}")
     failed = False
     try:
         coverage = fuzz_processes(

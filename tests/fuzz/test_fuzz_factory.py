@@ -190,3 +190,23 @@ def test_a_bad_factory_is_a_usage_error(project: Path, args: list[str], says: st
     done = _fuzz(project, "--seconds", "1", "--kv-factory", *args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_real_crashes_without_a_store_leave_nothing_where_they_run(tmp_path: Path) -> None:
+    """`fuzz --processes` with no `--kv` runs on a `file:` store in a fresh temporary directory,
+    removed after a run that passes: nothing lands in the directory it ran from."""
+    done = _fuzz(tmp_path, "--processes", "--writers", "1", "--seconds", "3", "--seed", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "a file: store in a fresh temporary directory" in done.stdout
+    assert _count(done.stdout, "crashes") > 0, done.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["tmp"]
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_failure_file_goes_to_the_temporary_directory(project: Path) -> None:
+    done = _fuzz(project, "--kv-factory", "kvs:drops", "--seconds", "3", "--seed", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    saved = project / "tmp" / "pagekv-fuzz-1.json"
+    assert f"--replay {saved} --kv-factory kvs:drops" in done.stderr
+    assert json.loads(saved.read_text())["kv_factory"] == "kvs:drops"
+    assert sorted(p.name for p in project.iterdir()) == ["kvs.py", "tmp"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -93,6 +94,34 @@ async def test_chat_is_live_for_its_members() -> None:
             async with lobby.connect({"name": ""}):
                 pass
         assert "1 to 40 characters" in refused.value.reason
+
+
+async def test_ctrl_c_ends_a_chat_member_at_once_and_cleanly() -> None:
+    """SIGINT while the member waits for a typed line (stdin open, nothing typed): it leaves
+    the room and exits 130 with no traceback, without waiting for an Enter that never comes."""
+    registry = load_registry(str(EXAMPLES / "chat.py"))
+    async with (
+        serving(registry.definitions.values()) as served,
+        served.client() as client,
+        client.get_or_create("chat", "quiet").connect({"name": "ada"}) as ada,
+    ):
+        await ada.subscribe("presence")
+        member = await anyio.open_process(
+            [sys.executable, str(EXAMPLES / "chat.py"), "bob", served.url, "quiet"],
+            env={**os.environ, "PAGEKV_TOKEN": served.token or ""},
+        )
+        async with member:
+            joined = await ada.next_event("presence")
+            assert joined.payload["joined"] == "bob"
+            member.send_signal(signal.SIGINT)
+            with anyio.fail_after(20):  # a hang fails here, rather than at the suite's end
+                code = await member.wait()
+            assert member.stderr is not None
+            stderr = b"".join([chunk async for chunk in member.stderr])
+        assert code == 130, stderr
+        assert b"Traceback" not in stderr, stderr
+        left = await ada.next_event("presence")
+        assert left.payload == {"left": "bob", "online": ["ada"]}
 
 
 async def test_orders_workflow(eventually) -> None:

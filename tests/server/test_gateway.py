@@ -3,6 +3,7 @@ schedules, and every kind of bad input answered with a status and a machine-read
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
@@ -15,7 +16,15 @@ import pytest
 from server_defs import gauge
 from server_helpers import Served, serving
 
-from pagekv.actor import ActionNotFound, ActorExists, ActorNotFound, InvalidArguments, UnknownActor
+from pagekv.actor import (
+    ActionNotFound,
+    ActorContext,
+    ActorExists,
+    ActorNotFound,
+    InvalidArguments,
+    UnknownActor,
+    actor,
+)
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE
 from pagekv.actor.queue import MAX_MESSAGE_BYTES, MAX_QUEUE_NAME_BYTES
 from pagekv.client import RemoteError
@@ -505,3 +514,86 @@ async def test_concurrent_first_requests_create_one_actor_and_lose_nothing() -> 
     assert final["count"] == 30 and sorted(final["rows"]) == list(range(1, 31))
     assert sorted(r["count"] for r in results) == list(range(1, 31))
     assert listed == ["ledger/fresh"]
+
+
+AWARE = datetime.datetime(
+    2026, 1, 2, 3, 4, 5, 6, tzinfo=datetime.timezone(datetime.timedelta(hours=1))
+)
+NAIVE = datetime.datetime(2026, 1, 2, 3, 4, 5)
+DAY = datetime.date(2026, 1, 2)
+AT = datetime.time(23, 59, 1)
+
+
+def times_actor() -> Any:
+    times = actor("times")
+
+    @times.action
+    async def when(ctx: ActorContext) -> dict[str, Any]:
+        return {"aware": AWARE, "naive": NAIVE, "day": DAY, "at": AT, "days": [DAY, (NAIVE,)]}
+
+    @times.action
+    async def naive_in_a_set(ctx: ActorContext) -> set[datetime.datetime]:
+        return {NAIVE}
+
+    @times.action
+    async def tags(ctx: ActorContext) -> set[str]:
+        return {"a"}
+
+    @times.action
+    async def opaque(ctx: ActorContext) -> object:
+        return object()
+
+    return times
+
+
+async def test_dates_and_times_are_answered_in_json_and_cbor() -> None:
+    """A datetime result answered as JSON said "ask for application/cbor", and CBOR then failed
+    too (a naive datetime): dates and times are ISO 8601 text in JSON, tagged in CBOR where a
+    tag holds them, and the hint to ask for CBOR is given only when CBOR holds the result."""
+    cbor = {"accept": "application/cbor"}
+    async with serving(actors=[times_actor()]) as served, served.http() as http:
+
+        async def call(action: str, headers: dict[str, str] | None = None) -> httpx.Response:
+            path = f"/actors/times/actions/{action}"
+            return await http.post(path, params={"key": "k"}, json={}, headers=headers)
+
+        as_json, as_cbor = await call("when"), await call("when", cbor)
+        set_json, set_cbor = await call("naive_in_a_set"), await call("naive_in_a_set", cbor)
+        tags_json, tags_cbor = await call("tags"), await call("tags", cbor)
+        opaque_json, opaque_cbor = await call("opaque"), await call("opaque", cbor)
+        async with served.client() as client:
+            through_client = await client.get("times", "k").when()
+    assert as_json.status_code == 200, as_json.text
+    assert as_json.headers["content-type"] == "application/json"
+    assert as_json.json() == {
+        "result": {
+            "aware": "2026-01-02T03:04:05.000006+01:00",
+            "naive": "2026-01-02T03:04:05",
+            "day": "2026-01-02",
+            "at": "23:59:01",
+            "days": ["2026-01-02", ["2026-01-02T03:04:05"]],
+        }
+    }
+    assert as_cbor.status_code == 200, as_cbor.content
+    assert as_cbor.headers["content-type"] == "application/cbor"
+    decoded = cbor2.loads(as_cbor.content)["result"]
+    assert decoded == {
+        "aware": AWARE,
+        "naive": "2026-01-02T03:04:05",
+        "day": DAY,
+        "at": "23:59:01",
+        "days": [DAY, ["2026-01-02T03:04:05"]],
+    }
+    assert decoded["aware"].utcoffset() == datetime.timedelta(hours=1)
+    assert type(decoded["day"]) is datetime.date
+    assert through_client == decoded
+    assert set_cbor.status_code == 200 and cbor2.loads(set_cbor.content) == {
+        "result": {"2026-01-02T03:04:05"}
+    }
+    assert set_json.status_code == 422
+    assert "a set cannot be sent as JSON; ask for application/cbor" in error_of(set_json)["message"]
+    assert tags_json.status_code == 422 and "ask for application/cbor" in tags_json.text
+    assert tags_cbor.status_code == 200 and cbor2.loads(tags_cbor.content) == {"result": {"a"}}
+    assert opaque_json.status_code == 422 and opaque_cbor.status_code == 422
+    assert "a object cannot be sent as JSON or CBOR" in error_of(opaque_json)["message"]
+    assert "application/cbor" not in error_of(opaque_json)["message"]

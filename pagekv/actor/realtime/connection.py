@@ -53,7 +53,7 @@ class CloseCode(enum.IntEnum):
     NOT_FOUND = 4004
     """No such actor type, or (`mode=get`) no such actor, or it was destroyed."""
     UNSENDABLE = 4007
-    """A frame for this connection that its encoding cannot carry (JSON has no datetime):
+    """A frame for this connection that its encoding cannot carry (JSON has no set):
     connect with `encoding=cbor`."""
     SLOW_CONSUMER = 4008
     """The client read too slowly: its buffer of unsent frames passed `max_buffered_bytes`."""

@@ -134,6 +134,11 @@ def subtree_range(scope: str) -> tuple[str, str]:
 
 
 class History:
+    """One workflow's history in memory: its entries by location, the name registry, its outcome,
+    and the writes the database still lacks. It is the truth, and the database lags it by the
+    pending writes until the runner's next transaction commits them (see the module).
+    Event loop only: the runner and the `wf` scopes of one instance use it, one at a time."""
+
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
         self.names: dict[str, int] = {}

@@ -32,6 +32,11 @@ class _Sender:
 
 
 class StepContext:
+    """What a step's function is given: the actor's data and side effects for this one attempt,
+    so that they commit with the step's result or roll back with it. It is valid only while its
+    attempt runs; afterwards every use raises `StepContextClosed`, so that no write of a finished
+    attempt can land outside it."""
+
     def __init__(self, ctx: ActorContext, step: str, attempt: int) -> None:
         self._ctx: ActorContext | None = ctx
         self.step = step

@@ -68,7 +68,7 @@ class _Sender:
     bytes) and sent in order by `run`. Past its bound the buffer is dropped and the connection
     closed (`SLOW_CONSUMER`): a send stuck on a client that reads nothing is cancelled, and
     the close frame gets `_CLOSE_GRACE_S` to go out before the socket is given up. A frame
-    this connection's encoding cannot carry (JSON has no datetime) closes this connection
+    this connection's encoding cannot carry (JSON has no set) closes this connection
     alone (`UNSENDABLE`), never the broadcast that sent it."""
 
     def __init__(self, websocket: WebSocket, media_type: str, limits: ConnectionLimits) -> None:
