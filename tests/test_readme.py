@@ -119,3 +119,23 @@ def test_the_readme_runs_top_to_bottom_in_a_fresh_directory(tmp_path: Path) -> N
     assert '{"result":5}' in out[0], "the first curl"
     assert any("completed" in o and "'approved': True" in o for o in out), "the workflow ran"
     assert any("hi, ada" in o for o in out), "the client reached the chat server"
+
+
+def test_the_check_backend_factory_to_start_from_passes(tmp_path: Path) -> None:
+    """The factory the check-backend section shows, saved as the `mykv.py` it names, and checked
+    as it says."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Writing a KV backend") :]
+    factory = next(code for lang, code in BLOCK.findall(section) if lang == "python")
+    assert len(factory.strip().splitlines()) <= 5, factory
+    (tmp_path / "mykv.py").write_text(factory)
+    done = subprocess.run(
+        [sys.executable, "-m", "pagekv", "check-backend", "mykv:make_store", "--seconds", "3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("ok: mykv:make_store conforms"), done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == ["mykv.py"]

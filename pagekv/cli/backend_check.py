@@ -2,9 +2,9 @@
 
 Exit status: 0 when the backend conforms, 1 when it violates the contract (each violation is
 printed and written to a replay file), 2 for a usage error (a factory that cannot be imported,
-or fails its first call, bad options, an --out that cannot be written, a replay file that is
-malformed or was made with another factory), 3 when nothing could be checked (every part run
-was not checked: no verdict either way), 130 when interrupted.
+fails its first call or opens one store at every call, bad options, an --out that cannot be
+written, a replay file that is malformed or was made with another factory), 3 when nothing could
+be checked (every part run was not checked: no verdict either way), 130 when interrupted.
 
 The process ends once the verdict is printed, even if the backend left a thread running that
 would keep it alive.
@@ -17,7 +17,10 @@ import json
 import os
 import random
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -104,17 +107,33 @@ def _check(args: argparse.Namespace) -> int:
     out = args.out or Path(f"pagekv-check-{seed}.json")
     _writable(out)
     factory = _factory(args.factory)
-    print(f"pagekv check-backend: {args.factory}, seed {seed}, {args.seconds:g} s", flush=True)
-    result = check_backend(
-        factory,
-        seconds=args.seconds,
-        seed=seed,
-        name=args.factory,
-        parts=parts,
-        progress=_print_part,
-        call_timeout=args.call_timeout,
-    )
+    header = f"pagekv check-backend: {args.factory}, seed {seed}, {args.seconds:g} s"
+    with _elsewhere():
+        result = check_backend(
+            factory,
+            seconds=args.seconds,
+            seed=seed,
+            name=args.factory,
+            parts=parts,
+            progress=_print_part,
+            call_timeout=args.call_timeout,
+            started=lambda: print(header, flush=True),
+        )
     return _conclude(result, out)
+
+
+@contextmanager
+def _elsewhere() -> Iterator[None]:
+    """Run the factory in a scratch directory, removed after: one that opens a store at a
+    relative place of its own (`open_kv()`'s `./.pagekv`) is refused (`Subject`), and writes
+    nothing where the command runs, which may hold the user's own store."""
+    home = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="pagekv-check-cwd-") as scratch:
+        os.chdir(scratch)
+        try:
+            yield
+        finally:
+            os.chdir(home)
 
 
 def _factory(spec: str) -> Any:
@@ -224,6 +243,11 @@ def _replay(name: str, factory: Any, path: Path, call_timeout: float) -> int:
             f"{path} was made with factory {made_with}, not {name}: a replay against another "
             "backend proves nothing"
         )
+    with _elsewhere():
+        return _replay_in(made_with, factory, entries, call_timeout)
+
+
+def _replay_in(name: str, factory: Any, entries: list[dict[str, Any]], call_timeout: float) -> int:
     subject = Subject(factory, name, call_timeout=call_timeout)
     reproduced = 0
     try:

@@ -120,6 +120,7 @@ def check_backend(
     parts: Sequence[str] = PARTS,
     progress: Callable[[PartResult], None] | None = None,
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    started: Callable[[], None] | None = None,
 ) -> CheckResult:
     """Check a backend factory against the contract (see `subject.py` for the factory contract).
 
@@ -129,7 +130,8 @@ def check_backend(
     near the end may overrun by that. `call_timeout` is how long one backend call may take
     before it is reported as one that does not return. `seed` (default random) makes a run
     repeatable as far as threads allow; `progress` is called with each part's result as it
-    finishes.
+    finishes, and `started` once the factory was accepted (the command line prints its header
+    there, so that a factory refused with `UsageError` gets one line).
     """
     if not parts:
         raise ValueError(f"no parts to run; the parts are {', '.join(PARTS)}")
@@ -142,10 +144,17 @@ def check_backend(
     subject = Subject(factory, name, call_timeout=call_timeout)
     results: list[PartResult] = []
     try:
+        if started is not None:
+            started()
         for part in PARTS:
             if part not in parts:
                 continue
-            if subject.hung is not None:
+            if subject.hung is not None and not results:  # in the factory's first calls
+                summary = "a call did not return"
+                result = PartResult(
+                    part, Status.FAILED, summary, 0.0, [subject.hung.violation(part, seed)], [], 0.0
+                )
+            elif subject.hung is not None:
                 why = f"not run: {subject.hung} (its thread is still inside the backend)"
                 result = PartResult(part, Status.NOT_CHECKED, why)
             elif part == "contract":

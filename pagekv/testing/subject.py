@@ -13,7 +13,9 @@ It is called with the keyword arguments it declares, of these two:
 What it declares is read from its signature; a compiled class (mypyc marks every parameter
 positional-only, though it takes them by keyword) is taken at its word, and a factory whose
 signature says nothing is tried with both, one and neither at its first call. Any failure of
-that first call is a usage error; a later call failing is the backend's failure.
+that first call is a usage error; a later call failing is the backend's failure. So is a factory
+whose calls share one store (a key put through the first call's object is in the second's):
+every clause would see the others' keys.
 
 Every call of the backend's (the factory, a store's methods, a namespace's) runs through
 `Subject.call`, on a thread of its own, so that one that does not return within the call
@@ -47,6 +49,7 @@ NAMESPACE: Final = "pagekv-check"
 DEFAULT_CALL_TIMEOUT: Final = 60.0
 """Seconds a backend call may take before it is reported as one that does not return."""
 _KEYWORDS: Final = ("limits", "location")
+_MARK: Final = b"pagekv-check: is this store fresh?"
 
 RETURNS: Final = "every call returns"
 RETURNS_REQUIRES: Final = (
@@ -333,16 +336,63 @@ class Subject:
             break
         kind = is_store(obj) and not is_namespace(obj)
         if kind or is_namespace(obj):
+            first = _Guarded(self, obj, "store" if kind else "kv")
+            marked = self._mark(first, kind)
             try:
-                self._close(_Guarded(self, obj, "store" if kind else "kv"))
+                self._close(first)
             except (Exception, CallTimeout) as e:
                 raise UsageError(f"factory {self.name}'s first object: close() {show(e)}") from e
+            self.returns_store = kind
+            if marked:
+                self._refuse_shared()
             return kind
         missing = [n for n in ACTOR_KV_METHODS if not hasattr(obj, n)]
         raise UsageError(
             f"factory {self.name} returned {type(obj).__name__} {obj!r:.40}, neither a namespace "
             f"(it lacks {', '.join(missing)}) nor a store (namespace(name) and close())"
         )
+
+    def _open(self, obj: Any, store: bool) -> Any:
+        return obj.namespace(NAMESPACE) if store else obj
+
+    def _mark(self, first: Any, store: bool) -> bool:
+        """Put `_MARK` through the factory's first object, for `_refuse_shared` to look for in
+        the next one's. False when the put failed: the contract part then reports that."""
+        try:
+            self._open(first, store).put([(_MARK, _MARK)])
+        except (Exception, CallTimeout):
+            return False
+        return True
+
+    def _refuse_shared(self) -> None:
+        """Refuse a factory whose calls share one store (`pagekv.kv:open_kv`, whose default is
+        `./.pagekv`): every clause would see the others' keys, and the check would fill that
+        store with its own. A usage error, before any part writes anything more. A second call
+        or a `get` that fails says nothing of sharing: the parts make the same calls, and report
+        their failures with the calls that led to them."""
+        store = self.returns_store
+        try:
+            second = self._call(None, None)
+            guarded = (
+                _GuardedStore(self, second, "store") if store else _Guarded(self, second, "kv")
+            )
+            try:
+                kv = self._open(guarded, store)
+                shared = kv.get([_MARK]) == [_MARK]
+                if shared:
+                    kv.delete([_MARK])
+            finally:
+                with suppress(Exception, CallTimeout):
+                    self._close(guarded)
+        except (Exception, CallTimeout):
+            return
+        if shared:
+            raise UsageError(
+                f"factory {self.name} opens a persistent store at a fixed place: a key put "
+                "through one call's store is in the next one's, where each call must return a "
+                "fresh, empty store; take `location` and open the store in that directory, e.g. "
+                'open_kv(f"file://{location}")'
+            )
 
     @property
     def reopens(self) -> bool:

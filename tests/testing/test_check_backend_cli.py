@@ -62,7 +62,7 @@ FACTORIES = textwrap.dedent(
 
     class Spied(Wrapped):
         def evil(self):
-            Path("evil-called").touch()
+            Path(__file__).with_name("evil-called").touch()  # the check runs elsewhere
 
     class Truncating:
         '''Keeps at most 64 KiB of a value, below the 128 KiB it advertises.'''
@@ -83,6 +83,14 @@ FACTORIES = textwrap.dedent(
 
     def number():
         return 3
+
+    SHARED = MemoryStore()
+
+    def shared_namespace(limits=None):
+        return SHARED.namespace("x")
+
+    def fixed_place(limits=None):
+        return open_kv(Path(__file__).with_name("fixed-store").as_uri(), limits=limits)
 
     def needs_an_argument(size):
         return MemoryStore().namespace("x")
@@ -311,3 +319,33 @@ def test_a_replay_file_cannot_call_other_methods_of_the_backend(project: Path) -
     assert done.returncode == 2, done.stdout + done.stderr
     assert "'evil' is not an ActorKv method" in done.stderr
     assert not (project / "evil-called").exists()
+
+
+REFUSED = (
+    "opens a persistent store at a fixed place: a key put through one call's store is in the "
+    "next one's, where each call must return a fresh, empty store; take `location` and open "
+    'the store in that directory, e.g. open_kv(f"file://{location}")\n'
+)
+
+
+@pytest.mark.parametrize("spec", ["pagekv.kv:open_kv", "mykv:fixed_place", "mykv:shared_namespace"])
+def test_a_factory_whose_calls_share_one_store_is_refused_in_one_line(
+    project: Path, spec: str
+) -> None:
+    """`open_kv` opens `./.pagekv` at every call: each clause would see the others' keys (28
+    "violations" of pagekv's own store) and the check would fill it. It is refused before any
+    part runs, and writes nothing where the command runs, nor leaves a key in a fixed store."""
+    before = {p.name for p in project.iterdir()}
+    done = _check(spec, cwd=project)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (done.stdout, done.stderr) == ("", f"pagekv check-backend: factory {spec} {REFUSED}")
+    after = {p.name for p in project.iterdir()} - {"__pycache__"}
+    assert after == before | ({"fixed-store"} if spec == "mykv:fixed_place" else set())
+    if spec == "mykv:fixed_place":
+        from pagekv.kv import open_kv
+
+        store = open_kv((project / "fixed-store").as_uri(), create=False)
+        try:
+            assert store.namespace("pagekv-check").list() == []
+        finally:
+            store.close()
