@@ -58,15 +58,21 @@ class Flaky(KvWrapper):
         self.rng = rng
 
     def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self.mode == "unavailable" and self.rng.randrange(UNAVAILABLE) == 0:
+        if self.mode == "unavailable" and self._fails(UNAVAILABLE):
             self.raised[self.mode] += 1
             raise KvUnavailable(f"flaky: {op} was not sent")
         result = fn(*args, **kwargs)
         lost = self.mode == "indeterminate" and op in WRITE_OPS
-        if lost and self.rng.randrange(INDETERMINATE) == 0:
+        if lost and self._fails(INDETERMINATE):
             self.raised[self.mode] += 1
             raise KvIndeterminate(f"flaky: {op} was applied, its answer lost")
         return result
+
+    def _fails(self, one_in: int) -> bool:
+        """1 call in `one_in` at random, and always the first this process makes in the mode:
+        a part that runs few calls in its time (a loaded machine) still meets the fault its test
+        asserts it handled."""
+        return self.rng.randrange(one_in) == 0 or not self.raised[self.mode]
 
 
 def flaky_store(mode: str) -> Callable[..., _Store]:
