@@ -241,7 +241,7 @@ class DictKv(KvNamespace):
             self.used = 0
 
 
-_WINDOW_S = 0.0002
+_WINDOW_S = 0.001
 """How long the racy backends below hold their race window open: a bare `sleep(0)` only offers
 the GIL, and on a loaded machine the other thread may not take it for a whole round, so the
 race (and its replay) would be met by chance alone."""
@@ -380,22 +380,25 @@ def test_conforming_backends_pass(factory: Any) -> None:
 @pytest.mark.parametrize(
     ("factory", "clause", "method"),
     [
-        (FenceByRead, FENCE_ATOMIC, ("put(", "write(", "delete(")),
-        (TakeoverByRead, TAKEOVERS, ("takeover()",)),
-        (TornToReaders, BATCH_ATOMIC, ("put(", "write(")),
-        (HandleCachedStore, FENCE_REFUSED, ("put(", "write(", "delete(")),
+        (FenceByRead, (FENCE_ATOMIC,), ("put(", "write(", "delete(")),
+        (TakeoverByRead, (TAKEOVERS,), ("takeover()",)),
+        (TornToReaders, (BATCH_ATOMIC,), ("put(", "write(")),
+        (HandleCachedStore, (FENCE_REFUSED, FENCE_ATOMIC), ("put(", "write(", "delete(")),
     ],
     ids=["fence-by-read", "takeover-by-read", "batch-torn-to-readers", "fence-cached-per-handle"],
 )
 def test_racy_backends_are_caught_by_the_clause_they_break(
-    factory: Any, clause: str, method: tuple[str, ...]
+    factory: Any, clause: tuple[str, ...], method: tuple[str, ...]
 ) -> None:
+    """A handle that checks fences against its own cached generation lets a stale write through
+    either after the takeover completed (refused) or while it ran, ordered after it by another
+    call (atomic): which of the two a run shows first depends on the machine's timing."""
     subject = Subject(factory)
     try:
         result = run_concurrent(subject, seconds=4.0, seed=1)
         violation = result.violation
         assert result.status is Status.FAILED and violation is not None, result.summary
-        assert violation.clause == clause, violation
+        assert violation.clause in clause, violation
         assert violation.part == "concurrent"
         assert violation.seed == 1
         assert any(m in violation.call for m in method), violation
