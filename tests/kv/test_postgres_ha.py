@@ -135,7 +135,7 @@ def test_no_reachable_host_is_unavailable_naming_every_host() -> None:
             ports.append(s.getsockname()[1])  # nothing listens there once closed
     url = f"postgresql://postgres:s3cret@127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/postgres"
     with pytest.raises(KvUnavailable, match="refused") as info:
-        open_kv(url + "?pool_timeout=10")
+        open_kv(url + "?pool_timeout=2")
     message = str(info.value)
     assert f"postgresql://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/postgres" in message
     assert all(f"port: '{port}'" in message for port in ports), message
