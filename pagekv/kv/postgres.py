@@ -114,7 +114,7 @@ _MIGRATIONS: list[str] = [
     -- MAIN: compress a value if that helps, but keep it in the row rather than in the TOAST
     -- table unless it cannot fit a heap page. A 4 KiB page then costs one heap tuple instead of
     -- three TOAST chunks and their index entries: measured on a 128-key get, 1.2-1.4 ms vs
-    -- 1.9-5.6 ms, and ~10% less server time per 128 x 4 KiB write (benchmarks/HISTORY.md, PostgreSQL).
+    -- 1.9-5.6 ms, and ~10% less server time per 128 x 4 KiB write (benchmarks/RESULTS.md).
     ALTER TABLE {s}.entries ALTER COLUMN value SET STORAGE MAIN;
 
     -- The id of a namespace, created on first use. The loop covers a concurrent creator:
