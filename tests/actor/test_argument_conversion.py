@@ -23,7 +23,7 @@ from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
 
-UTC = datetime.timezone.utc
+UTC = datetime.UTC
 
 
 @dataclass

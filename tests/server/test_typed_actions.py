@@ -20,7 +20,7 @@ from pagekv.actor import ActorContext, actor
 
 pytestmark = pytest.mark.anyio
 
-UTC = datetime.timezone.utc
+UTC = datetime.UTC
 AT = datetime.datetime(2026, 12, 6, 23, 0, 5, tzinfo=UTC)
 
 
