@@ -88,6 +88,11 @@ async def count(ctx: ActorContext, a: int, b: int, ratio: float = 0.0, tags: lis
 
 
 @shop.action
+async def tag(ctx: ActorContext, tags: set[str]) -> None:
+    pass
+
+
+@shop.action
 async def remember(ctx: ActorContext, item: Item) -> None:
     ctx.state["seen"].append(repr(item))
 
@@ -191,6 +196,14 @@ def test_a_list_of_dataclasses_is_converted_item_by_item() -> None:
         refusal("basket", [], {"x": {"sku": "x"}, "y": {"sku": "y", "amount": "x"}})
     )
     assert "got a dict with the key int 3" in refusal("basket", [], {3: {"sku": "z"}})
+    assert converted("tag", ["a", "b"]) == (({"a", "b"},), {})
+    assert refusal("tag", ["a", 2]).endswith(
+        "argument 'tags' must be set[str], but tags[1] is int 2"
+    )
+    # a set's items have no place to show: msgspec's own words say where and what
+    assert refusal("tag", {2}).endswith(
+        "argument 'tags' must be set[str], but at tags[0]: Expected `str`, got `int`"
+    )
     huge = [{"sku": "s3cret" * 10_000}] * 10_000 + [{"sku": 1}]
     assert "but items[10000]['sku'] is int 1" in refusal("basket", huge)
 
