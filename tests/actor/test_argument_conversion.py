@@ -98,8 +98,10 @@ async def remember(ctx: ActorContext, item: Item) -> None:
 
 
 @shop.action
-async def later(ctx: ActorContext, raw: dict[str, Any]) -> None:
-    await ctx.schedule.after(0.01, "remember", raw)
+async def later(ctx: ActorContext, raw: dict[str, Any], as_item: bool = False) -> None:
+    """Schedules `remember` with the raw object, or with the `Item` made of it: either is stored
+    as the object and converted again when it is due."""
+    await ctx.schedule.after(0.01, "remember", Item(**raw) if as_item else raw)
 
 
 @shop.action
@@ -233,5 +235,10 @@ async def test_every_in_process_caller_gets_the_converted_values() -> None:
             while not await handle.seen():
                 await anyio.sleep(0.01)
         assert await handle.seen() == [repr(Item("due", 9))]
+        await handle.later({"sku": "kept", "amount": 3}, as_item=True)
+        with anyio.fail_after(10):
+            while len(await handle.seen()) < 2:
+                await anyio.sleep(0.01)
+        assert (await handle.seen())[1] == repr(Item("kept", 3))
         with pytest.raises(InvalidArguments, match=r"'color' must be Color, got str 'green'"):
             await handle.paint("green")
