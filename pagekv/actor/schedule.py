@@ -30,6 +30,7 @@ from pagekv.actor.tables.sql import (
     schedule_put,
     schedules,
 )
+from pagekv.actor.typed_values import cbor_dumps
 
 MAX_SCHEDULES = 1000
 WORKFLOW_WAKE = "_pagekv.workflow"
@@ -79,7 +80,7 @@ class Schedule:
     ) -> str:
         instance = self._instance
         instance.definition.resolve(action, args, {})  # refused now, not when it is due
-        encoded = cbor2.dumps(list(args))
+        encoded = cbor_dumps(list(args))
 
         def add(c: apsw.Connection) -> None:
             with c:
