@@ -154,7 +154,8 @@ def _snapshot(kv: ActorKv, max_bytes: int | None, temp_bytes: int | None) -> Ite
 SNAPSHOT_ATTEMPTS: Final = 5
 """Snapshots `read_snapshot` opens before it gives up on a writer that keeps rewriting pages.
 A database of up to 4 MiB is read whole at the open and never needs a second one; a bigger one
-can be overtaken by in-place commits while a query reads it (`benchmarks/RESULTS.md`)."""
+can be overtaken by in-place commits while a query reads it (`benchmarks/HISTORY.md`, "In-place
+commits")."""
 
 
 def read_snapshot(

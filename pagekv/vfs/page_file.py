@@ -36,7 +36,7 @@ DEVICE_CHARACTERISTICS: Final = apsw.SQLITE_IOCAP_POWERSAFE_OVERWRITE
 """True of a KV-backed file (a crash never damages bytes outside a write: a commit lands whole or
 not at all), and it makes SQLite treat the sector as 512 bytes instead of `xSectorSize`'s 4 KiB:
 without it, every transaction's in-memory journal header is zeroed and copied at 4 KiB, about 7k of
-a one-row commit's 77k instructions (benchmarks/RESULTS.md)."""
+a one-row commit's 77k instructions (benchmarks/HISTORY.md, "SQLite's journal header")."""
 
 
 def _sqlite_error(store: PageStore, e: Exception) -> Exception:

@@ -335,8 +335,9 @@ class LogFile:
         system allows it with `O_DIRECT | O_DSYNC`, one system call that bypasses the page cache
         and returns once the device has them; otherwise with `pwrite` and `fdatasync`. The
         direct write measured about 30 % faster than `pwrite` + `fdatasync` on ext4
-        (RESULTS.md). Either way the record is built in one reused page-aligned buffer, as
-        `O_DIRECT` requires, and its CRC taken there in one pass.
+        (`benchmarks/HISTORY.md`, "The current `file://` engine"). Either way the record is
+        built in one reused page-aligned buffer, as `O_DIRECT` requires, and its CRC taken there
+        in one pass.
         """
         end = _RECORD.size + len(body)
         size = _aligned(end)

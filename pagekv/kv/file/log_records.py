@@ -2,7 +2,8 @@
 namespace creation says.
 
 Hand-packed with `struct` rather than CBOR: encoding is on every durable write, and with
-`cbor2.dumps` a one-entry write took 4 µs more (measured; `benchmarks/RESULTS.md`).
+`cbor2.dumps` a one-entry write took 4 µs more (`benchmarks/HISTORY.md`, "The current `file://`
+engine").
 Writers encode straight from their arguments; only replays decode into `Record`s.
 Integers are little-endian; `ns` is the namespace's row id in the base.
 
