@@ -10,7 +10,7 @@ done, reported as writes per second over all of them. Run it with two builds to 
 
 `BASE` is the scratch directory (default `./.bench-contention`, on the disk under test). Each
 extra argument after the sample count is the root of another checkout to run the children from.
-Results: `benchmarks/RESULTS.md`.
+Results: `benchmarks/HISTORY.md` (its figures were of an earlier engine).
 """
 
 from __future__ import annotations
