@@ -3,6 +3,7 @@ traceback; and the HTTP client says which server it could not reach."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.cli import fuzzing as cli
+from pagekv.cli.progress import StatusLine
 from pagekv.client import HttpClient, ServerUnreachable
 from pagekv.fuzz.execution import Coverage
 
@@ -84,17 +86,30 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_fuzz_progress_off_a_terminal_is_a_line_every_few_seconds(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Off a terminal it printed nothing until the end; on one, a line rewritten in place."""
+    """Off a terminal it printed nothing until the end; on one, a line rewritten in place and
+    kept when the run ends."""
     clock = [0.0]
-    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
-    progress = cli._Progress(terminal=False)
+    line = StatusLine(clock=lambda: clock[0])
+    progress = cli._Progress(line)
     for second in range(1, 31):  # a call per second for 30 s
         clock[0] = float(second)
         progress(Coverage())
+    line.end()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 6 and all(line.startswith("pagekv fuzz: runs ") for line in lines), lines
-    cli._Progress(terminal=True)(Coverage())
-    assert capsys.readouterr().err.startswith("\r  runs ")
+    terminal = _Tty()
+    line = StatusLine(terminal)
+    cli._Progress(line)(Coverage(runs=1))
+    cli._Progress(line)(Coverage(runs=2))
+    line.end()
+    drawn = terminal.getvalue()
+    assert drawn.count("  runs ") == 3 and "  runs 2, " in drawn  # the last drawn again at the end
+    assert drawn.split("\r\x1b[2K")[-1].startswith("  runs 2, ") and "\n" in drawn  # kept
