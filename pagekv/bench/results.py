@@ -22,8 +22,6 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 import apsw
-from rich.console import Console
-from rich.table import Table
 
 from pagekv import __version__, build_description
 from pagekv.bench.sampling import MEMORY_METHOD, SystemResult, WorkloadResult
@@ -273,7 +271,11 @@ def _grid(rows: Sequence[Row], hidden: Collection[str]) -> tuple[int, list[str]]
     """The first column's width and the table's lines (header first; skipped rows excluded),
     laid out by rich at their natural width: no cell wraps (`hidden_columns` leaves columns out
     to fit instead), the system left-aligned, the figures right-aligned, two spaces before each
-    column."""
+    column. rich is imported here, not with the module: `pagekv bench --help` need not pay
+    its ~20 ms."""
+    from rich.console import Console
+    from rich.table import Table
+
     keep = [i for i, h in enumerate(_HEADERS) if h not in hidden]
     full = [r for r in rows if len(r) == len(_HEADERS)]
     table = Table(box=None, padding=(0, 0, 0, 2), pad_edge=True, header_style="")
