@@ -9,8 +9,8 @@ from pathlib import Path
 
 def test_a_command_imports_only_its_own_modules() -> None:
     """`pagekv demo` and `pagekv --help` run without importing the server, bench or fuzz modules
-    (together ~0.3 s of start-up), nor rich; the help still lists every command with its summary, and
-    `pagekv bench --help` builds bench's whole parser."""
+    (together ~0.3 s of start-up), nor rich; the help still lists every command with its
+    summary, and `pagekv bench --help` builds bench's whole parser."""
     script = (
         "import sys\n"
         "from pagekv.cli import build_parser, main\n"
