@@ -4,6 +4,7 @@ traceback; and the HTTP client says which server it could not reach."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,10 @@ import pytest
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.cli import fuzzing as cli
 from pagekv.cli.progress import StatusLine
+from pagekv.cli.transfers import _copy_progress
 from pagekv.client import HttpClient, ServerUnreachable
 from pagekv.fuzz.execution import Coverage
+from pagekv.transfer.store_copy import CopyProgress
 
 
 def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -113,3 +116,31 @@ def test_fuzz_progress_off_a_terminal_is_a_line_every_few_seconds(
     drawn = terminal.getvalue()
     assert drawn.count("  runs ") == 3 and "  runs 2, " in drawn  # the last drawn again at the end
     assert drawn.split("\r\x1b[2K")[-1].startswith("  runs 2, ") and "\n" in drawn  # kept
+
+
+def test_copy_progress_keeps_each_phases_last_line() -> None:
+    """On a terminal each phase's last line stays (the next phase draws below it); off one, a
+    line every few seconds and each phase's last, plain."""
+    reports = [
+        CopyProgress(phase, done, 2, 0, 2**20 * done, float(done))
+        for phase in ("copy", "verify")
+        for done in (1, 2)
+    ]
+    terminal = _Tty()
+    report = _copy_progress(StatusLine(terminal))
+    for p in reports:
+        report(p)
+    kept = [
+        re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", s).split("\r")[-1]
+        for s in terminal.getvalue().split("\n")
+    ]
+    assert kept[0].startswith("pagekv copy: copy 2/2 namespaces, 2.0 MiB")
+    assert kept[1].startswith("pagekv copy: verify 2/2 namespaces, 2 s")
+    log = io.StringIO()
+    report = _copy_progress(StatusLine(log, clock=lambda: 0.0))
+    for p in reports:
+        report(p)
+    assert log.getvalue().splitlines() == [
+        "pagekv copy: copy 2/2 namespaces, 2.0 MiB (1.0 MiB/s), 2 s",
+        "pagekv copy: verify 2/2 namespaces, 2 s",
+    ]

@@ -192,13 +192,14 @@ def _copy(args: argparse.Namespace) -> int:
     except _FAILURES as e:
         source.close()
         return _fail("copy", e)
+    line = StatusLine(enabled=not args.no_progress)
     try:
         result = copy_store(
             source,
             destination,
             allow_live=args.allow_live,
             threads=args.threads,
-            progress=_copy_progress(StatusLine(enabled=not args.no_progress)),
+            progress=_copy_progress(line),
         )
     except _FAILURES as e:
         return _fail("copy", e)
@@ -206,6 +207,7 @@ def _copy(args: argparse.Namespace) -> int:
         print("pagekv copy: interrupted; run it again to go on", file=sys.stderr)
         return 130
     finally:
+        line.end()  # a copy stopped midway: the cursor rich hid is shown again
         destination.close()
         source.close()
     if args.json:
