@@ -7,7 +7,9 @@ answers render `bytes` as `{"$bytes": "<base64>"}` and a float JSON has no numbe
 `{"$float": "NaN"}` (or `"Infinity"`, `"-Infinity"`), and refuse anything else JSON cannot hold.
 Dates and times are ISO 8601 text in JSON; in CBOR a date and a datetime with a time zone are
 tagged (RFC 8943's tag 1004, RFC 8949's tag 0: cbor2 decodes them as `date` and `datetime`), and
-a naive datetime and a `time`, which no CBOR tag holds, are the same text as in JSON.
+a naive datetime and a `time`, which no CBOR tag holds, are the same text as in JSON. A
+dataclass, a plain enum or a msgspec `Struct` is an object of its fields, or the enum's value, in
+both: what an action annotated with it is given back (`pagekv.actor.typed_values`).
 An error answer is always `{"error": {"code": ..., "message": ...}}` (plus `limit` when a limit
 was hit), with a stable `code` from `ErrorCode`.
 """
@@ -24,6 +26,8 @@ import re
 from typing import Any
 
 import cbor2
+
+from pagekv.actor.typed_values import as_builtins, cbor_dumps, is_structured
 
 JSON = "application/json"
 CBOR = "application/cbor"
@@ -95,6 +99,8 @@ def _json_default(value: Any) -> Any:
         return {"$bytes": base64.b64encode(bytes(value)).decode()}
     if isinstance(value, datetime.date | datetime.time):  # a datetime is a date
         return value.isoformat()
+    if is_structured(value):
+        return as_builtins(value)
     try:
         encode(value, CBOR)
     except (TypeError, ValueError, RecursionError, cbor2.CBOREncodeError):  # no hint that fails
@@ -118,10 +124,7 @@ def _finite_float(text: str) -> float:
 def encode(value: Any, media_type: str) -> bytes:
     """Raises TypeError (or `cbor2.CBOREncodeError`) for a value the media type cannot hold."""
     if media_type == CBOR:
-        try:
-            return cbor2.dumps(value)
-        except cbor2.CBOREncodeError:  # a naive datetime or a time somewhere, perhaps: as text
-            return cbor2.dumps(_untagged_times_as_text(value))
+        return cbor_dumps(value)
     try:
         return _dumps(value)
     except ValueError:  # a NaN or an infinity somewhere: tag them (a rare, slower pass)
@@ -141,23 +144,6 @@ def _tag_floats(value: Any) -> Any:
         return {k: _tag_floats(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_tag_floats(v) for v in value]
-    return value
-
-
-def _untagged_times_as_text(value: Any) -> Any:
-    """`value` with every naive datetime and `time` as its ISO 8601 text, as JSON has them: no
-    CBOR tag holds them (tag 0 needs a time zone), and assuming one (UTC, the local zone) would
-    send a time that was not meant."""
-    if isinstance(value, datetime.datetime) and value.tzinfo is None:
-        return value.isoformat()
-    if isinstance(value, datetime.time):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {k: _untagged_times_as_text(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_untagged_times_as_text(v) for v in value]
-    if isinstance(value, set | frozenset):
-        return type(value)(_untagged_times_as_text(v) for v in value)
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import re
@@ -12,6 +13,8 @@ import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union
+
+import msgspec
 
 from pagekv.actor.errors import ActionNotFound, InvalidArguments, InvalidDefinition
 
@@ -72,11 +75,16 @@ class ActorDefinition:
     def initial_state(self) -> Any:
         return self.state() if callable(self.state) else copy.deepcopy(self.state)
 
-    def resolve(self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hook:
-        """The action to call with `args` and `kwargs` (after `ctx`): `ActionNotFound` if there
-        is none, `InvalidArguments` if they do not bind to its signature or a value does not
-        fit its parameter's annotation (see `action`). Callers check this before they wake
-        or create the actor, so a call that cannot run changes nothing."""
+    def resolve(
+        self, action: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Hook, tuple[Any, ...], dict[str, Any]]:
+        """The action to call and the arguments to call it with (after `ctx`): `args` and
+        `kwargs` converted into the annotations of its parameters (see `action`).
+        `ActionNotFound` if there is none, `InvalidArguments` if they do not bind to its
+        signature or a value does not fit its parameter's annotation. Every caller (HTTP, a
+        connection, the in-process client, a schedule) comes through here before it wakes or
+        creates the actor, so a call that cannot run changes nothing, and an action gets the
+        same values however it was called."""
         fn = self.actions.get(action)
         if fn is None:
             raise ActionNotFound(f"actor {self.name!r} has no action {action!r}")
@@ -92,33 +100,44 @@ class ActorDefinition:
             raise InvalidArguments(
                 f"action {action!r} of actor {self.name!r} takes {shown}: {e}"
             ) from None
-        checks = _argument_checks(fn)
-        if checks:
-            for name, value in bound.arguments.items():
-                check = checks.get(name)
-                if check is not None:
-                    problem = check.problem(name, value)
-                    if problem is not None:
-                        raise InvalidArguments(
-                            f"action {action!r} of actor {self.name!r}: {problem}"
-                        )
-        return fn
+        conversions = _conversions(fn)
+        if not conversions:
+            return fn, args, kwargs
+        arguments, converted = bound.arguments, False
+        for name, value in arguments.items():
+            conversion = conversions.get(name)
+            if conversion is None:
+                continue
+            try:
+                new = conversion.convert(name, value)
+            except _Refused as e:
+                raise InvalidArguments(f"action {action!r} of actor {self.name!r}: {e}") from None
+            if new is not value:
+                arguments[name], converted = new, True
+        if not converted:  # every value was already of its type (ints, strings): as given
+            return fn, args, kwargs
+        return fn, bound.args[1:], bound.kwargs
 
     def action(self, fn: F) -> F:
         """Register `async def name(ctx, *args)` as an action callable by clients.
 
-        The annotations of its parameters after `ctx` are checked on every call, before the
-        actor is woken: a value that does not fit is an `InvalidArguments` (a 400 over HTTP).
-        Checked are `int` (not a `bool`), `float` (an `int` too), `str`, `bool`, `bytes`,
-        `None`, `list` and `dict` (plain or parameterised: `list[int]`, `dict[str, int]`),
-        `Literal[...]`, and unions of these (`int | None`, `Optional[str]`); `*args: T` and
-        `**kwargs: T` check each value. `Any`, an unannotated parameter, and any other
-        annotation (a dataclass, a `TypedDict`, a name that cannot be resolved when the
-        action is defined) are not checked."""
+        The arguments of its annotated parameters after `ctx` are converted into their
+        annotations by `msgspec.convert` on every call, before the actor is woken: a value that
+        does not fit is an `InvalidArguments` (a 400 over HTTP), naming the action, the
+        argument, the type and (shortly) the value. The conversion is strict: a `str` is no
+        `int`, a `bool` no `int`, a `str` no `bytes`; an `int` is a `float` (made one). What
+        JSON and CBOR cannot carry is converted from what they do: a dataclass (or a msgspec
+        `Struct`) from an object, a `TypedDict` checked field by field, an enum from its value,
+        a `datetime`, `date` or `time` from ISO 8601 text (or as CBOR gives it), a `tuple` or
+        `set` from an array; `list[...]`, `dict[...]`, `Literal[...]`, `Optional` and unions
+        of these take their parts apart, and `*args: T` and `**kwargs: T` convert each value.
+        Not converted: `Any`, `object`, an unannotated parameter, a name that cannot be resolved
+        when the action is defined, and what msgspec cannot convert into (a union of two
+        dataclasses, a dataclass naming an undefined type)."""
         if fn.__name__ in self.actions:
             raise ValueError(f"actor {self.name!r} already has an action {fn.__name__!r}")
         _check_declared(fn, f"action {fn.__name__!r} of actor {self.name!r}", None)
-        _argument_checks(fn)  # the annotations are read once, now
+        _conversions(fn)  # the annotations are read once, now
         self.actions[fn.__name__] = fn
         return fn
 
@@ -249,56 +268,60 @@ def _signature(fn: Hook) -> inspect.Signature:
     return inspect.signature(fn)
 
 
-Mismatch = tuple[str, str]
-"""Where in a value it does not fit its annotation (`""` for the value itself, else a path
-like `[2]['a']`), and what was found there."""
-Check = Callable[[Any], Mismatch | None]
+_NATIVE = (bytes, bytearray, memoryview)
+"""Types `msgspec.convert` takes as they are (it passes them to `builtin_types`): without it, a
+`str` given for `bytes` would be decoded as base64, and a JSON caller's text would become bytes."""
 
 
 @dataclass(frozen=True)
-class _ArgumentCheck:
+class _Conversion:
+    """How the values of one annotated parameter become its annotation's type."""
+
+    annotation: Any
     expected: str
     """The annotation as shown in an error (`list[int]`, `int | None`)."""
-    check: Check
     kind: inspect._ParameterKind
 
-    def problem(self, name: str, value: Any) -> str | None:
-        """What is wrong with the bound `value` of parameter `name`, or None if it fits."""
+    def convert(self, name: str, value: Any) -> Any:
+        """The bound `value` of parameter `name` converted (each value of `*args` or
+        `**kwargs`); `_Refused` saying what does not fit."""
         if self.kind is inspect.Parameter.VAR_POSITIONAL:
-            items: Any = ((f"{name}[{i}]", v) for i, v in enumerate(value))
-        elif self.kind is inspect.Parameter.VAR_KEYWORD:
-            items = value.items()
-        else:
-            items = ((name, value),)
-        for shown, item in items:
-            mismatch = self.check(item)
-            if mismatch is not None:
-                path, given = mismatch
-                if not path:
-                    return f"argument {shown!r} must be {self.expected}, got {given}"
-                return f"argument {shown!r} must be {self.expected}, but {shown}{path} is {given}"
-        return None
+            return tuple(self._one(f"{name}[{i}]", v) for i, v in enumerate(value))
+        if self.kind is inspect.Parameter.VAR_KEYWORD:
+            return {key: self._one(key, v) for key, v in value.items()}
+        return self._one(name, value)
+
+    def _one(self, shown: str, value: Any) -> Any:
+        if type(value) is self.annotation:  # an int for `int`, an Item for `Item`: as msgspec
+            return value  # would give it back, without its 0.4 µs a call (most arguments)
+        try:
+            return msgspec.convert(value, self.annotation, builtin_types=_NATIVE)
+        except msgspec.ValidationError as e:
+            raise _Refused(_refusal(shown, self.expected, self.annotation, value, e)) from None
+
+
+class _Refused(Exception):
+    """A value that does not fit its parameter: the message says which, where, and what it is."""
 
 
 @functools.cache
-def _argument_checks(fn: Hook) -> dict[str, _ArgumentCheck]:
-    """The checks of an action's annotated parameters (after `ctx`), by name, made once."""
+def _conversions(fn: Hook) -> dict[str, _Conversion]:
+    """The conversions of an action's annotated parameters (after `ctx`), by name, made once."""
     params = list(_signature(fn).parameters.values())
     if not params or params[0].kind is inspect.Parameter.VAR_POSITIONAL:
         return {}  # ctx arrives in *args: nothing tells the arguments apart from it
     hints = _type_hints(fn)
-    checks: dict[str, _ArgumentCheck] = {}
+    conversions: dict[str, _Conversion] = {}
     for param in params[1:]:
-        if param.name not in hints:
+        annotation = hints.get(param.name, Any)
+        if annotation is Any or annotation is object:
             continue
-        annotation = hints[param.name]
-        try:
-            check = _compile(annotation)
-        except Exception:  # an annotation too odd to take apart: not checked
-            check = None
-        if check is not None:
-            checks[param.name] = _ArgumentCheck(_shown_type(annotation), check, param.kind)
-    return checks
+        try:  # msgspec refuses what it cannot convert into (a union of two dataclasses, say)
+            msgspec.inspect.type_info(annotation)
+        except Exception:  # or a dataclass naming a type that is not defined: not converted
+            continue
+        conversions[param.name] = _Conversion(annotation, _shown_type(annotation), param.kind)
+    return conversions
 
 
 class _Annotations:
@@ -330,104 +353,127 @@ def _type_hints(fn: Hook) -> dict[str, Any]:
     return hints
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_ERROR = re.compile(r"(?s)(?P<detail>.*?)(?: - at `(?P<key>key` in `)?\$(?P<path>[^`]*)`)?")
+"""A `msgspec.ValidationError`'s text: what is wrong, then where (`$[2].sku`, `$[...]` for the
+value of a key it does not name, `key` in `$` for a dict's key)."""
+_STEP = re.compile(r"\[(?P<index>\d+)\]|(?P<value>\[\.\.\.\])|\.(?P<field>[^.\[]+)")
+_UNKNOWN = object()
+"""The annotation of a part of a value that cannot be told from its parent's."""
 
 
-def _is_float(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _refusal(shown: str, expected: str, annotation: Any, value: Any, error: Exception) -> str:
+    """The error for `value` of argument `shown`: where in it msgspec stopped, and what it found
+    there, as a short rendering (never the whole of a large value)."""
+    parsed = _ERROR.fullmatch(str(error))
+    detail, path = (parsed["detail"], parsed["path"] or "") if parsed else (str(error), "")
+    found = _locate(annotation, value, path)
+    if found is None:
+        return f"argument {shown!r} must be {expected}, but at {shown}{path[:100]}: {detail[:100]}"
+    place, part, part_annotation = found
+    given = _given(part)
+    if parsed is not None and parsed["key"] and isinstance(part, dict):
+        keys = _part(part_annotation, "key")
+        key = next((k for k in part if not _fits(k, keys)), _UNKNOWN)
+        if key is not _UNKNOWN:
+            given = f"a dict with the key {_given(key)}"
+    # msgspec's own words only when they say more than the type and value shown already
+    said = "" if detail.startswith(("Expected `", "Invalid enum value")) else f" ({detail[:100]})"
+    if not place:
+        return f"argument {shown!r} must be {expected}, got {given}{said}"
+    return f"argument {shown!r} must be {expected}, but {shown}{place} is {given}{said}"
 
 
-_SCALARS: dict[Any, Callable[[Any], bool]] = {
-    int: _is_int,
-    float: _is_float,
-    str: lambda v: isinstance(v, str),
-    bool: lambda v: isinstance(v, bool),
-    bytes: lambda v: isinstance(v, bytes),
-    None: lambda v: v is None,
-    type(None): lambda v: v is None,
-}
+def _locate(annotation: Any, value: Any, path: str) -> tuple[str, Any, Any] | None:
+    """Follow msgspec's `path` into `value`: the place as shown (`[2]['sku']`), the part of
+    the value there and its annotation; None if the path does not lead into the value."""
+    place = ""
+    for step in _STEP.finditer(path):
+        if step["index"] is not None:
+            index = int(step["index"])
+            if not isinstance(value, list | tuple) or index >= len(value):
+                return None
+            annotation, value = _part(annotation, "item", index), value[index]
+            place += f"[{index}]"
+        else:
+            if not isinstance(value, dict):
+                return None
+            if step["value"] is not None:  # msgspec does not say which key: the first misfit
+                annotation = _part(annotation, "value")
+                key = next((k for k, v in value.items() if not _fits(v, annotation)), _UNKNOWN)
+            else:
+                key = step["field"]
+                annotation = _part(annotation, "field", key)
+            if key is _UNKNOWN or key not in value:
+                return None
+            value = value[key]
+            place += f"[{_short(key)}]"
+        if len(place) > 100:
+            return None
+    return place, value, annotation
 
 
-def _compile(annotation: Any) -> Check | None:
-    """A check of values against `annotation`, or None for one that is not checked: `Any`,
-    and anything not listed in `ActorDefinition.action`, rather than a guess."""
-    if annotation is Any or annotation is object:
-        return None
-    if annotation in _SCALARS:
-        fits = _SCALARS[annotation]
-        return lambda v: None if fits(v) else ("", _given(v))
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if annotation is list or origin is list:
-        return _list_check(_compile(args[0]) if args else None)
-    if annotation is dict or origin is dict:
-        keys, values = (_compile(args[0]), _compile(args[1])) if len(args) == 2 else (None, None)
-        return _dict_check(keys, values)
+def _fits(value: Any, annotation: Any) -> bool:
+    """Whether `value` converts into `annotation`; so is one that cannot be checked (a part
+    whose annotation is `_UNKNOWN`, or one msgspec refuses, as a bare type variable)."""
+    if annotation is _UNKNOWN:
+        return True
+    try:
+        msgspec.convert(value, annotation, builtin_types=_NATIVE)
+    except msgspec.ValidationError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+def _part(annotation: Any, step: Literal["item", "value", "key", "field"], at: Any = None) -> Any:
+    """The annotation of a part of a value of `annotation`: its item `at` (a list's, a
+    tuple's), a dict's value or key, a dataclass's or `TypedDict`'s field `at`. Of a union, the
+    member that has such parts (msgspec allows at most one array-like and one dict-like
+    member); `_UNKNOWN` when it cannot be told."""
+    if annotation is _UNKNOWN or annotation is Any:
+        return annotation
+    origin, args = typing.get_origin(annotation) or annotation, typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _part(args[0], step, at)
     if origin is Union or origin is types.UnionType:
-        members = [_compile(a) for a in args]
-        if any(m is None for m in members):
-            return None  # a value may fit the member that is not checked
-        return _union_check([m for m in members if m is not None])
-    if origin is Literal:
-        return _literal_check(args)
-    return None
-
-
-def _list_check(items: Check | None) -> Check:
-    def check(value: Any) -> Mismatch | None:
-        if not isinstance(value, list):
-            return "", _given(value)
-        if items is not None:
-            for i, item in enumerate(value):
-                mismatch = items(item)
-                if mismatch is not None:
-                    return f"[{i}]{mismatch[0]}", mismatch[1]
-        return None
-
-    return check
-
-
-def _dict_check(keys: Check | None, values: Check | None) -> Check:
-    def check(value: Any) -> Mismatch | None:
-        if not isinstance(value, dict):
-            return "", _given(value)
-        for key, item in value.items():
-            if keys is not None and keys(key) is not None:
-                return "", f"a dict with the key {_given(key)}"
-            mismatch = values(item) if values is not None else None
-            if mismatch is not None:
-                return f"[{_short(key)}]{mismatch[0]}", mismatch[1]
-        return None
-
-    return check
-
-
-def _union_check(members: list[Check]) -> Check:
-    def check(value: Any) -> Mismatch | None:
-        if any(member(value) is None for member in members):
-            return None
-        return "", _given(value)
-
-    return check
-
-
-def _literal_check(allowed: tuple[Any, ...]) -> Check:
-    def check(value: Any) -> Mismatch | None:
-        # by type too: True == 1, but True is not Literal[1]
-        if any(type(value) is type(a) and value == a for a in allowed):
-            return None
-        return "", _given(value)
-
-    return check
+        parts = [p for p in (_part(a, step, at) for a in args) if p is not _UNKNOWN]
+        return parts[0] if len(parts) == 1 else _UNKNOWN
+    if not isinstance(origin, type):
+        return _UNKNOWN
+    if step == "item" and issubclass(origin, list | tuple | set | frozenset):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return args[at] if at < len(args) else _UNKNOWN
+        return args[0] if args else Any
+    if step in ("value", "key") and issubclass(origin, dict):
+        return args[step == "value"] if len(args) == 2 else Any
+    if step == "field" and (dataclasses.is_dataclass(origin) or typing.is_typeddict(origin)):
+        try:
+            return typing.get_type_hints(origin).get(at, _UNKNOWN)
+        except Exception:
+            return _UNKNOWN
+    return _UNKNOWN
 
 
 def _shown_type(annotation: Any) -> str:
+    """An annotation as its source says it: `list[Item] | None`, not with Item's module."""
     if annotation is None or annotation is type(None):
         return "None"
     if isinstance(annotation, type) and not typing.get_args(annotation):
         return annotation.__name__
-    return repr(annotation).replace("typing.", "").replace("NoneType", "None")
+    shown = repr(annotation)
+    for part in _classes(annotation):
+        shown = shown.replace(f"{part.__module__}.{part.__qualname__}", part.__name__)
+    return shown.replace("typing.", "").replace("NoneType", "None")
+
+
+def _classes(annotation: Any) -> typing.Iterator[type]:
+    """The classes an annotation is made of (`Item` and `int` of `dict[int, Item]`)."""
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) and not typing.get_args(arg):
+            yield arg
+        else:
+            yield from _classes(arg)
 
 
 _REPR = reprlib.Repr()

@@ -285,7 +285,7 @@ class Registry:
     ) -> Any:
         """Call an action, waking (or creating) the actor; an unknown action, or arguments
         that do not bind to it, are refused before the actor is woken or created."""
-        fn = self.definition(name).resolve(action, args, kwargs)
+        fn, args, kwargs = self.definition(name).resolve(action, args, kwargs)
         return await self.invoke(name, key, fn, args, kwargs, create=create, input=input, via=via)
 
     async def invoke(

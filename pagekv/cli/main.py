@@ -69,7 +69,7 @@ def _check_backend(commands: Any, summary: str) -> None:
     add_check_backend_command(commands, summary)
 
 
-_COMMANDS: dict[str, tuple[Callable[[Any, str], None], str]] = {
+COMMANDS: dict[str, tuple[Callable[[Any, str], None], str]] = {
     "serve": (_serve, "serve a registry's actors over HTTP (gateway, inspector, /metrics)"),
     "inspect": (
         _inspect,
@@ -162,7 +162,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--rows", type=positive_int, default=200, help="one-row commits (default 200)"
     )
     demo.set_defaults(run=_demo)
-    for name, (add, summary) in _COMMANDS.items():
+    for name, (add, summary) in COMMANDS.items():
         if command == name:
             add(commands, summary)
         else:
@@ -172,7 +172,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[0] if argv and argv[0] in (*_COMMANDS, "demo") else None
+    command = argv[0] if argv and argv[0] in (*COMMANDS, "demo") else None
     args = build_parser(command).parse_args(argv)
     try:
         return args.run(args)

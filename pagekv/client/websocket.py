@@ -29,6 +29,7 @@ from websockets.typing import Data, Subprotocol
 
 from pagekv.actor.realtime.client_connection import ActorConnection, ConnectionClosed, Event
 from pagekv.actor.realtime.connection import RECONNECT, CloseCode
+from pagekv.protocol import CBOR, encode
 
 _ATTEMPTS = 20
 _FIRST_WAIT_S = 0.05
@@ -243,9 +244,11 @@ class RemoteConnection(ActorConnection):
         if socket is None:
             raise ConnectionClosed(CloseCode.MOVED, "reconnecting; the call was not sent")
         request = next(self._ids)
+        # as an HTTP call's body is: a dataclass argument as its fields, an enum as its value
+        data = encode({**frame, "id": request}, CBOR)
         waiter = self._pending[request] = anyio.Event()
         try:
-            await socket.send(cbor2.dumps({**frame, "id": request}))
+            await socket.send(data)
         except SocketClosed as e:
             self._pending.pop(request, None)
             raise ConnectionClosed(e.rcvd.code if e.rcvd else 1006, "the call was not sent") from e

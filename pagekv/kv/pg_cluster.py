@@ -6,8 +6,8 @@ URL (`--standby`: a primary and a synchronous standby, and their two-host URL). 
 run as root, so when this process is root the server's commands run as the `postgres` system user
 (Debian's `postgresql` package creates it) through `runuser`.
 
-`ReplicatedPair` is the high-availability set-up the README documents, on loopback: a primary and
-a streaming standby made with `pg_basebackup -R`, commits waiting for the standby
+`ReplicatedPair` is the high-availability set-up docs/deployment.md documents, on loopback: a
+primary and a streaming standby made with `pg_basebackup -R`, commits waiting for the standby
 (`synchronous_standby_names = '*'`), failover by killing the primary and `pg_ctl promote`, and the
 old primary rebuilt as the new standby with `pg_rewind`. `TempCluster.freeze()` stops every
 process of a server with SIGSTOP, as a frozen VM would leave it: its connections stay open, and

@@ -1,6 +1,6 @@
 """The backend under check: a user's factory, what it can do, and a recording view of its calls.
 
-The factory contract (README, "Writing a backend"): `factory()` returns a fresh, empty namespace
+The factory contract (docs/backends.md, "The factory"): `factory()` returns a fresh, empty namespace
 (any object with the `ActorKv` methods) or a fresh, empty store (`namespace(name)`, `close()`).
 It is called with the keyword arguments it declares, of these two:
 

@@ -155,7 +155,7 @@ class Expected:
     consumed: list[str]
     """The `take` rows whose pool message is consumed for good: a plain receive outside a
     losing race branch, a completed one anywhere, and one in a loop iteration of a loser that
-    pruning had dropped before the loser lost (the README's "as a finished iteration's")."""
+    pruning had dropped before the loser lost (docs/workflows.md: "as a finished iteration's")."""
     returning: list[str]
     """The `take` rows of plain receives in a losing branch, whose messages go back."""
 
@@ -766,8 +766,8 @@ async def test_what_a_race_loser_received_in_a_pruned_iteration_stays_consumed()
     """Seeds 129, 220, 363 (shrunk). A race's loser runs a loop (history_size=1) receiving a
     pool message per iteration; pruning deletes the history of the old iterations, their
     receives with it, so when the loser loses only what the iterations still recorded
-    received goes back to the queue (p1, p2). The fuzzer reported p0 lost; the README now says
-    such a message stays consumed, "as a finished iteration's" (`Expected.consumed`)."""
+    received goes back to the queue (p1, p2). The fuzzer reported p0 lost; docs/workflows.md
+    now says such a message stays consumed, "as a finished iteration's" (`Expected.consumed`)."""
     loop = ("loop", "op0", 3, 1, 1, [("take", "op0", False, "plain")])
     await _run(Case(0, [("race", "op0", [], [loop], "sleep", _NO_FLAGS)], False), None)
 

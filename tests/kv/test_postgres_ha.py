@@ -533,8 +533,8 @@ def test_failovers_under_load_lose_no_acknowledged_commit(
 def test_an_asynchronous_failover_loses_the_last_commits_and_no_database(
     postgres_server: PostgresServer,
 ) -> None:
-    """What the README says asynchronous replication costs, shown: the standby is cut off, 100
-    more commits are acknowledged by the primary alone, the primary dies and the standby is
+    """What docs/deployment.md says asynchronous replication costs, shown: the standby is cut off,
+    100 more commits are acknowledged by the primary alone, the primary dies and the standby is
     promoted. Those 100 are gone; the instance that was told they succeeded does not write on
     top of the older state (that corrupted its database: a page below EOF missing) — its next
     write is refused unsent, and the reopened database holds exactly the replicated commits,

@@ -1,4 +1,4 @@
-"""The examples, served over HTTP as the README shows them."""
+"""The examples, served over HTTP as their docstrings show them."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 async def test_counter() -> None:
     registry = load_registry(str(EXAMPLES / "counter.py"))
     async with serving(registry.definitions.values()) as served:
-        async with served.http() as http:  # the README's curl line
+        async with served.http() as http:  # the curl line of its docstring
             response = await http.post(
                 "/actors/counter/actions/increment", params={"key": "room-1"}, json={"args": [5]}
             )

@@ -50,9 +50,11 @@ class ScheduleDispatcher:
                     if call.action == WORKFLOW_WAKE:
                         owner.start_run()
                     else:
-                        call_args = tuple(cbor2.loads(call.args))
-                        fn = owner.definition.resolve(call.action, call_args, {})
-                        await owner.call(fn, call_args, {}, answered=False)
+                        stored = tuple(cbor2.loads(call.args))
+                        fn, call_args, call_kwargs = owner.definition.resolve(
+                            call.action, stored, {}
+                        )
+                        await owner.call(fn, call_args, call_kwargs, answered=False)
                 except (ActorTakenOver, ActorStopped):
                     raise
                 except STORAGE_ERRORS as e:

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import cbor2
 
+from pagekv.actor.typed_values import cbor_dumps
+
 Frame = dict[str, Any]
 
 
@@ -186,7 +188,7 @@ def encoded_size(frame: Frame, limits: ConnectionLimits) -> int:
     """The frame's size as CBOR (what the limits count); `MessageTooLarge` past `max_out_bytes`,
     `TypeError` for a value CBOR cannot hold."""
     try:
-        size = len(cbor2.dumps(frame))
+        size = len(cbor_dumps(frame))  # as the frame is sent: a dataclass result too
     except (cbor2.CBOREncodeError, ValueError) as e:
         raise TypeError(f"an event must be CBOR-serialisable: {e}") from e
     if size > limits.max_out_bytes:

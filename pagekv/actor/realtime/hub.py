@@ -153,7 +153,7 @@ class Hub:
         self, conn: Connection, action: str, args: tuple[Any, ...], kwargs: Any
     ) -> Any:
         """Run `action` for `conn` (`ctx.conn` is it while it runs)."""
-        fn = self._registry.definition(conn.name).resolve(action, args, kwargs)
+        fn, args, kwargs = self._registry.definition(conn.name).resolve(action, args, kwargs)
 
         async def run(ctx: ActorContext) -> Any:
             return await _as(conn, fn, ctx, *args, **kwargs)

@@ -1,0 +1,181 @@
+"""Typed actions over real HTTP and WebSockets (#45): a JSON or CBOR body's objects, values and
+ISO text arrive as the dataclasses, enums, `TypedDict`s and datetimes the action is annotated
+with; a value that does not fit is a 400 `invalid_arguments` that wrote nothing; and a result
+of those types is answered in JSON (an object, the enum's value, ISO text) and in CBOR (an
+object, the value, a tagged datetime, a naive one as the same text as in JSON)."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import cbor2
+import httpx
+import pytest
+from server_helpers import serving
+
+from pagekv.actor import ActorContext, actor
+
+pytestmark = pytest.mark.anyio
+
+UTC = datetime.UTC
+AT = datetime.datetime(2026, 12, 6, 23, 0, 5, tzinfo=UTC)
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass
+class Item:
+    sku: str
+    color: Color = Color.RED
+
+
+class Note(TypedDict):
+    text: str
+    at: datetime.datetime
+
+
+@dataclass
+class Receipt:
+    items: list[Item]
+    note: Note
+    at: datetime.datetime
+    local: datetime.datetime
+    day: datetime.date
+    total: int | None
+
+
+shop = actor("typed", state={"receipts": 0})
+
+
+@shop.action
+async def checkout(
+    ctx: ActorContext,
+    items: list[Item],
+    note: Note,
+    at: datetime.datetime,
+    total: int | None = None,
+) -> Receipt:
+    """What it was given, as its types, back: the answer shows the conversion went both ways."""
+    assert all(type(i) is Item and type(i.color) is Color for i in items), items
+    assert type(at) is datetime.datetime and type(note["at"]) is datetime.datetime
+    ctx.state["receipts"] += 1
+    return Receipt(items, note, at, at.replace(tzinfo=None), at.date(), total)
+
+
+@shop.action
+async def favourite(ctx: ActorContext, color: Color) -> Color:
+    assert type(color) is Color
+    return color
+
+
+ARGS = {
+    "items": [{"sku": "apple"}, {"sku": "plum", "color": "blue"}],
+    "note": {"text": "gift", "at": "2026-12-06T23:00:05Z"},
+    "at": "2026-12-06T23:00:05+00:00",
+}
+
+
+def post(http: httpx.AsyncClient, action: str, body: Any, *, cbor: bool = False) -> Any:
+    if not cbor:
+        return http.post(f"/actors/typed/actions/{action}", params={"key": "k"}, json=body)
+    return http.post(
+        f"/actors/typed/actions/{action}",
+        params={"key": "k"},
+        content=cbor2.dumps(body),
+        headers={"content-type": "application/cbor", "accept": "application/cbor"},
+    )
+
+
+async def test_typed_arguments_and_results_in_json_and_cbor() -> None:
+    async with serving([shop]) as served, served.http() as http:
+        as_json = await post(http, "checkout", {"kwargs": ARGS})
+        cbor_args = {**ARGS, "at": AT, "note": {"text": "gift", "at": AT}, "total": 3}
+        as_cbor = await post(http, "checkout", {"kwargs": cbor_args}, cbor=True)
+        color_json = await post(http, "favourite", {"args": ["blue"]})
+        color_cbor = await post(http, "favourite", {"args": ["red"]}, cbor=True)
+    assert as_json.status_code == 200, as_json.text
+    assert as_json.json() == {
+        "result": {
+            "items": [{"sku": "apple", "color": "red"}, {"sku": "plum", "color": "blue"}],
+            "note": {"text": "gift", "at": "2026-12-06T23:00:05+00:00"},
+            "at": "2026-12-06T23:00:05+00:00",
+            "local": "2026-12-06T23:00:05",
+            "day": "2026-12-06",
+            "total": None,
+        }
+    }
+    assert as_cbor.status_code == 200, as_cbor.content
+    assert cbor2.loads(as_cbor.content) == {
+        "result": {
+            "items": [{"sku": "apple", "color": "red"}, {"sku": "plum", "color": "blue"}],
+            "note": {"text": "gift", "at": AT},
+            "at": AT,
+            "local": "2026-12-06T23:00:05",  # no CBOR tag holds a naive datetime: as in JSON
+            "day": datetime.date(2026, 12, 6),
+            "total": 3,
+        }
+    }
+    assert color_json.json() == {"result": "blue"}
+    assert cbor2.loads(color_cbor.content) == {"result": "red"}
+
+
+async def test_a_value_that_does_not_fit_is_refused_and_writes_nothing() -> None:
+    refusals = [
+        ({"kwargs": {**ARGS, "items": [{"sku": 1}]}}, "but items[0]['sku'] is int 1"),
+        ({"kwargs": {**ARGS, "items": [{"sku": "a", "color": "green"}]}}, "items[0]['color']"),
+        ({"kwargs": {**ARGS, "note": {"text": "x"}}}, "missing required field `at`"),
+        ({"kwargs": {**ARGS, "at": "soon"}}, "'at' must be datetime, got str 'soon'"),
+        ({"kwargs": {**ARGS, "total": "3"}}, "'total' must be int | None, got str '3'"),
+    ]
+    async with serving([shop]) as served, served.http() as http:
+        answers = [await post(http, "checkout", body) for body, _ in refusals]
+        color = await post(http, "favourite", {"args": ["green"]})
+        actors = (await http.get("/inspect/actors")).json()["actors"]
+    for response, (_, expected) in zip(answers, refusals, strict=True):
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "invalid_arguments" and error["written"] is False
+        assert error["message"].startswith("action 'checkout' of actor 'typed': argument ")
+        assert expected in error["message"], error["message"]
+    assert color.json()["error"]["message"] == (
+        "action 'favourite' of actor 'typed': argument 'color' must be Color, got str 'green'"
+    )
+    assert actors == [], "a refused call creates no actor"
+
+
+async def test_a_connection_and_the_python_client_convert_the_same_way() -> None:
+    async with serving([shop]) as served, served.client() as client:
+        handle = client.get_or_create("typed", "k")
+        # the client sends a dataclass, an enum and a datetime as their fields, value and tag
+        note = {"text": "by client", "at": AT}
+        sent = await handle.checkout([Item("fig", Color.BLUE)], note, AT)
+        async with handle.connect() as conn:
+            over_socket = await conn.checkout(ARGS["items"], note, "2026-12-06T23:00:05Z", 1)
+            assert await conn.favourite(Color.BLUE) == "blue"
+            with pytest.raises(Exception, match=r"'color' must be Color, got str 'green'"):
+                await conn.favourite("green")
+    assert sent["items"] == [{"sku": "fig", "color": "blue"}] and sent["at"] == AT
+    assert over_socket["items"] == [
+        {"sku": "apple", "color": "red"},
+        {"sku": "plum", "color": "blue"},
+    ]
+    assert (over_socket["at"], over_socket["total"], over_socket["note"]) == (AT, 1, note)
+
+
+async def test_the_actor_type_lists_the_typed_parameters() -> None:
+    async with serving([shop]) as served, served.http() as http:
+        described = (await http.get("/actors/typed")).json()
+    (checkout, favourite) = described["actions"]
+    assert [(p["name"], p["annotation"], p["default"]) for p in checkout["parameters"]] == [
+        ("items", "list[Item]", None),
+        ("note", "Note", None),
+        ("at", "datetime.datetime", None),
+        ("total", "int | None", "None"),
+    ]
+    assert (checkout["returns"], favourite["returns"]) == ("Receipt", "Color")
