@@ -38,7 +38,6 @@ from pagekv.bench.results import (
 from pagekv.bench.sampling import (
     Harness,
     MemoryUse,
-    Progress,
     Ratio,
     Sample,
     SystemResult,
@@ -59,6 +58,8 @@ from pagekv.bench.systems import (
 from pagekv.bench.targets import TargetResult, evaluate
 from pagekv.bench.workloads import Sizes, default_selection, writers_workload
 from pagekv.cli import main
+from pagekv.cli.benchmark import BenchProgress
+from pagekv.cli.progress import StatusLine
 from pagekv.kv import ActorKv, FlushCounts, KvStore, redact_url
 from pagekv.kv.wrappers import KvWrapper
 
@@ -282,7 +283,7 @@ class _Clock:
 
 def test_progress_into_a_pipe_is_a_line_every_5_seconds() -> None:
     clock, stream = _Clock(), io.StringIO()
-    progress = Progress(170, stream, clock=clock)
+    progress = BenchProgress(170, StatusLine(stream, keep=False, clock=clock))
     for n in range(1, 171):
         clock.now += 0.5
         progress.step(f"step {n}")
@@ -293,28 +294,35 @@ def test_progress_into_a_pipe_is_a_line_every_5_seconds() -> None:
     assert lines[1] == "pagekv bench: 20/170 steps, 10 s (step 20)"
     assert lines[-1] == "pagekv bench: 170/170 steps, 85 s, done"
     stopped = io.StringIO()
-    Progress(9, stopped, clock=clock).finish(stopped=True)
+    BenchProgress(9, StatusLine(stopped, clock=clock)).finish(stopped=True)
     assert stopped.getvalue() == "pagekv bench: 0/9 steps, 0 s, stopped\n"
+
+
+ERASE_LINE = "\r\x1b[2K"
+"""What rich's live display writes before it redraws its one line."""
 
 
 def test_progress_on_a_terminal_rewrites_one_line() -> None:
     clock, stream = _Clock(), _Tty()
-    progress = Progress(3, stream, clock=clock, width=40)
+    progress = BenchProgress(3, StatusLine(stream, keep=False, clock=clock, width=40))
     for n in range(3):
         clock.now += 0.5
         progress.step(f"cold-scan rep {n + 1}/3 native MEMORY/OFF/EXCL: 4.5 ms/scan")
+    drawn = stream.getvalue()
     progress.finish()
-    written = stream.getvalue()
-    assert "\n" not in written
-    *shown, last = written.split("\r\x1b[2K")
-    assert shown[0] == "" and len(shown) == 4 and last == ""  # three steps, then cleared
-    assert shown[1].startswith("[  1/3]    0.5s  cold-scan rep 1/3")
-    assert all(len(line) < 40 for line in shown)  # never wraps, or \r could not erase it
+    assert "\n" not in drawn  # one line, drawn over and over
+    shown = [re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", s) for s in drawn.split(ERASE_LINE)]
+    assert len(shown) == 3
+    assert shown[0].startswith("[  1/3]    0.5s  cold-scan rep 1/3")
+    assert shown[2].startswith("[  3/3]    1.5s  cold-scan rep 3/3")
+    assert all(len(line) <= 40 for line in shown)  # cropped: a wrapped line cannot be redrawn
+    # At the end the line is removed: the cursor goes back up to it and erases it.
+    assert stream.getvalue().endswith("\x1b[1A\x1b[2K")
 
 
 def test_no_progress_is_silent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for stream in (io.StringIO(), _Tty()):
-        progress = Progress(2, stream, enabled=False)
+        progress = BenchProgress(2, StatusLine(stream, enabled=False))
         progress.step("x")
         progress.finish()
         assert stream.getvalue() == ""
@@ -657,7 +665,7 @@ def test_writers_run_as_namespaces_of_one_store_with_flushes_counted(tmp_path: P
     workspace.store = spy
     sizes = Sizes.quick()
     workload = writers_workload((3,))
-    progress = Progress(0, enabled=False)
+    progress = BenchProgress(0, StatusLine(enabled=False))
     try:
         (result,) = run_workloads(workspace, [workload], [PAGEKV], sizes, 2, progress)
     finally:
@@ -781,7 +789,7 @@ def test_a_durable_sample_starts_after_the_last_ones_writeback(
     workspace = Workspace(url.format(tmp=tmp_path), 0, scratch=tmp_path)
     try:
         sizes = dataclasses.replace(Sizes.quick(), hot_updates=5)
-        progress = Progress(0, enabled=False)
+        progress = BenchProgress(0, StatusLine(enabled=False))
         run_workloads(
             workspace,
             [WORKLOADS["hot-update"]],

@@ -3,6 +3,8 @@ traceback; and the HTTP client says which server it could not reach."""
 
 from __future__ import annotations
 
+import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +14,11 @@ import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.cli import fuzzing as cli
+from pagekv.cli.progress import StatusLine
+from pagekv.cli.transfers import _copy_progress
 from pagekv.client import HttpClient, ServerUnreachable
 from pagekv.fuzz.execution import Coverage
+from pagekv.transfer.store_copy import CopyProgress
 
 
 def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -84,17 +89,58 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_fuzz_progress_off_a_terminal_is_a_line_every_few_seconds(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Off a terminal it printed nothing until the end; on one, a line rewritten in place."""
+    """Off a terminal it printed nothing until the end; on one, a line rewritten in place and
+    kept when the run ends."""
     clock = [0.0]
-    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
-    progress = cli._Progress(terminal=False)
+    line = StatusLine(clock=lambda: clock[0])
+    progress = cli._Progress(line)
     for second in range(1, 31):  # a call per second for 30 s
         clock[0] = float(second)
         progress(Coverage())
+    line.end()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 6 and all(line.startswith("pagekv fuzz: runs ") for line in lines), lines
-    cli._Progress(terminal=True)(Coverage())
-    assert capsys.readouterr().err.startswith("\r  runs ")
+    terminal = _Tty()
+    line = StatusLine(terminal)
+    cli._Progress(line)(Coverage(runs=1))
+    cli._Progress(line)(Coverage(runs=2))
+    line.end()
+    drawn = terminal.getvalue()
+    assert drawn.count("  runs ") == 3 and "  runs 2, " in drawn  # the last drawn again at the end
+    assert drawn.split("\r\x1b[2K")[-1].startswith("  runs 2, ") and "\n" in drawn  # kept
+
+
+def test_copy_progress_keeps_each_phases_last_line() -> None:
+    """On a terminal each phase's last line stays (the next phase draws below it); off one, a
+    line every few seconds and each phase's last, plain."""
+    reports = [
+        CopyProgress(phase, done, 2, 0, 2**20 * done, float(done))
+        for phase in ("copy", "verify")
+        for done in (1, 2)
+    ]
+    terminal = _Tty()
+    report = _copy_progress(StatusLine(terminal))
+    for p in reports:
+        report(p)
+    kept = [
+        re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", s).split("\r")[-1]
+        for s in terminal.getvalue().split("\n")
+    ]
+    assert kept[0].startswith("pagekv copy: copy 2/2 namespaces, 2.0 MiB")
+    assert kept[1].startswith("pagekv copy: verify 2/2 namespaces, 2 s")
+    log = io.StringIO()
+    report = _copy_progress(StatusLine(log, clock=lambda: 0.0))
+    for p in reports:
+        report(p)
+    assert log.getvalue().splitlines() == [
+        "pagekv copy: copy 2/2 namespaces, 2.0 MiB (1.0 MiB/s), 2 s",
+        "pagekv copy: verify 2/2 namespaces, 2 s",
+    ]

@@ -8,7 +8,6 @@ JSON). The command line, `pagekv bench`, is `pagekv.cli.benchmark`.
 
 from pagekv.bench.sampling import (
     Harness,
-    Progress,
     Sample,
     Summary,
     SystemResult,
@@ -32,7 +31,6 @@ __all__ = [
     "WORKLOADS",
     "Harness",
     "Prepare",
-    "Progress",
     "Sample",
     "Sizes",
     "Subject",

@@ -209,6 +209,8 @@ OPTIONAL = ("scaling", "flush/op")
 where the store counts them (and for concurrent writers always, "n/a" if it does not)."""
 
 Row = tuple[str, ...]
+_UNLIMITED = 10_000
+"""The width rich lays a table out in: wider than any table, which gets its natural width."""
 
 
 def _rows(result: WorkloadResult) -> list[Row]:
@@ -265,18 +267,27 @@ def absent_columns(result: WorkloadResult) -> set[str]:
     return absent
 
 
-def _grid(rows: Sequence[Row], hidden: Collection[str]) -> tuple[list[int], list[str]]:
-    """The kept columns' widths and the table's lines (header first; skipped rows excluded)."""
+def _grid(rows: Sequence[Row], hidden: Collection[str]) -> tuple[int, list[str]]:
+    """The first column's width and the table's lines (header first; skipped rows excluded),
+    laid out by rich at their natural width: no cell wraps (`hidden_columns` leaves columns out
+    to fit instead), the system left-aligned, the figures right-aligned, two spaces before each
+    column. rich is imported here, not with the module: `pagekv bench --help` need not pay
+    its ~20 ms."""
+    from rich.console import Console
+    from rich.table import Table
+
     keep = [i for i, h in enumerate(_HEADERS) if h not in hidden]
     full = [r for r in rows if len(r) == len(_HEADERS)]
-    widths = {i: max(len(_HEADERS[i]), *(len(r[i]) for r in full)) for i in keep}
-
-    def line(cells: Row) -> str:
-        return "  " + "  ".join(
-            cells[i].ljust(widths[i]) if i == 0 else cells[i].rjust(widths[i]) for i in keep
-        )
-
-    return [widths[i] for i in keep], [line(_HEADERS), *(line(r) for r in full)]
+    table = Table(box=None, padding=(0, 0, 0, 2), pad_edge=True, header_style="")
+    for i in keep:
+        table.add_column(_HEADERS[i], justify="left" if i == 0 else "right", no_wrap=True)
+    for r in full:
+        table.add_row(*(r[i] for i in keep))
+    console = Console(width=_UNLIMITED, color_system=None, highlight=False, emoji=False)
+    with console.capture() as captured:
+        console.print(table)
+    first = max(len(_HEADERS[0]), *(len(r[0]) for r in full))
+    return first, [line.rstrip() for line in captured.get().splitlines()]
 
 
 def _wrap(text: str, width: int | None, indent: str = "", hang: str | None = None) -> list[str]:
@@ -305,7 +316,7 @@ def workload_table(
     """One workload's table without the columns named in `hidden`; its title, skipped rows and
     round-trip line wrap to `width` (None: no limit)."""
     rows = _rows(result)
-    widths, grid = _grid(rows, {*hidden, *absent_columns(result)})
+    first, grid = _grid(rows, {*hidden, *absent_columns(result)})
     lines = _wrap(
         f"{result.name} — {result.title}; per {result.unit}, {repeat} interleaved "
         f"repetition{'s' if repeat != 1 else ''}",
@@ -315,7 +326,7 @@ def workload_table(
     table_rows = iter(grid[1:])
     for row in rows:
         if len(row) != len(_HEADERS):
-            prefix = f"  {row[0].ljust(widths[0])}  "
+            prefix = f"  {row[0].ljust(first)}  "
             lines += _wrap(row[1], width, prefix, " " * len(prefix))
             continue
         lines.append(next(table_rows))

@@ -18,17 +18,14 @@ pagekv sample records how many the body caused, so the report can say how many c
 
 from __future__ import annotations
 
-import io
 import os
 import random
-import shutil
 import statistics
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Protocol
 
 import apsw
 
@@ -154,76 +151,11 @@ class WorkloadResult:
         return next((s for s in self.systems if s.system == name), None)
 
 
-class Progress:
-    """Progress on stderr. On a terminal: one line, rewritten in place at every step and cleared
-    by `finish()`. Anywhere else (a log, a pipe): a line every `every_s` seconds and one at the
-    end, so a run of 170 steps leaves a few lines, not 170."""
+class Steps(Protocol):
+    """Where a run reports each step as it starts or ends (the CLI's progress line,
+    `pagekv.cli.benchmark.BenchProgress`); `count_steps` says how many there will be."""
 
-    EVERY_S = 5.0
-
-    def __init__(
-        self,
-        total: int,
-        stream: TextIO | None = None,
-        enabled: bool = True,
-        *,
-        every_s: float = EVERY_S,
-        clock: Callable[[], float] = time.monotonic,
-        width: int | None = None,
-    ) -> None:
-        self.total = total
-        self.done = 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.every_s = every_s
-        self.clock = clock
-        self.started = clock()
-        self._last_line = self.started
-        self._tty = self.stream.isatty()
-        self._width = width
-        self._shown = False
-
-    def _columns(self) -> int:
-        """The terminal's width (a rewritten line must not wrap, or `\r` cannot erase it)."""
-        if self._width is not None:
-            return self._width
-        try:
-            columns = os.get_terminal_size(self.stream.fileno()).columns
-        except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
-            columns = 0
-        return columns or shutil.get_terminal_size().columns
-
-    def _summary(self) -> str:
-        return f"pagekv bench: {self.done}/{self.total} steps, {self.clock() - self.started:.0f} s"
-
-    def step(self, text: str, *, count: bool = True) -> None:
-        if count:
-            self.done += 1
-        if not self.enabled:
-            return
-        now = self.clock()
-        if self._tty:
-            line = f"[{self.done:>3}/{self.total}] {now - self.started:6.1f}s  {text}"
-            self.stream.write("\r\x1b[2K" + line[: max(1, self._columns() - 1)])
-            self._shown = True
-        elif now - self._last_line >= self.every_s:
-            self._last_line = now
-            self.stream.write(f"{self._summary()} ({text})\n")
-        else:
-            return
-        self.stream.flush()
-
-    def finish(self, *, stopped: bool = False) -> None:
-        """Clear the terminal line, or write the last line into a log (`stopped`: the run
-        failed or was interrupted)."""
-        if not self.enabled:
-            return
-        if self._tty:
-            if self._shown:
-                self.stream.write("\r\x1b[2K")
-        else:
-            self.stream.write(f"{self._summary()}, {'stopped' if stopped else 'done'}\n")
-        self.stream.flush()
+    def step(self, text: str) -> None: ...
 
 
 def variants(workload: Workload, systems: Sequence[SystemSpec]) -> list[SystemSpec]:
@@ -334,7 +266,7 @@ class WorkloadRun:
         workload: Workload,
         systems: Sequence[SystemSpec],
         sizes: Sizes,
-        progress: Progress,
+        progress: Steps,
         *,
         memory: bool = True,
     ) -> None:
@@ -571,7 +503,7 @@ def run_workloads(
     systems: Sequence[SystemSpec],
     sizes: Sizes,
     repeat: int,
-    progress: Progress,
+    progress: Steps,
     *,
     memory: bool = True,
     on_result: Callable[[WorkloadResult], None] | None = None,

@@ -18,12 +18,41 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pagekv.bench.results import BenchReport, Config, Machine, now, print_report, write_json
-from pagekv.bench.sampling import Progress, count_steps, run_workloads
+from pagekv.bench.sampling import count_steps, run_workloads
 from pagekv.bench.systems import NATIVE_SYSTEMS, PAGEKV, Workspace, baselines_for
 from pagekv.bench.targets import evaluate
 from pagekv.bench.workloads import WORKLOADS, Sizes, default_selection, writers_workload
 from pagekv.cli.args import kv_url, milliseconds, positive_int
+from pagekv.cli.progress import StatusLine
 from pagekv.kv import KvError, redact_url
+
+
+class BenchProgress:
+    """The run's steps on a `StatusLine`: on a terminal `[  n/N] elapsed  what`, removed at the
+    end; in a log, a line every few seconds and the last one (`done`, or `stopped` when the run
+    failed or was interrupted)."""
+
+    def __init__(self, total: int, line: StatusLine) -> None:
+        self.total = total
+        self.done = 0
+        self.line = line
+        self.started = line.clock()
+
+    def _summary(self) -> str:
+        elapsed = self.line.clock() - self.started
+        return f"pagekv bench: {self.done}/{self.total} steps, {elapsed:.0f} s"
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        elapsed = self.line.clock() - self.started
+        self.line.show(
+            f"[{self.done:>3}/{self.total}] {elapsed:6.1f}s  {text}",
+            plain=f"{self._summary()} ({text})",
+        )
+
+    def finish(self, *, stopped: bool = False) -> None:
+        self.line.end(f"{self._summary()}, {'stopped' if stopped else 'done'}")
+
 
 DEFAULT_KV = "memory://"
 DEFAULT_REPEAT = 5
@@ -236,7 +265,8 @@ def run_bench(args: argparse.Namespace) -> int:
             writers=list(concurrent.writers) if "writers" in names else [],
             flush_counts=_flush_source(args.kv, workspace),
         )
-        progress = Progress(count_steps(workloads, systems, repeat), enabled=not args.no_progress)
+        line = StatusLine(enabled=not args.no_progress, keep=False)
+        progress = BenchProgress(count_steps(workloads, systems, repeat), line)
         try:
             results = run_workloads(workspace, workloads, systems, sizes, repeat, progress)
         except BaseException:

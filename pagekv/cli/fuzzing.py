@@ -8,12 +8,12 @@ import random
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from pagekv.cli.args import kv_url, positive_int, positive_seconds
+from pagekv.cli.progress import StatusLine
 from pagekv.fuzz.execution import Coverage, FuzzFailure
 from pagekv.fuzz.processes import DEFAULT_WRITERS, Backend, fuzz_processes, load_kv_factory
 from pagekv.fuzz.session import FuzzConfig, execute, fuzz, load_replay
@@ -133,16 +133,18 @@ def _run(args: argparse.Namespace) -> int:
         events=events,
         max_blob=args.max_blob,
     )
-    progress = _Progress(sys.stderr.isatty())
-    if subject is None:
-        coverage, found = fuzz(config, progress=progress)
-    else:
-        try:
-            coverage, found = fuzz(config, progress, subject.namespace, subject.close)
-        finally:
-            subject.close()
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
+    line = StatusLine()
+    progress = _Progress(line)
+    try:
+        if subject is None:
+            coverage, found = fuzz(config, progress=progress)
+        else:
+            try:
+                coverage, found = fuzz(config, progress, subject.namespace, subject.close)
+            finally:
+                subject.close()
+    finally:
+        line.end()
     if found is None:
         _report(coverage)
         return 0
@@ -284,26 +286,18 @@ def _print_steps(steps: list[Step]) -> None:
 
 
 class _Progress:
-    """Coverage so far on stderr: rewritten in place on a terminal, else one line every
-    `EVERY_S` seconds (a log or a pipe gets a few lines, not one per run)."""
+    """Coverage so far, on a `StatusLine` (kept on a terminal when the run ends)."""
 
-    EVERY_S = 5.0
-
-    def __init__(self, terminal: bool) -> None:
-        self.terminal = terminal
-        self.last = time.monotonic()
+    def __init__(self, line: StatusLine) -> None:
+        self.line = line
 
     def __call__(self, coverage: Coverage) -> None:
-        line = (
+        text = (
             f"runs {coverage.runs}, steps {coverage.steps}, commits {coverage.commits}, "
             f"faults {sum(coverage.faults.values())}, takeovers {coverage.takeovers}, "
             f"crashes {coverage.crashes}"
         )
-        if self.terminal:
-            print(f"\r  {line}", end="", file=sys.stderr, flush=True)
-        elif time.monotonic() - self.last >= self.EVERY_S:
-            self.last = time.monotonic()
-            print(f"pagekv fuzz: {line}", file=sys.stderr, flush=True)
+        self.line.show(f"  {text}", plain=f"pagekv fuzz: {text}")
 
 
 def _report(c: Coverage) -> None:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from pagekv.actor import ActorError
 from pagekv.cli.args import add_store_argument, kv_url, positive_int
+from pagekv.cli.progress import StatusLine
 from pagekv.kv import KvError, open_kv, redact_url
 from pagekv.transfer.exporter import Exported, export_actor, export_all
 from pagekv.transfer.importer import (
@@ -160,37 +161,24 @@ def _print_imported(imported: Imported) -> None:
         print(f"  converted: {change}")
 
 
-class _ProgressLine:
-    """Progress of a copy on stderr: one line rewritten in place on a terminal, elsewhere a
-    line every `EVERY_S` seconds and one at the end of each phase."""
+def _copy_progress(line: StatusLine) -> Callable[[CopyProgress], None]:
+    """A copy's progress on `line`: every report on a terminal, the last of each phase kept;
+    in a log, a line every few seconds and the last of each phase."""
 
-    EVERY_S = 5.0
-
-    def __init__(self, stream: TextIO, enabled: bool) -> None:
-        self.stream = stream
-        self.enabled = enabled
-        self._tty = stream.isatty()
-        self._last = time.monotonic()
-
-    def __call__(self, p: CopyProgress) -> None:
-        if not self.enabled:
-            return
+    def report(p: CopyProgress) -> None:
         rate = p.bytes / 2**20 / p.elapsed if p.elapsed > 0 else 0.0
         skipped = f", {p.skipped} already copied" if p.skipped else ""
         written = f", {p.bytes / 2**20:.1f} MiB ({rate:.1f} MiB/s)" if p.phase == "copy" else ""
-        line = (
+        text = (
             f"pagekv copy: {p.phase} {p.done}/{p.total} namespaces{skipped}{written}, "
             f"{p.elapsed:.0f} s"
         )
         last = p.done == p.total
-        if self._tty:
-            self.stream.write("\r\x1b[2K" + line + ("\n" if last else ""))
-        elif last or time.monotonic() - self._last >= self.EVERY_S:
-            self._last = time.monotonic()
-            self.stream.write(line + "\n")
-        else:
-            return
-        self.stream.flush()
+        line.show(text, now=last)
+        if last:
+            line.end()
+
+    return report
 
 
 def _copy(args: argparse.Namespace) -> int:
@@ -204,13 +192,14 @@ def _copy(args: argparse.Namespace) -> int:
     except _FAILURES as e:
         source.close()
         return _fail("copy", e)
+    line = StatusLine(enabled=not args.no_progress)
     try:
         result = copy_store(
             source,
             destination,
             allow_live=args.allow_live,
             threads=args.threads,
-            progress=_ProgressLine(sys.stderr, not args.no_progress),
+            progress=_copy_progress(line),
         )
     except _FAILURES as e:
         return _fail("copy", e)
@@ -218,6 +207,7 @@ def _copy(args: argparse.Namespace) -> int:
         print("pagekv copy: interrupted; run it again to go on", file=sys.stderr)
         return 130
     finally:
+        line.end()  # a copy stopped midway: the cursor rich hid is shown again
         destination.close()
         source.close()
     if args.json:

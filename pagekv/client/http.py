@@ -192,7 +192,12 @@ class HttpClient:
         self, method: str, path: str, params: dict[str, str], body: dict[str, Any] | None = None
     ) -> Any:
         """One call, sent again while its answer says it did not run and `retry_for` lasts;
-        returns the decoded answer or raises the error the last attempt carries."""
+        returns the decoded answer or raises the error the last attempt carries.
+
+        A loop of its own, not stamina's or tenacity's: its budget runs on a clock a test can
+        replace, its last wait is cut so the last attempt comes at the budget's end, and a
+        `Retry-After` is a least wait that ends the retries if it reaches past the budget;
+        stamina does none of that, and tenacity would take this loop as four callbacks."""
         content = encode(body, CBOR) if body is not None else None
         chain = call_chain.current()  # made from an action: its server refuses a cycle
         headers = {call_chain.HEADER: call_chain.encode(chain)} if chain else None

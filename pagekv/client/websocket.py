@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import random
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import anyio
 import cbor2
+import tenacity
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed as SocketClosed
 from websockets.exceptions import InvalidHandshake
@@ -34,6 +34,12 @@ from pagekv.protocol import CBOR, encode
 _ATTEMPTS = 20
 _FIRST_WAIT_S = 0.05
 _MAX_WAIT_S = 1.0
+_BACK_OFF = tenacity.wait_exponential(
+    multiplier=_FIRST_WAIT_S / 2, max=_MAX_WAIT_S / 2
+) + tenacity.wait_random_exponential(multiplier=_FIRST_WAIT_S / 2, max=_MAX_WAIT_S / 2)
+"""The wait after the n-th failed attempt: doubling from `_FIRST_WAIT_S` up to `_MAX_WAIT_S`,
+of which the first half is fixed and the second drawn at random ("equal jitter"), so clients
+sent away together do not come back together, even once their waits reach the cap."""
 
 
 Prove = Callable[[str], tuple[dict[str, str], Callable[[Mapping[str, str]], None]]]
@@ -186,31 +192,30 @@ class RemoteConnection(ActorConnection):
     async def _first_open(self) -> None:
         """`_open`, again after a refusal of `RECONNECT` (a draining server's, say), as a
         reconnect would; any other failure, or the last refusal, is raised."""
-        for attempt in range(_ATTEMPTS):
-            try:
+        async for attempt in _retrying(_sent_away):
+            with attempt:
                 await self._open()
-                return
-            except ConnectionClosed as refused:
-                if refused.code not in RECONNECT or attempt == _ATTEMPTS - 1:
-                    raise
-            await _back_off(attempt)
 
     async def _reconnect(self, error: ConnectionClosed) -> bool:
-        for attempt in range(_ATTEMPTS):
-            await _back_off(attempt)
-            try:
-                await self._open()
-            except ConnectionClosed as refused:
-                if refused.code not in RECONNECT:
-                    self._finish(refused.code, refused.reason)
-                    return False
-                continue
-            except (OSError, InvalidHandshake, TimeoutError):
-                continue
-            self.reconnects += 1
-            return True
-        self._finish(error.code, f"{error.reason} (reconnecting failed {_ATTEMPTS} times)")
-        return False
+        """A new socket after `error` (the server sent this one away, or it dropped), after a
+        first wait as between attempts; False once the connection has ended for good."""
+        retrying = _retrying(_worth_another_try)
+        await anyio.sleep(_BACK_OFF(tenacity.RetryCallState(retrying, None, (), {})))
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await self._open()
+        except ConnectionClosed as refused:
+            if refused.code not in RECONNECT:
+                self._finish(refused.code, refused.reason)
+                return False
+            self._finish(error.code, f"{error.reason} (reconnecting failed {_ATTEMPTS} times)")
+            return False
+        except (OSError, InvalidHandshake, TimeoutError):
+            self._finish(error.code, f"{error.reason} (reconnecting failed {_ATTEMPTS} times)")
+            return False
+        self.reconnects += 1
+        return True
 
     def _finish(self, code: int, reason: str) -> None:
         self._ended(code, reason)
@@ -281,11 +286,28 @@ class RemoteConnection(ActorConnection):
             await socket.close()
 
 
-async def _back_off(attempt: int) -> None:
-    """The wait before attempt `attempt + 1`: doubling from `_FIRST_WAIT_S` up to `_MAX_WAIT_S`,
-    jittered, so clients sent away together do not come back together."""
-    wait = min(_MAX_WAIT_S, _FIRST_WAIT_S * 2**attempt)
-    await anyio.sleep(random.uniform(wait / 2, wait))
+def _sent_away(error: BaseException) -> bool:
+    """A close whose code says to come back (`RECONNECT`): the server stops, drains or moved
+    the actor."""
+    return isinstance(error, ConnectionClosed) and error.code in RECONNECT
+
+
+def _worth_another_try(error: BaseException) -> bool:
+    """While reconnecting: a server that sent the socket away, or none that answered (refused,
+    a failed handshake, a timeout). Any other close ends the connection."""
+    return _sent_away(error) or isinstance(error, (OSError, InvalidHandshake, TimeoutError))
+
+
+def _retrying(worth_it: Callable[[BaseException], bool]) -> tenacity.AsyncRetrying:
+    """Up to `_ATTEMPTS` attempts, `_BACK_OFF` apart (on anyio's sleep, so it runs on any of
+    its event loops), while the failure is `worth_it`; then the last failure is raised."""
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception(worth_it),
+        stop=tenacity.stop_after_attempt(_ATTEMPTS),
+        wait=_BACK_OFF,
+        sleep=anyio.sleep,
+        reraise=True,
+    )
 
 
 def _decode(data: Data) -> Any:

@@ -142,7 +142,11 @@ def execute(
 
 
 def minimize(steps: list[Step], fails: Callable[[list[Step]], bool], seconds: float) -> list[Step]:
-    """Delta debugging: drop ever smaller chunks of steps while the failure still reproduces."""
+    """Delta debugging: drop ever smaller chunks of steps while the failure still reproduces.
+
+    Not hypothesis's shrinker: it shrinks only what hypothesis drew itself, and these steps come
+    from a seeded run (`run_seed`) that `--seed` replays; `pagekv.testing.machine` is the fuzzer
+    that hypothesis drives, and shrinks."""
     deadline = time.monotonic() + seconds
     chunk = max(len(steps) // 2, 1)
     while chunk >= 1 and time.monotonic() < deadline:

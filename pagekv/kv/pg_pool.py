@@ -227,7 +227,10 @@ class ConnectionPool(Generic[_Conn]):
             raise
 
     def _new_connection(self, waited: float, deadline: float) -> _Conn:
-        """Connect, retrying with a bounded backoff until `deadline`."""
+        """Connect, retrying with a bounded backoff until `deadline`. A loop of its own, not
+        tenacity's: it counts and keeps each failure under the pool's lock and gives up before a
+        wait that would pass the deadline, as `NoConnection`; tenacity would need a callback for
+        each of those and a wait of its own (its jitter adds, this one scales), no shorter."""
         delay = RETRY_FIRST
         while True:
             try:

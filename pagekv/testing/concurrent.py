@@ -982,7 +982,9 @@ def _minimise(
     plainly, named more precisely.
 
     A candidate gets four times the runs the slowest reproduction so far took (8 to 50), and
-    one that did not fail is not tried again."""
+    one that did not fail is not tried again. Not hypothesis's shrinker: a race fails only some
+    of the runs of a program, and hypothesis takes one passing run as a candidate that passes
+    (and a failure that does not come back as its own error, `Flaky`)."""
     deadline = time.monotonic() + seconds
     best = found
     tried: set[str] = set()

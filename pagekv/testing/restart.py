@@ -1104,7 +1104,9 @@ def _minimise(
     """The shortest scenario still failing the same clause that delta debugging finds within
     `seconds`, and its violation. A kill keeps its kill point, after one call at
     least, and loses the calls after it first (they race the kill); namespaces no call uses are
-    dropped last."""
+    dropped last. Not hypothesis's shrinker: where a kill lands varies from run to run, so a
+    candidate is tried `_KILL_TRIES` times (hypothesis takes one passing run as final), and it
+    does not know to keep the kill point."""
     deadline = time.monotonic() + seconds
     tries = _KILL_TRIES if scenario.kind == KILL else 1
 

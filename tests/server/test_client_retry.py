@@ -4,6 +4,7 @@
 one can make them (a store that fails a commit, connections held open, a closed port) and from
 an `httpx.MockTransport` otherwise; the client's clock and sleep are replaced wherever a test
 looks at the waits, so every assertion is on counts and waits asked for, never on elapsed time.
+A WebSocket connection's reconnects (tenacity's loop) are bounded and spread the same way.
 """
 
 from __future__ import annotations
@@ -16,12 +17,22 @@ import anyio
 import cbor2
 import httpx
 import pytest
+import tenacity
 from server_helpers import serving
 
 from pagekv.actor import ActorTakenOver
 from pagekv.actor.directory.leases import LEASE_S
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE
-from pagekv.client import RETRIED_CODES, RETRY_FOR_S, HttpClient, RemoteError, ServerUnreachable
+from pagekv.actor.realtime.client_connection import ConnectionClosed
+from pagekv.actor.realtime.connection import CloseCode
+from pagekv.client import (
+    RETRIED_CODES,
+    RETRY_FOR_S,
+    HttpClient,
+    RemoteError,
+    ServerUnreachable,
+    websocket,
+)
 from pagekv.kv import FaultKind, FaultyStore, MemoryStore
 from pagekv.protocol import CBOR
 
@@ -235,3 +246,35 @@ async def test_uvicorns_refusal_beyond_max_connections_is_retried() -> None:
             for sock in held:
                 sock.close()
     assert client.retries >= 1 and answer["rows"] == []
+
+
+def test_websocket_waits_double_with_equal_jitter_up_to_a_cap() -> None:
+    """Between reconnect attempts: at least half of a doubling wait (50 ms, 100 ms, ... up to
+    1 s), the other half random, so clients sent away together spread out even at the cap."""
+    retrying = websocket._retrying(websocket._worth_another_try)
+    for n in range(1, 9):
+        state = tenacity.RetryCallState(retrying, None, (), {})
+        state.attempt_number = n
+        longest = min(1.0, 0.05 * 2 ** (n - 1))
+        waits = [websocket._BACK_OFF(state) for _ in range(200)]
+        assert all(longest / 2 <= w <= longest for w in waits), (n, min(waits), max(waits))
+        assert max(waits) - min(waits) > longest / 4, n  # drawn, not fixed
+
+
+async def test_websocket_reconnects_stop_after_the_attempts_and_other_closes_at_once() -> None:
+    tries: list[int] = []
+
+    async def refused(code: int) -> None:
+        tries.append(code)
+        raise ConnectionClosed(code, "refused (injected)")
+
+    for code, attempts in ((CloseCode.GOING_AWAY, websocket._ATTEMPTS), (CloseCode.REFUSED, 1)):
+        tries.clear()
+        clock = Clock()
+        retrying = websocket._retrying(websocket._worth_another_try).copy(sleep=clock.sleep)
+        with pytest.raises(ConnectionClosed) as raised:
+            async for attempt in retrying:
+                with attempt:
+                    await refused(code)
+        assert raised.value.code == code  # the last failure itself, not a wrapper
+        assert len(tries) == attempts and len(clock.waits) == attempts - 1, code
