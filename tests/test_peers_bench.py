@@ -64,3 +64,56 @@ def test_a_tiny_run(tmp_path: Path) -> None:
     assert all(v > 0 for s in run.values() for v in s["figures"].values())
     if with_dbos:
         assert run["dbos-wal-full"]["setup"]["connections"] == ["journal_mode=wal synchronous=2"]
+
+
+HTTP_PEERS = SCRIPT.parent / "http_peers.py"
+
+
+def _http_peers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("peers_http", HTTP_PEERS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_http_comparison_reports_each_rounds_ratio_and_cpu_per_action() -> None:
+    script = _http_peers()
+    args = script.parse_args(["--rounds", "2", "--seconds", "1"])
+
+    def sample(rate: float, cpu: float) -> object:
+        return script.Sample(script.Run(rate, 1.0, 2.0), cpu)
+
+    samples = {
+        ("pagekv", action, clients): [sample(100, 500), sample(300, 700)]
+        for action, clients in script.CASES
+    } | {
+        ("miniflare", action, clients): [sample(200, 400), sample(100, 600)]
+        for action, clients in script.CASES
+    }
+    row = script.report(samples, args).splitlines()[4]
+    assert row.split(" | ")[1:] == [
+        "1",
+        "200 (100-300)",
+        "150 (100-200)",
+        "1.75x (0.50x-3.00x)",
+        "600",
+        "500 |",
+    ], row
+
+
+def test_the_http_comparison_without_miniflare_says_how_to_install_it(tmp_path: Path) -> None:
+    """miniflare is an optional npm install: without it the script exits 2 with the command."""
+    script = _http_peers()
+    if (script.PEER / "node_modules" / "miniflare").is_dir():
+        pytest.skip("miniflare is installed here")
+    done = subprocess.run(
+        [sys.executable, str(HTTP_PEERS), "--rounds", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "npm install --prefix benchmarks/peers/cloudflare" in done.stderr
