@@ -271,3 +271,36 @@ async def test_a_cyclic_result_over_a_connection_is_an_error_answer() -> None:
     assert over_http.status_code == 422, over_http.text
     assert over_http.json()["error"]["code"] == "unencodable_result"
     assert over_http.json()["error"]["written"] is True
+
+
+@edges.action
+async def forward(ctx: ActorContext, item: Item, at: datetime.datetime) -> int:
+    """Sends its converted arguments on, as they are, to another actor's queue."""
+    inbox = ctx.client.get_or_create("typed_edges", "inbox")
+    return await inbox.send("items", {"item": item, "color": item.color, "at": at})
+
+
+@edges.action
+async def take_message(ctx: ActorContext) -> Any:
+    message = await ctx.queue.next(["items"], timeout=0)
+    return None if message is None else message.body
+
+
+async def test_a_queue_message_holds_a_dataclass_as_its_fields() -> None:
+    """A message sent from inside a server (`ctx.client`, which does not go through HTTP) with a
+    dataclass, an enum and a naive datetime is stored as an HTTP client's would be: fields,
+    value, ISO text (cbor2 refused all three, so the action failed with a 500)."""
+    async with serving([edges]) as served, served.http() as http:
+        sent = await http.post(
+            "/actors/typed_edges/actions/forward?key=k",
+            json={"args": [{"sku": "fig", "color": "blue"}, "2026-12-06T23:00:05"]},
+        )
+        taken = await http.post("/actors/typed_edges/actions/take_message?key=inbox", json={})
+    assert sent.status_code == 200, sent.text
+    assert taken.json() == {
+        "result": {
+            "item": {"sku": "fig", "color": "blue"},
+            "color": "blue",
+            "at": "2026-12-06T23:00:05",
+        }
+    }
