@@ -241,10 +241,12 @@ async def test_a_dataclass_field_without_a_value_is_left_out_of_a_result() -> No
         as_cbor = await http.post(
             url, json={"args": [False]}, headers={"accept": "application/cbor"}
         )
-        async with served.client() as client:
-            async with client.get_or_create("typed_edges", "k").connect() as conn:
-                with anyio.fail_after(10):
-                    over_socket = await conn.chain(False)
+        async with (
+            served.client() as client,
+            client.get_or_create("typed_edges", "k").connect() as conn,
+        ):
+            with anyio.fail_after(10):
+                over_socket = await conn.chain(False)
     assert (as_json.status_code, as_json.json()) == (200, {"result": expected}), as_json.text
     assert cbor2.loads(as_cbor.content) == {"result": expected}
     assert over_socket == expected
