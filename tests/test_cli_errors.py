@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import io
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
+import apsw
 import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.cli import fuzzing as cli
+from pagekv.cli.main import _interrupted
 from pagekv.cli.progress import StatusLine
 from pagekv.cli.transfers import _copy_progress
 from pagekv.client import HttpClient, ServerUnreachable
 from pagekv.fuzz.execution import Coverage
 from pagekv.transfer.store_copy import CopyProgress
+from pagekv.vfs import DatabaseDead
 
 
 def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -144,3 +149,37 @@ def test_copy_progress_keeps_each_phases_last_line() -> None:
         "pagekv copy: copy 2/2 namespaces, 2.0 MiB (1.0 MiB/s), 2 s",
         "pagekv copy: verify 2/2 namespaces, 2 s",
     ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["fuzz", "--seconds", "60"], ["bench", "--workload", "commit-1", "--repeat", "1000"]],
+    ids=["fuzz", "bench"],
+)
+def test_ctrl_c_mid_run_is_one_line_and_130(tmp_path: Path, args: list[str]) -> None:
+    """A SIGINT while fuzz or bench runs: the progress line ends, one line says so, and the
+    status is the shell's for an interrupt (it was a traceback: of the KeyboardInterrupt, or of
+    the SQLite IOError it becomes when it lands in a VFS callback under bench, status 1)."""
+    command = [sys.executable, "-m", "pagekv", *args]
+    with subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        time.sleep(1.5)  # past the start-up, into the runs (each takes much longer)
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == f"pagekv {args[0]}: interrupted", err
+
+
+def test_an_error_a_ctrl_c_caused_counts_as_the_interrupt() -> None:
+    """The chain bench meets (SQLite's IOError from the VFS's DatabaseDead, whose `cause` is
+    the interrupt) is an interrupt; an error without one in its chain is not."""
+    dead = DatabaseDead(KeyboardInterrupt())
+    try:
+        raise apsw.IOError("pagekv: database is dead") from dead
+    except apsw.IOError as e:
+        assert _interrupted(e)
+    assert not _interrupted(apsw.IOError("disk I/O error"))
+    assert not _interrupted(DatabaseDead(OSError("full")))

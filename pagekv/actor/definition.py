@@ -336,8 +336,8 @@ def _type_hints(fn: Hook) -> dict[str, Any]:
     """The resolved annotations of `fn`; when one cannot be resolved (a string naming what is
     not defined, or not yet), each of the others on its own, without that one."""
     try:
-        return typing.get_type_hints(fn)
-    except Exception:
+        return typing.get_type_hints(fn, include_extras=True)  # `Annotated[int, Meta(ge=0)]`'s
+    except Exception:  # constraints are checked: without the extras they would be dropped
         pass
     try:
         annotations = dict(getattr(fn, "__annotations__", None) or {})
@@ -347,7 +347,9 @@ def _type_hints(fn: Hook) -> dict[str, Any]:
     hints: dict[str, Any] = {}
     for name, annotation in annotations.items():
         try:
-            hints.update(typing.get_type_hints(_Annotations(name, annotation, globalns)))
+            hints.update(
+                typing.get_type_hints(_Annotations(name, annotation, globalns), include_extras=True)
+            )
         except Exception:
             continue
     return hints

@@ -27,6 +27,7 @@ from pagekv.actor.tables.sql import (
     queue_messages,
     queue_size,
 )
+from pagekv.actor.typed_values import cbor_dumps
 
 MAX_MESSAGES = 1000
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -69,7 +70,7 @@ def prepare_message(name: Any, body: Any) -> Outgoing:
         raise InvalidQueueName(
             f"queue name must be 1 to {MAX_QUEUE_NAME_BYTES} bytes, got {size} bytes"
         )
-    encoded = cbor2.dumps(body)
+    encoded = cbor_dumps(body)  # a dataclass or enum as its fields or value, as over HTTP
     if len(encoded) > MAX_MESSAGE_BYTES:
         raise MessageTooLarge(
             f"message of {len(encoded)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}"

@@ -30,12 +30,19 @@ def as_builtins(value: Any) -> Any:
     `Struct` as an object of its fields. One level only: the encoders come back here for what
     the fields hold, and encode a datetime or bytes in a field as they do anywhere else.
     (Not `msgspec.to_builtins`: it leaves out a dataclass field that `msgspec.convert` left at
-    its default, which it does not store on the instance.)"""
+    its default, which it does not store on the instance.) A dataclass field that holds no
+    value (`field(init=False)` never set) is left out, as msgspec's encoders leave it out: it
+    has nothing to send, and reading it would raise `AttributeError`, which no caller of an
+    encoder expects (an action's writes would stand behind a 500)."""
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, msgspec.Struct):
         return msgspec.structs.asdict(value)
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    fields = ((f.name, getattr(value, f.name, _UNSET)) for f in dataclasses.fields(value))
+    return {name: field for name, field in fields if field is not _UNSET}
+
+
+_UNSET: Any = object()
 
 
 def cbor_default(encoder: cbor2.CBOREncoder, value: Any) -> None:

@@ -52,8 +52,8 @@ KV_ENV = "PAGEKV_KV"
 
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:
-    """`--kv URL` of the commands that work on the user's store (serve, inspect, demo): the
-    default is `$PAGEKV_KV`, else the embedded store in `./.pagekv`."""
+    """`--kv URL` of the commands that work on the user's store (serve, inspect, export,
+    import, ui, demo): the default is `$PAGEKV_KV`, else the embedded store in `./.pagekv`."""
     parser.add_argument(
         "--kv",
         default=os.environ.get(KV_ENV, DEFAULT_URL),

@@ -313,7 +313,9 @@ def _refuse_running(marker: dict[str, Any]) -> None:
 
 def _each(threads: int, items: list[str], fn: Callable[[str], None]) -> None:
     """`fn(item)` for every item on `threads` threads; the first failure stops the items not
-    yet begun and is raised, naming its item."""
+    yet begun and is raised, naming its item. So does a Ctrl-C (`KeyboardInterrupt`, raised in
+    this thread while it waits): the items under way finish, the others are dropped (leaving
+    the pool would otherwise wait for every item submitted, the whole phase)."""
     failed = threading.Event()
 
     def guarded(item: str) -> None:
@@ -327,8 +329,13 @@ def _each(threads: int, items: list[str], fn: Callable[[str], None]) -> None:
             raise
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pagekv-copy") as pool:
-        for future in [pool.submit(guarded, item) for item in items]:
-            future.result()
+        try:
+            for future in [pool.submit(guarded, item) for item in items]:
+                future.result()
+        except BaseException:
+            failed.set()
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 def _fingerprint(kv: ActorKv) -> Fingerprint:

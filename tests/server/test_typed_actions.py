@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import datetime
 import enum
-from dataclasses import dataclass
-from typing import Any, TypedDict
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypedDict
 
+import anyio
 import cbor2
 import httpx
+import msgspec
 import pytest
 from server_helpers import serving
 
 from pagekv.actor import ActorContext, actor
+from pagekv.client import RemoteError
 
 pytestmark = pytest.mark.anyio
 
@@ -179,3 +182,127 @@ async def test_the_actor_type_lists_the_typed_parameters() -> None:
         ("total", "int | None", "None"),
     ]
     assert (checkout["returns"], favourite["returns"]) == ("Receipt", "Color")
+
+
+@dataclass
+class Link:
+    """`after` is never set by `__init__`: an instance may hold no value for it at all."""
+
+    name: str
+    next: Link | None = None
+    after: int = field(init=False)
+
+
+edges = actor("typed_edges", state={"calls": 0})
+
+
+@edges.action
+async def take(ctx: ActorContext, count: Annotated[int, msgspec.Meta(ge=0, le=10)]) -> int:
+    ctx.state["calls"] += 1
+    return count
+
+
+@edges.action
+async def chain(ctx: ActorContext, cyclic: bool) -> Link:
+    """A result with a field that holds no value, or (`cyclic`) one that holds itself."""
+    ctx.state["calls"] += 1
+    link = Link("a", Link("b"))
+    if cyclic:
+        assert link.next is not None
+        link.next.next = link
+    return link
+
+
+async def test_an_annotated_constraint_is_checked() -> None:
+    """`Annotated[int, msgspec.Meta(ge=0, le=10)]`: its bounds are part of the type (they were
+    dropped with the annotation's extras, and -5 reached the action)."""
+    async with serving([edges]) as served, served.http() as http:
+        low = await http.post("/actors/typed_edges/actions/take?key=k", json={"args": [-5]})
+        high = await http.post("/actors/typed_edges/actions/take?key=k", json={"args": [11]})
+        fits = await http.post("/actors/typed_edges/actions/take?key=k", json={"args": [10]})
+    for refused, given in ((low, "got int -5"), (high, "got int 11")):
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["written"]) == ("invalid_arguments", False)
+        assert error["message"] == (
+            "action 'take' of actor 'typed_edges': argument 'count' must be "
+            f"Annotated[int, msgspec.Meta(ge=0, le=10)], {given}"
+        )
+    assert fits.json() == {"result": 10}
+
+
+async def test_a_dataclass_field_without_a_value_is_left_out_of_a_result() -> None:
+    """A `field(init=False)` never set is sent as msgspec sends it, left out (reading it raised
+    `AttributeError`: a 500 over HTTP, a dropped socket over a connection, after the writes)."""
+    expected = {"name": "a", "next": {"name": "b", "next": None}}
+    async with serving([edges]) as served, served.http() as http:
+        url = "/actors/typed_edges/actions/chain?key=k"
+        as_json = await http.post(url, json={"args": [False]})
+        as_cbor = await http.post(
+            url, json={"args": [False]}, headers={"accept": "application/cbor"}
+        )
+        async with (
+            served.client() as client,
+            client.get_or_create("typed_edges", "k").connect() as conn,
+        ):
+            with anyio.fail_after(10):
+                over_socket = await conn.chain(False)
+    assert (as_json.status_code, as_json.json()) == (200, {"result": expected}), as_json.text
+    assert cbor2.loads(as_cbor.content) == {"result": expected}
+    assert over_socket == expected
+
+
+async def test_a_cyclic_result_over_a_connection_is_an_error_answer() -> None:
+    """A result that holds itself cannot be encoded (recursion): the call is answered with
+    `unencodable_result` and the connection goes on (the RecursionError dropped the socket, and
+    the client saw its call end with 1006 'it may have run')."""
+    async with serving([edges]) as served, served.client() as client:
+        handle = client.get_or_create("typed_edges", "k")
+        async with handle.connect() as conn:
+            with anyio.fail_after(10):
+                with pytest.raises(RemoteError, match="an answer must be CBOR-serialisable") as e:
+                    await conn.chain(True)
+                after = await conn.take(3)
+            reconnects = conn.reconnects
+        async with served.http() as http:
+            over_http = await http.post(
+                "/actors/typed_edges/actions/chain?key=k", json={"args": [True]}
+            )
+    assert e.value.code == "unencodable_result"
+    assert (after, reconnects) == (3, 0)
+    assert over_http.status_code == 422, over_http.text
+    assert over_http.json()["error"]["code"] == "unencodable_result"
+    assert over_http.json()["error"]["written"] is True
+
+
+@edges.action
+async def forward(ctx: ActorContext, item: Item, at: datetime.datetime) -> int:
+    """Sends its converted arguments on, as they are, to another actor's queue."""
+    inbox = ctx.client.get_or_create("typed_edges", "inbox")
+    return await inbox.send("items", {"item": item, "color": item.color, "at": at})
+
+
+@edges.action
+async def take_message(ctx: ActorContext) -> Any:
+    message = await ctx.queue.next(["items"], timeout=0)
+    return None if message is None else message.body
+
+
+async def test_a_queue_message_holds_a_dataclass_as_its_fields() -> None:
+    """A message sent from inside a server (`ctx.client`, which does not go through HTTP) with a
+    dataclass, an enum and a naive datetime is stored as an HTTP client's would be: fields,
+    value, ISO text (cbor2 refused all three, so the action failed with a 500)."""
+    async with serving([edges]) as served, served.http() as http:
+        sent = await http.post(
+            "/actors/typed_edges/actions/forward?key=k",
+            json={"args": [{"sku": "fig", "color": "blue"}, "2026-12-06T23:00:05"]},
+        )
+        taken = await http.post("/actors/typed_edges/actions/take_message?key=inbox", json={})
+    assert sent.status_code == 200, sent.text
+    assert taken.json() == {
+        "result": {
+            "item": {"sku": "fig", "color": "blue"},
+            "color": "blue",
+            "at": "2026-12-06T23:00:05",
+        }
+    }

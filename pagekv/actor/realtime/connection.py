@@ -189,8 +189,9 @@ def encoded_size(frame: Frame, limits: ConnectionLimits) -> int:
     `TypeError` for a value CBOR cannot hold."""
     try:
         size = len(cbor_dumps(frame))  # as the frame is sent: a dataclass result too
-    except (cbor2.CBOREncodeError, ValueError) as e:
-        raise TypeError(f"an event must be CBOR-serialisable: {e}") from e
+    except (cbor2.CBOREncodeError, ValueError, RecursionError) as e:  # a cyclic dataclass
+        what = "an event" if frame.get("t") == "event" else "an answer"
+        raise TypeError(f"{what} must be CBOR-serialisable: {e}") from e
     if size > limits.max_out_bytes:
         what = f"event {frame['name']!r}" if frame.get("t") == "event" else "answer"
         raise MessageTooLarge(
