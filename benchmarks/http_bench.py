@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -145,7 +146,17 @@ class PagekvCaller:
         pass
 
 
-async def measure(url: str, action: str, clients: int, seconds: float, tag: str, kind: str) -> Run:
+async def measure(
+    url: str,
+    action: str,
+    clients: int,
+    seconds: float,
+    tag: str,
+    kind: str,
+    timed: Callable[[], None] | None = None,
+) -> Run:
+    """`clients` callers of `action` for `seconds`, once every caller has made a first call
+    (connected, its actor awake); `timed` is called as the timed part starts."""
     latencies: list[float] = []
     async with HttpClient(url, token=TOKEN) as client:
         callers: list[RawCaller | PagekvCaller] = [
@@ -156,6 +167,8 @@ async def measure(url: str, action: str, clients: int, seconds: float, tag: str,
         ]
         for caller in callers:  # connect and wake every actor before timing
             await caller.call()
+        if timed is not None:
+            timed()
         deadline = time.perf_counter() + seconds
 
         async def loop(caller: RawCaller | PagekvCaller) -> None:

@@ -258,6 +258,7 @@ def test_report_fits_the_width_it_is_given(quick_run: QuickRun) -> None:
             for header in ("median/op", "pagekv speed", "RT/op"):
                 assert header in columns
             assert ("IQR" in columns) == ("IQR" not in hidden)
+            assert ("CPU/op" in columns) == ("CPU/op" not in hidden)
     assert hidden_columns(report.workloads, 80)[:4] == ["IQR", "py peak", "sqlite peak", "WA+comp"]
     assert hidden_columns(report.workloads, None) == []
 
@@ -360,6 +361,10 @@ def test_json_has_every_field(quick: tuple[dict[str, Any], str, str]) -> None:
             for sample in system["samples"]:
                 assert set(sample) == _fields(Sample)
                 assert sample["seconds"] > 0 and sample["ops"] > 0
+                assert sample["cpu_seconds"] > 0
+            assert system["summary"]["cpu_s_per_op"] == pytest.approx(
+                statistics.median(s["cpu_seconds"] / s["ops"] for s in system["samples"])
+            )
         pagekv = by_name["pagekv"]["summary"]
         assert pagekv["round_trips_per_op"] is not None
         assert pagekv["kv_bytes_written_per_op"] is not None

@@ -13,7 +13,8 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "peers" / "workflows.py"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "peers" / "workflows.py"
 
 
 def _script() -> ModuleType:
@@ -92,28 +93,40 @@ def test_the_http_comparison_reports_each_rounds_ratio_and_cpu_per_action() -> N
         ("miniflare", action, clients): [sample(200, 400), sample(100, 600)]
         for action, clients in script.CASES
     }
-    row = script.report(samples, args).splitlines()[4]
-    assert row.split(" | ")[1:] == [
-        "1",
-        "200 (100-300)",
-        "150 (100-200)",
-        "1.75x (0.50x-3.00x)",
-        "600",
-        "500 |",
-    ], row
+    samples["rivetkit", "bump", 1] = [sample(10, 9000), sample(20, 8000)]
+    rows = [
+        r.split(" | ")[1:]
+        for r in script.report(samples, ["miniflare", "rivetkit"], args).splitlines()[4:]
+    ]
+    assert rows[:3] == [
+        ["1", "pagekv", "200 (100-300)", "", "600 |"],
+        ["1", "miniflare", "150 (100-200)", "1.75x (0.50x-3.00x)", "500 |"],
+        ["1", "rivetkit", "15 (10-20)", "12.50x (10.00x-15.00x)", "8,500 |"],
+    ], rows
+    assert [r[1] for r in rows[3:5]] == ["pagekv", "miniflare"]  # rivetkit has no bump_sql
+    failed = {("rivetkit", "bump", 1): script.Failed("timed out")}
+    rows = [
+        r.split(" | ")[1:]
+        for r in script.report(samples, ["miniflare", "rivetkit"], args, failed).splitlines()[4:]
+    ]
+    assert rows[2] == ["1", "rivetkit", "failed: timed out", "| |"], rows
 
 
-def test_the_http_comparison_without_miniflare_says_how_to_install_it(tmp_path: Path) -> None:
-    """miniflare is an optional npm install: without it the script exits 2 with the command."""
+def test_the_http_comparison_without_its_peers_says_how_to_install_them(tmp_path: Path) -> None:
+    """The peers are optional npm installs: asked for one that is not there, the script exits
+    2 naming the command."""
     script = _http_peers()
-    if (script.PEER / "node_modules" / "miniflare").is_dir():
-        pytest.skip("miniflare is installed here")
+    missing = [name for name, peer in script.PEERS.items() if not peer.installed()]
+    if not missing:
+        pytest.skip("every peer is installed here")
     done = subprocess.run(
-        [sys.executable, str(HTTP_PEERS), "--rounds", "1"],
-        cwd=tmp_path,
+        [sys.executable, str(HTTP_PEERS), "--rounds", "1", "--peers", missing[0]],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2
-    assert "npm install --prefix benchmarks/peers/cloudflare" in done.stderr
+    assert f"npm install --prefix benchmarks/peers/{script.PEERS[missing[0]].directory.name}" in (
+        done.stderr
+    )

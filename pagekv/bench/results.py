@@ -177,6 +177,7 @@ def _rate(result: SystemResult, unit: str) -> str:
 _HEADERS = (
     "system",
     "median/op",
+    "CPU/op",
     "spread: min..max",
     "IQR",
     "rate",
@@ -199,6 +200,7 @@ DROP_ORDER: tuple[tuple[str, ...], ...] = (
     ("WA",),
     ("KV rd/op",),
     ("KV wr/op",),
+    ("CPU/op",),
     ("rate",),
 )
 """Columns left out, least important first, until the tables fit the terminal (system, median,
@@ -237,6 +239,7 @@ def _rows(result: WorkloadResult) -> list[Row]:
             (
                 system.label,
                 fmt_time(s.median_s_per_op),
+                fmt_time(s.cpu_s_per_op) if s.cpu_s_per_op is not None else "-",
                 f"{fmt_time(s.min_s_per_op)}..{fmt_time(s.max_s_per_op)}",
                 f"{fmt_time(s.q1_s_per_op)}..{fmt_time(s.q3_s_per_op)}",
                 _rate(system, result.unit),
@@ -396,8 +399,9 @@ def header(report: BenchReport) -> str:
             f"  Python {m.python} ({m.implementation}), apsw {m.apsw}, SQLite {m.sqlite}, "
             f"{m.cpu_count} CPUs ({m.cpu_model}), load average {m.load_average_start}",
             f"  {RATIO_DEFINITION}",
-            "  spread: min..max and IQR of per-op times; RT: KV round trips; KV wr/rd: KV bytes "
-            "(keys + values) per op;",
+            "  CPU/op: this process's CPU time (user + system, every thread) per op, median of the "
+            "samples; spread: min..max and IQR of per-op times; RT: KV round trips; KV wr/rd: "
+            "KV bytes (keys + values) per op;",
             "  WA: KV bytes written ÷ SQLite page bytes committed (compaction inside the body "
             "excluded); WA+comp: with it and with a compaction pass right after the body;",
             "  peak: memory above the start of the body, from " + MEMORY_METHOD,

@@ -58,6 +58,9 @@ class Sample:
     """Writes the store made durable during the body (None: native, or no `flush_counts`)."""
     flushes: int | None = None
     """Durable flushes of the store during the body (None: as `store_writes`)."""
+    cpu_seconds: float = 0.0
+    """CPU time of the whole process (user + system, every thread) during the body: on two cores
+    with the GIL, the time per operation hides what a system spends on it."""
 
     @property
     def seconds_per_op(self) -> float:
@@ -96,6 +99,8 @@ class Summary:
     flushes_per_op: float | None = None
     """Median over samples of the store's durable flushes ÷ operations (None: not counted)."""
     store_writes_per_op: float | None = None
+    cpu_s_per_op: float | None = None
+    """Median over samples of the process's CPU seconds ÷ operations."""
 
 
 @dataclass
@@ -347,13 +352,13 @@ class WorkloadRun:
             subject.kv_reset()
             before = subject.counters()
             flushed = self.workspace.flush_counts() if spec.kind == "pagekv" else None
-            started = time.perf_counter()
+            cpu, started = time.process_time(), time.perf_counter()
             ops = self.workload.body(subject, data)
-            seconds = time.perf_counter() - started
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
             kv = subject.kv_reset()
             delta = subject.counters()
             delta.subtract(before)
-            sample = Sample(rep=rep, order=order, seconds=seconds, ops=ops)
+            sample = Sample(rep=rep, order=order, seconds=seconds, ops=ops, cpu_seconds=cpu)
             if flushed is not None and (now := self.workspace.flush_counts()) is not None:
                 sample.store_writes = now.writes - flushed.writes
                 sample.flushes = now.flushes - flushed.flushes
@@ -424,6 +429,7 @@ def summarize(samples: list[Sample], payload_bytes: int | None) -> Summary:
         q3_s_per_op=q3,
         ops_per_s=1 / median if median else float("inf"),
         mib_per_s=payload_bytes / median / 2**20 if payload_bytes and median else None,
+        cpu_s_per_op=statistics.median(s.cpu_seconds / s.ops for s in samples),
     )
     if not any(s.round_trips or s.counters for s in samples):
         return summary
