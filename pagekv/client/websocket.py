@@ -139,6 +139,9 @@ class RemoteConnection(ActorConnection):
         except BaseException:
             await socket.close()
             raise
+        if self.closed is not None:  # closed by the client while this socket opened: not kept
+            await socket.close()
+            return
         self.id = frame["conn"]
         self._socket = socket
         self._settled.set()
@@ -198,12 +201,16 @@ class RemoteConnection(ActorConnection):
 
     async def _reconnect(self, error: ConnectionClosed) -> bool:
         """A new socket after `error` (the server sent this one away, or it dropped), after a
-        first wait as between attempts; False once the connection has ended for good."""
+        first wait as between attempts; False once the connection has ended for good, as it
+        has once the client closes it meanwhile (no attempt is made after that, and a socket
+        that opens after it is closed at once: a closed connection never comes back)."""
         retrying = _retrying(_worth_another_try)
         await anyio.sleep(_BACK_OFF(tenacity.RetryCallState(retrying, None, (), {})))
         try:
             async for attempt in retrying:
                 with attempt:
+                    if self.closed is not None:
+                        return False
                     await self._open()
         except ConnectionClosed as refused:
             if refused.code not in RECONNECT:
@@ -213,6 +220,8 @@ class RemoteConnection(ActorConnection):
             return False
         except (OSError, InvalidHandshake, TimeoutError):
             self._finish(error.code, f"{error.reason} (reconnecting failed {_ATTEMPTS} times)")
+            return False
+        if self.closed is not None:
             return False
         self.reconnects += 1
         return True

@@ -46,12 +46,14 @@ async def serving(
     kv: KvStore | None = None,
     token: str | None = TOKEN,
     advertise: bool = False,
+    port: int = 0,
     **config: Any,
 ) -> AsyncIterator[Served]:
-    """A server on a loopback port of its own; `advertise`: it tells the other servers of its
-    store its address, so they forward it the calls for the actors it owns."""
+    """A server on a loopback port of its own (`port`: that one, to restart a server where its
+    clients come back); `advertise`: it tells the other servers of its store its address, so
+    they forward it the calls for the actors it owns."""
     store = kv if kv is not None else MemoryStore()
-    sock, url = _loopback()
+    sock, url = _loopback(port)
     if advertise:
         config["advertise_url"] = url
     settings = ServerConfig(token=token, unauthenticated=token is None, **config)
@@ -79,10 +81,11 @@ async def serving_store(
         yield served
 
 
-def _loopback() -> tuple[socket.socket, str]:
+def _loopback(port: int = 0) -> tuple[socket.socket, str]:
     sock = socket.socket()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart on a port just used
+    sock.bind(("127.0.0.1", port))
     return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 

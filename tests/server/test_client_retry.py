@@ -18,6 +18,7 @@ import cbor2
 import httpx
 import pytest
 import tenacity
+from server_defs import member
 from server_helpers import serving
 
 from pagekv.actor import ActorTakenOver
@@ -278,3 +279,32 @@ async def test_websocket_reconnects_stop_after_the_attempts_and_other_closes_at_
                     await refused(code)
         assert raised.value.code == code  # the last failure itself, not a wrapper
         assert len(tries) == attempts and len(clock.waits) == attempts - 1, code
+
+
+async def test_a_connection_closed_while_reconnecting_stays_closed() -> None:
+    """The server restarts under a connection, which reconnects to it; it stops again, and the
+    client closes the connection while it reconnects: once the server is back, no socket is
+    opened for it (one was: the closed connection came back, running `on_connect` again, and
+    held a socket nobody could use until its `async with` ended)."""
+    store = MemoryStore()
+    async with serving([member], kv=store, token=None) as first, first.client() as client:
+        conn = client.get_or_create("member", "m").connect({"name": "ada"})
+        await conn.__aenter__()
+    port = int(first.url.rsplit(":", 1)[1])
+    try:
+        async with serving([member], kv=store, token=None, port=port):
+            with anyio.fail_after(20):
+                while conn.reconnects == 0:
+                    await anyio.sleep(0.01)
+            assert conn.closed is None
+        await anyio.sleep(0.2)  # the server is gone again: reconnecting
+        with anyio.fail_after(5):
+            await conn.close()
+        async with serving([member], kv=store, token=None, port=port) as third:
+            await anyio.sleep(2)  # past several attempts' waits
+            async with third.client() as other:
+                report = await other.get_or_create("member", "m").report()
+    finally:
+        with anyio.fail_after(5):
+            await conn.__aexit__(None, None, None)
+    assert (conn.reconnects, report["joined"], report["open"]) == (1, 2, 0), report
