@@ -38,6 +38,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 from pagekv.actor.directory.records import REGISTRY_NAMESPACE
+from pagekv.actor.worker_threads import never_waits
 from pagekv.kv import ActorKv, FlushCounts, KvStore
 from pagekv.kv.limits import is_mapping
 from pagekv.kv.wrappers import KvWrapper
@@ -103,11 +104,14 @@ class _MeteredKv(KvWrapper):
 
 
 class MeteredStore:
-    """A `KvStore` whose namespaces count their round trips into one `KvMeter`."""
+    """A `KvStore` whose namespaces count their round trips into one `KvMeter`. It never waits
+    where its store never waits (`KvStore.never_waits`): the registry then runs the actors' work
+    on the event loop, as it does in process, not on worker threads."""
 
     def __init__(self, inner: KvStore, meter: KvMeter) -> None:
         self.inner = inner
         self.meter = meter
+        self.never_waits = never_waits(inner)
 
     def namespace(self, actor_id: str) -> ActorKv:
         commits = actor_id != REGISTRY_NAMESPACE

@@ -290,3 +290,23 @@ async def test_the_file_stores_flush_counts_are_served(tmp_path: Path) -> None:
             assert value(text, name) > value(first, name) > 0, name  # a lone writer flushes
     finally:
         store.close()
+
+
+async def test_metering_a_store_that_never_waits_keeps_the_actors_work_on_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """The served registry's store is a `MeteredStore`: over `memory://` it still never waits,
+    so the actors' SQL runs on the event loop as in process (it hopped to a worker thread per
+    action, a third of the actions/s); over `file:` it waits, and the work goes to threads."""
+    memory = MeteredStore(MemoryStore(), KvMeter())
+    assert memory.never_waits is True
+    assert MeteredStore(MemoryStore(latency_ms=1), KvMeter()).never_waits is False
+    file_store = FileStore(tmp_path / "kv")
+    try:
+        assert MeteredStore(file_store, KvMeter()).never_waits is False
+    finally:
+        file_store.close()
+    async with serving() as served, served.client() as client:
+        assert (await client.get_or_create("ledger", "inline").add(1))["count"] == 1
+        workers = served.app.state.registry.workers
+        assert workers.inline is True and workers.busy() == 0
