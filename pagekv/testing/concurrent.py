@@ -81,8 +81,10 @@ _SETUP_TRIES: Final = 5
 """Times a round's setup is tried when it gets `KvUnavailable` or `KvIndeterminate`."""
 _MOST_THREADS, _MOST_STEPS = 16, 100
 """The largest program a replay file may ask for (the part makes 3-4 threads of 4-8 calls)."""
-_REPLAY_ATTEMPTS: Final = 1000
-_REPLAY_SECONDS: Final = 5.0
+_REPLAY_ATTEMPTS: Final = 3000
+_REPLAY_SECONDS: Final = 15.0
+"""A replay stops at its first failure; these bound the search for one. A program the minimiser
+had no time to shrink (a loaded machine) may fail once in hundreds of runs."""
 FINAL: Final = -1
 """The thread of the sequential reads made after the threads joined: `_CLOSING`."""
 _CLOSING: Final = (
@@ -1112,7 +1114,7 @@ def run_concurrent(subject: Subject, *, seconds: float, seed: int) -> PartResult
 
 def replay_concurrent(subject: Subject, details: dict[str, Any]) -> Violation | None:
     """Re-run a reported program until it breaks the contract again (None: it did not, within
-    1,000 runs or 5 s; a race need not show every time)."""
+    3,000 runs or 15 s; a race need not show every time)."""
     program = Program.from_json(details["program"])
     crew = _Crew()
     try:

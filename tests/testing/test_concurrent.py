@@ -395,7 +395,7 @@ def test_racy_backends_are_caught_by_the_clause_they_break(
     call (atomic): which of the two a run shows first depends on the machine's timing."""
     subject = Subject(factory)
     try:
-        result = run_concurrent(subject, seconds=4.0, seed=1)
+        result = run_concurrent(subject, seconds=6.0, seed=1)
         violation = result.violation
         assert result.status is Status.FAILED and violation is not None, result.summary
         assert violation.clause in clause, violation
@@ -406,7 +406,7 @@ def test_racy_backends_are_caught_by_the_clause_they_break(
         replayed = replay_concurrent(subject, json.loads(json.dumps(violation.details)))
     finally:
         subject.close()
-    assert replayed is not None, "the reported program did not reproduce"
+    assert replayed is not None, f"the reported program did not reproduce: {violation.details}"
     assert replayed.details["program"] == violation.details["program"]
 
 
