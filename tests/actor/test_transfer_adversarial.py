@@ -836,7 +836,7 @@ def test_a_second_copy_into_a_store_a_running_copy_fills_is_refused(tmp_path: Pa
     with open_kv(source_url) as source:
         _populate_orders(source, [f"k-{i:02}" for i in range(20)])
         expected = _content(source)
-    slow = f"{target_url}?flush_delay_ms=5"
+    slow = f"{target_url}?flush_delay_ms=25"  # it outlasts the second copy on a loaded machine
     command = [sys.executable, "-m", "pagekv", "copy", "--from", source_url, "--to"]
     first = subprocess.Popen([*command, slow, "--threads", "1"], cwd=ROOT, stderr=subprocess.PIPE)
     try:
