@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import apsw
 
 from pagekv import __version__, build_description
-from pagekv.bench.sampling import MEMORY_METHOD, SystemResult, WorkloadResult
+from pagekv.bench.sampling import MEMORY_METHOD, SystemResult, WorkloadResult, fmt_time
 from pagekv.bench.targets import MET, MISSED, TargetResult, fmt_ratio
 
 SCHEMA_VERSION = 2
@@ -143,14 +143,6 @@ def write_json(report: BenchReport, path: Path) -> None:
 
 
 # -- text -------------------------------------------------------------------------------------
-
-
-def fmt_time(s: float) -> str:
-    if s < 1e-3:
-        return f"{s * 1e6:,.1f} µs"
-    if s < 1:
-        return f"{s * 1e3:,.2f} ms"
-    return f"{s:,.2f} s"
 
 
 def fmt_bytes(n: float | None) -> str:

@@ -188,12 +188,13 @@ def _rotated(systems: list[SystemSpec], rep: int) -> list[SystemSpec]:
     return systems[k:] + systems[:k]
 
 
-def _fmt_seconds(s: float) -> str:
+def fmt_time(s: float) -> str:
+    """A duration in seconds as µs, ms or s, for the report and the progress line."""
     if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
+        return f"{s * 1e6:,.1f} µs"
     if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    return f"{s:.2f} s"
+        return f"{s * 1e3:,.2f} ms"
+    return f"{s:,.2f} s"
 
 
 class Harness:
@@ -310,7 +311,7 @@ class WorkloadRun:
                     results[spec.name].samples.append(sample)
                     self.progress.step(
                         f"{w.name} rep {rep + 1}/{repeat} {spec.label}: "
-                        f"{_fmt_seconds(sample.seconds_per_op)}/{w.unit}"
+                        f"{fmt_time(sample.seconds_per_op)}/{w.unit}"
                     )
                 del data
             for spec in self.systems:

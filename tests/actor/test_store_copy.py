@@ -98,6 +98,23 @@ def test_file_to_postgres_and_back_verified(tmp_path: Path, postgres_server: Any
     assert view["items"] == ["item-0", "item-1", "wake-1", "wake-2", "reminder"]
 
 
+def _await_copied(
+    child: subprocess.Popen[Any], directory: Path, target_url: str, at_least: int, before: str
+) -> int:
+    """Wait until the running copy `child` has copied `at_least` namespaces (its progress
+    entries in the destination); how many it had then."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert child.poll() is None, f"the copy ended before {before}"
+        assert time.monotonic() < deadline, "the copy copied nothing in 60 s"
+        if directory.exists():
+            with open_kv(target_url) as target:
+                done = len(target.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX))
+            if done >= at_least:
+                return done
+        time.sleep(0.01)
+
+
 def test_a_sigkilled_copy_resumes_where_it_stopped(tmp_path: Path) -> None:
     keys = [f"k-{i:02}" for i in range(40)]
     source_url = (tmp_path / "src").resolve().as_uri()
@@ -109,16 +126,7 @@ def test_a_sigkilled_copy_resumes_where_it_stopped(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "pagekv", "copy", "--from", source_url, "--to", slow]
     child = subprocess.Popen([*command, "--threads", "1"], cwd=ROOT, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert child.poll() is None, "the copy ended before the kill"
-            assert time.monotonic() < deadline, "the copy copied nothing in 60 s"
-            if (tmp_path / "dst").exists():
-                with open_kv(target_url) as target:
-                    done = target.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX)
-                if len(done) >= 5:
-                    break
-            time.sleep(0.01)
+        _await_copied(child, tmp_path / "dst", target_url, 5, "the kill")
         child.send_signal(signal.SIGKILL)
         assert child.wait() == -signal.SIGKILL
     finally:
@@ -152,17 +160,7 @@ def test_ctrl_c_stops_a_copy_promptly_and_it_resumes(tmp_path: Path) -> None:
     with subprocess.Popen(
         [*command, "--threads", "2"], cwd=ROOT, stderr=subprocess.PIPE, text=True
     ) as child:
-        deadline = time.monotonic() + 60
-        while True:
-            assert child.poll() is None, "the copy ended before the interrupt"
-            assert time.monotonic() < deadline, "the copy copied nothing in 60 s"
-            if (tmp_path / "dst").exists():
-                with open_kv(target_url) as target:
-                    done = target.namespace(REGISTRY_NAMESPACE).list(prefix=COPY_PREFIX)
-                if len(done) >= 5:
-                    break
-            time.sleep(0.01)
-        copied_at_signal = len(done)
+        copied_at_signal = _await_copied(child, tmp_path / "dst", target_url, 5, "the interrupt")
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
