@@ -20,6 +20,7 @@ from server_helpers import serving
 
 from pagekv.actor import ActorContext, actor
 from pagekv.client import RemoteError
+from pagekv.kv import MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -306,3 +307,43 @@ async def test_a_queue_message_holds_a_dataclass_as_its_fields() -> None:
             "at": "2026-12-06T23:00:05",
         }
     }
+
+
+relay = actor("typed_relay")
+
+
+@relay.action
+async def relay_checkout(ctx: ActorContext) -> Any:
+    """An actor's typed call of another actor, which another server of the store owns: its
+    arguments go over HTTP (`OwnerCalls`) as a client's would."""
+    shop_k = ctx.client.get_or_create("typed", "k")
+    color = await shop_k.favourite(Color.BLUE)
+    receipt = await shop_k.checkout([Item("fig", Color.BLUE)], Note(text="t", at=AT), AT)
+    return {"color": color, "items": receipt["items"]}
+
+
+async def test_typed_calls_convert_at_the_owner_when_forwarded_and_between_servers() -> None:
+    """Two servers of one store: a typed call reaching the server that does not own the actor is
+    forwarded as it came (its body's text) and converted by the owner; and an actor's call with
+    a dataclass and an enum to an actor the other server owns arrives converted."""
+    store = MemoryStore()
+    async with (
+        serving([shop, relay], kv=store, advertise=True, forward_keepalive_s=0.1) as a,
+        serving([shop, relay], kv=store, advertise=True, forward_keepalive_s=0.1) as b,
+        a.http() as at_a,
+        b.http() as at_b,
+    ):
+        assert (await post(at_a, "favourite", {"args": ["red"]})).json() == {"result": "red"}
+        forwarded = await post(at_b, "checkout", {"kwargs": ARGS})
+        assert forwarded.status_code == 200, forwarded.text
+        assert forwarded.json()["result"]["items"][1] == {"sku": "plum", "color": "blue"}
+        bad = await post(at_b, "favourite", {"args": ["green"]})
+        assert bad.status_code == 400 and bad.json()["error"]["written"] is False, bad.text
+        relayed = await at_b.post("/actors/typed_relay/actions/relay_checkout?key=r", json={})
+        assert relayed.status_code == 200, relayed.text
+        assert relayed.json() == {
+            "result": {"color": "blue", "items": [{"sku": "fig", "color": "blue"}]}
+        }
+        owners = await at_b.get("/inspect/actors?name=typed&owners=1")
+        (entry,) = owners.json()["actors"]
+        assert entry["owner"]["address"] == a.url, entry  # it stayed on A all along
