@@ -17,13 +17,12 @@ import pytest
 
 from pagekv.actor import ActorContext, Registry, actor
 from pagekv.cli import fuzzing as cli
-from pagekv.cli.main import _interrupted
 from pagekv.cli.progress import StatusLine
 from pagekv.cli.transfers import _copy_progress
 from pagekv.client import HttpClient, ServerUnreachable
 from pagekv.fuzz.execution import Coverage
 from pagekv.transfer.store_copy import CopyProgress
-from pagekv.vfs import DatabaseDead
+from pagekv.vfs import DatabaseDead, caused_by_interrupt
 
 
 def _pagekv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -180,6 +179,6 @@ def test_an_error_a_ctrl_c_caused_counts_as_the_interrupt() -> None:
     try:
         raise apsw.IOError("pagekv: database is dead") from dead
     except apsw.IOError as e:
-        assert _interrupted(e)
-    assert not _interrupted(apsw.IOError("disk I/O error"))
-    assert not _interrupted(DatabaseDead(OSError("full")))
+        assert caused_by_interrupt(e)
+    assert not caused_by_interrupt(apsw.IOError("disk I/O error"))
+    assert not caused_by_interrupt(DatabaseDead(OSError("full")))

@@ -12,7 +12,7 @@ from typing import Any
 from pagekv import __version__
 from pagekv.cli.args import add_store_argument, positive_int
 from pagekv.kv import CountingKv, open_kv
-from pagekv.vfs import DatabaseDead, open_database
+from pagekv.vfs import caused_by_interrupt, open_database
 
 
 def _serve(commands: Any, summary: str) -> None:
@@ -184,27 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Exception) as e:
         # Ctrl-C in a command that does not end itself on one (fuzz, bench, inspect): one line
         # and the shell's status for it, not a traceback (copy, serve and ui say more first)
-        if not _interrupted(e):
+        if not caused_by_interrupt(e):
             raise
         print(f"pagekv {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-def _interrupted(error: BaseException) -> bool:
-    """Whether `error` is a Ctrl-C or was caused by one. One that lands in a SQLite callback
-    (pagekv's VFS, under `bench`) kills the database: the command sees SQLite's `IOError`,
-    caused by a `DatabaseDead` whose `cause` is the `KeyboardInterrupt`."""
-    seen: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and not any(current is s for s in seen):
-        if isinstance(current, KeyboardInterrupt):
-            return True
-        seen.append(current)
-        if isinstance(current, DatabaseDead):
-            current = current.cause
-        else:
-            current = current.__cause__ or current.__context__
-    return False
 
 
 if __name__ == "__main__":

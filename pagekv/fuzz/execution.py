@@ -241,9 +241,8 @@ class Runner:
         instance = self.current
         if instance.db.is_dead:
             if not instance.faulty.fired:
-                raise self.fail(
-                    f"instance died with no fault injected: {instance.db.take_last_kv_error()!r}"
-                )
+                error = instance.db.take_last_kv_error()
+                raise self.fail(f"instance died with no fault injected: {error!r}") from error
             self._reopen(crash=False)
 
     def _check_problems(self) -> None:

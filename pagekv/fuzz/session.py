@@ -13,6 +13,7 @@ from typing import Any, Final
 from pagekv.fuzz.execution import Coverage, FuzzFailure, Runner
 from pagekv.fuzz.steps import EVENTS, Step, StepGenerator, from_json, to_json
 from pagekv.kv import ActorKv, KvLimits, KvStore, MemoryStore, open_kv
+from pagekv.vfs import caused_by_interrupt
 
 KvFactory = Callable[[], ActorKv]
 
@@ -188,6 +189,8 @@ def fuzz(
         try:
             total.add(execute(steps, factory, run_options(seed, config), after))
         except FuzzFailure as failure:
+            if caused_by_interrupt(failure):  # Ctrl-C that landed in a VFS callback: no finding
+                raise KeyboardInterrupt from failure
             found = _minimized(seed, steps, failure, factory, after, config)
             found.quota = stores.quota
             return total, found
@@ -221,6 +224,8 @@ def _minimized(
         try:
             execute(candidate, factory, options, release)
         except FuzzFailure as again:
+            if caused_by_interrupt(again):
+                raise KeyboardInterrupt from again
             return _failure_kind(again) == kind
         return False
 
@@ -231,6 +236,8 @@ def _minimized(
     try:
         execute(small, factory, options, release)
     except FuzzFailure as final:
+        if caused_by_interrupt(final):
+            raise KeyboardInterrupt from final
         failure = final
     return Found(seed, small, failure, options)
 

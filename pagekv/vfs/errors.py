@@ -27,3 +27,21 @@ class DatabaseDead(Exception):
         )
         self.cause = cause
         self.fenced = isinstance(cause, FenceMismatch)
+
+
+def caused_by_interrupt(error: BaseException) -> bool:
+    """Whether `error` is a Ctrl-C or was caused by one. One that lands in a SQLite callback of
+    the VFS kills the database, so the code around it sees SQLite's `IOError` (or the next
+    call's `DatabaseDead`), whose chain, or the `DatabaseDead`'s `cause`, is the
+    `KeyboardInterrupt`: a tool that stops on Ctrl-C must not report that as a failure."""
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and not any(current is s for s in seen):
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.append(current)
+        if isinstance(current, DatabaseDead):
+            current = current.cause
+        else:
+            current = current.__cause__ or current.__context__
+    return False

@@ -11,6 +11,7 @@ import pytest
 
 from pagekv.cli import main
 from pagekv.fuzz import FuzzConfig, fuzz
+from pagekv.fuzz.execution import FuzzFailure
 from pagekv.kv import ActorKv, MemoryStore, StorageQuotaExceeded
 from pagekv.kv.wrappers import KvWrapper
 from pagekv.vfs.format import HEAD_KEY
@@ -268,3 +269,34 @@ def test_the_store_refuses_what_it_cannot_read_under_real_children(
     assert counts.get("shm-deleted", 0) + counts.get("shm-replaced", 0) >= 2, out
     assert counts.get("stopped-flusher", 0) >= 1, out
     assert "Traceback" not in err, err
+
+
+class _CtrlCOnWrite(KvWrapper):
+    """Ctrl-C landing in a VFS callback: the `at`-th write of the store (counted across its
+    namespaces) raises `KeyboardInterrupt`, as the signal does in whatever code runs then."""
+
+    writes = 0
+
+    def __init__(self, inner: ActorKv, at: int) -> None:
+        super().__init__(inner)
+        self.at = at
+
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if op == "write":
+            _CtrlCOnWrite.writes += 1
+            if _CtrlCOnWrite.writes == self.at:
+                raise KeyboardInterrupt
+        return fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize("at", [3, 40, 400])
+def test_ctrl_c_inside_the_vfs_stops_the_session_and_is_no_finding(at: int) -> None:
+    """The VFS turns the interrupt into a dead database (SQLite sees an I/O error), which the
+    runner met as "storage error with no fault injected": a Ctrl-C reported as a bug, minimised
+    and written to a replay file. It is the interrupt again, whatever it killed."""
+    _CtrlCOnWrite.writes = 0
+    config = FuzzConfig(seed=3, runs=30, seconds=None, minimize_seconds=5)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        fuzz(config, namespaces=lambda: _CtrlCOnWrite(MemoryStore().namespace("a"), at))
+    assert _CtrlCOnWrite.writes >= at, "the interrupt never fired"
+    assert isinstance(stopped.value.__cause__, FuzzFailure), "it came through the VFS's death"
